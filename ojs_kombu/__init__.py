@@ -1,0 +1,67 @@
+"""ojs_kombu: Celery tasks as Open Job Spec (OJS) jobs on RabbitMQ.
+
+::
+
+    app = Celery("proj", broker="ojs://guest:guest@localhost:5672//")
+    ojs_kombu.install(app)
+
+Importing the package registers the ``ojs://`` (and ``ojss://``) kombu
+transport and the ``ojs`` serializer for ``application/openjobspec+json``.
+"""
+
+from __future__ import annotations
+
+from .envelope import CONTENT_TYPE, JobEnvelope, RetryPolicy
+from .errors import (
+    InvalidJobIdError,
+    JobEncodeError,
+    JobNackedError,
+    JobPublishError,
+    JobRejected,
+    JobRoutingError,
+    JobTypeError,
+    NonJSONArgumentError,
+    OJSConfigurationError,
+    OJSError,
+    PublishConfirmTimeout,
+    QueueNameError,
+    TopologyConflictError,
+    UnroutableJobError,
+    UnsupportedSerializerError,
+)
+from .job_ids import new_job_id
+from .naming import TopologyNames
+from .serialization import register_serializer
+from .transport import register_transport
+
+register_transport()
+register_serializer()
+
+from .celery_app import declare_topology, install  # noqa: E402  (needs the registrations)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CONTENT_TYPE",
+    "InvalidJobIdError",
+    "JobEncodeError",
+    "JobEnvelope",
+    "JobNackedError",
+    "JobPublishError",
+    "JobRejected",
+    "JobRoutingError",
+    "JobTypeError",
+    "NonJSONArgumentError",
+    "OJSConfigurationError",
+    "OJSError",
+    "PublishConfirmTimeout",
+    "QueueNameError",
+    "RetryPolicy",
+    "TopologyConflictError",
+    "TopologyNames",
+    "UnroutableJobError",
+    "UnsupportedSerializerError",
+    "declare_topology",
+    "install",
+    "new_job_id",
+]

@@ -1,0 +1,175 @@
+"""Celery wiring: everything ``ojs_kombu.install(app)`` changes, in one place.
+
+``install(app)``
+
+* makes the app's AMQP layer an :class:`OJSAMQP`: every task queue becomes an
+  OJS :class:`~ojs_kombu.entities.JobQueue` (configured, default and missing
+  ones alike), and every broker connection carries the app's OJS
+  :class:`~ojs_kombu.settings.Binding` to the ``ojs`` transport;
+* makes Celery mint UUIDv7 task ids, so a task id *is* the OJS job id;
+* sets what OJS delivery semantics need once the configuration is loaded:
+  ``task_acks_late=True`` (ack after success), ``task_acks_on_failure_or_timeout=False``
+  (a failed job is nacked into its dead-letter queue, never acked and lost),
+  and the ``ojs`` content type in ``accept_content`` (the pool reads envelopes);
+* checks, when the app is finalized, that every task has a valid OJS type.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from functools import partial
+from typing import Any
+
+import kombu
+from celery import Celery
+from celery.app.amqp import AMQP, Queues
+from kombu import Queue
+from kombu.utils.objects import cached_property
+
+from .codec import CELERY_JSON
+from .entities import HIDDEN_ARGUMENTS, JobQueue, extra_arguments, job_queue
+from .envelope import CONTENT_TYPE
+from .errors import OJSConfigurationError
+from .job_ids import use_uuid7_task_ids
+from .serialization import SERIALIZER_NAME
+from .settings import BINDING_OPTION, Binding, OJSSettings
+from .topology import OWNED_ARGUMENTS
+
+logger = logging.getLogger(__name__)
+
+_INSTALLED_FLAG = "_ojs_kombu_installed"
+
+
+class OJSQueues(Queues):
+    """Celery's queue table, holding OJS job queues only.
+
+    Lookups accept the OJS name (``email``), the AMQP name
+    (``ojs.queue.email``) and Celery aliases (``celery`` -> ``default``).
+    """
+
+    def __init__(self, queues: Any = None, *args: Any, binding: Binding, **kwargs: Any) -> None:
+        self.binding = binding
+        super().__init__(queues, *args, **kwargs)
+
+    def __missing__(self, name: str) -> Queue:
+        names = self.binding.names
+        amqp_name = names.job_queue(names.ojs_queue(name))
+        if amqp_name != name and dict.__contains__(self, amqp_name):
+            return dict.__getitem__(self, amqp_name)
+        return super().__missing__(name)
+
+    def new_missing(self, name: str) -> JobQueue:
+        return job_queue(self.binding.names, self.binding.names.ojs_queue(name))
+
+    def _add(self, queue: Queue) -> Queue:
+        return super()._add(self._as_job_queue(queue))
+
+    def __setitem__(self, name: str, queue: Queue) -> None:
+        super().__setitem__(name, queue)
+        if isinstance(queue, JobQueue):
+            self.binding.add_queue_arguments(queue.ojs_queue, extra_arguments(queue))
+
+    def _as_job_queue(self, queue: Queue) -> JobQueue:
+        if isinstance(queue, JobQueue):
+            return queue
+        if not queue.durable or queue.auto_delete or queue.exclusive:
+            raise OJSConfigurationError(
+                f"queue {queue.name!r}: OJS job queues are durable, not exclusive and not "
+                "auto-delete (AMQP-003); drop durable=False/auto_delete/exclusive"
+            )
+        ojs_name = self.binding.names.ojs_queue(queue.name)
+        raw = dict(queue.queue_arguments or {})
+        owned = sorted(k for k in OWNED_ARGUMENTS if k in raw)
+        if owned:
+            raise OJSConfigurationError(
+                f"queue {queue.name!r} sets {', '.join(owned)}: ojs_kombu owns dead-lettering "
+                "of job queues (ojs.exchange.dlx, routing key = queue name); remove them"
+            )
+        arguments = extra_arguments(queue)
+        hidden = {k: arguments[k] for k in HIDDEN_ARGUMENTS if k in arguments}
+        self.binding.add_queue_arguments(ojs_name, hidden)
+        return job_queue(self.binding.names, ojs_name, arguments)
+
+
+class OJSAMQP(AMQP):
+    """``app.amqp`` under ojs_kombu."""
+
+    @cached_property
+    def binding(self) -> Binding:
+        settings = OJSSettings.from_options(self.app.conf, source="Celery config (app.conf)")
+        return Binding.from_settings(settings, tasks=lambda: self.app.tasks)
+
+    @property
+    def queues_cls(self) -> Any:  # type: ignore[override]
+        return partial(OJSQueues, binding=self.binding)
+
+    def Connection(self, *args: Any, transport_options: Any = None, **kwargs: Any
+                   ) -> kombu.Connection:
+        options = dict(transport_options or {})
+        options[BINDING_OPTION] = self.binding
+        return kombu.Connection(*args, transport_options=options, **kwargs)
+
+    BrokerConnection = Connection
+
+
+def install(app: Celery) -> Celery:
+    """Make ``app`` publish and consume OJS jobs; call it right after creating the app.
+
+    The broker URL selects the transport (``ojs://user:pass@host:5672/vhost``);
+    ``install`` wires the rest.  Idempotent.
+    """
+    if getattr(app, _INSTALLED_FLAG, False):
+        return app
+    if "amqp" in app.__dict__ and not isinstance(app.__dict__["amqp"], OJSAMQP):
+        raise OJSConfigurationError(
+            f"ojs_kombu.install({app.main!r}) ran after the app's AMQP layer was created; "
+            "call it right after Celery(...), before the app sends or consumes anything"
+        )
+    app.amqp_cls = OJSAMQP
+    use_uuid7_task_ids()
+    app.on_after_configure.connect(_configure, sender=app, weak=False)
+    app.on_after_finalize.connect(_check_task_types, sender=app, weak=False)
+    if app.configured:
+        _configure(app)
+    if app.finalized:
+        _check_task_types(app)
+    setattr(app, _INSTALLED_FLAG, True)
+    return app
+
+
+def _configure(sender: Celery, **_: Any) -> None:
+    conf = sender.conf
+    conf.task_acks_late = True
+    conf.task_acks_on_failure_or_timeout = False
+    accept = list(conf.accept_content or [])
+    if SERIALIZER_NAME not in accept and CONTENT_TYPE not in accept:
+        accept.append(SERIALIZER_NAME)
+    conf.accept_content = accept
+    if conf.task_serializer not in ("json", CELERY_JSON):
+        logger.warning(
+            "task_serializer is %r: ojs_kombu publishes JSON only, so tasks sent with it "
+            "will raise UnsupportedSerializerError", conf.task_serializer,
+        )
+
+
+def _check_task_types(sender: Celery, **_: Any) -> None:
+    binding = sender.amqp.binding
+    binding.job_types.validate()
+
+
+def declare_topology(app: Celery, queues: Iterable[str] | None = None) -> list[str]:
+    """Eagerly declare the OJS topology of ``queues`` (default: every queue of the app).
+
+    Idempotent; returns the OJS queue names declared.  Raises
+    :class:`~ojs_kombu.errors.TopologyConflictError` when the broker holds a
+    queue with different arguments.
+    """
+    table = app.amqp.queues
+    selected = [table[name] for name in queues] if queues is not None else list(table.values())
+    ojs_names = [q.ojs_queue for q in selected if isinstance(q, JobQueue)]
+    with app.connection_for_write() as connection:
+        connection.ensure_connection(max_retries=1)
+        for name in ojs_names:
+            connection.connection.ensure_topology(name)
+    return ojs_names

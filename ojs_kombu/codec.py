@@ -1,0 +1,352 @@
+"""Celery task protocol v2 <-> OJS job envelope and AMQP properties/headers.
+
+Pure code: bytes and dicts in, bytes and dicts out.  The transport calls
+:func:`encode_task_message` on publish and :func:`decode_job_message` on
+consume; the worker's pool turns the envelope back into Celery's
+``(args, kwargs, embed)`` with :func:`celery_payload`.
+
+What Celery needs and OJS has no attribute for travels in one extension
+attribute, ``x_celery`` (unknown top-level attributes are preserved by every
+OJS consumer):
+
+* ``kwargs``, and the canvas element ``callbacks``, ``errbacks``, ``chain``, ``chord``;
+* every Celery header that is not mapped onto an OJS attribute (``root_id``,
+  ``parent_id``, ``group``, ``group_index``, ``retries``, ``timelimit``,
+  ``shadow``, ``argsrepr``, ``kwargsrepr``, ``origin``, ``ignore_result``,
+  ``stamps``, custom headers ...), with ``None`` values left out.
+
+Mapped onto OJS attributes: ``id`` (UUIDv7), ``task`` -> ``type``, ``eta`` ->
+``scheduled_at``, ``expires`` -> ``expires_at``, the hard time limit ->
+``timeout`` (whole seconds, rounded up), ``priority`` -> ``priority``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
+
+from .envelope import CONTENT_TYPE, SPEC_VERSION, JobEnvelope
+from .errors import (
+    InvalidJobIdError,
+    JobEncodeError,
+    JobRejected,
+    NonJSONArgumentError,
+    UnsupportedSerializerError,
+)
+from .naming import is_job_id
+
+X_CELERY = "x_celery"
+EMBED_KEYS = ("callbacks", "errbacks", "chain", "chord")
+#: Celery headers that become OJS attributes instead of ``x_celery`` entries.
+MAPPED_HEADERS = frozenset({"lang", "task", "id", "eta", "expires"})
+#: apply_async option carrying the OJS ``meta`` object (``apply_async(ojs_meta={...})``).
+META_OPTION = "ojs_meta"
+CELERY_JSON = "application/json"
+DEFAULT_MAX_ATTEMPTS = 3
+
+# Consume-side error codes (``x-ojs-error-code`` on dead-lettered messages).
+INVALID_PAYLOAD = "INVALID_PAYLOAD"
+INVALID_ENVELOPE = "INVALID_ENVELOPE"
+UNKNOWN_JOB_TYPE = "UNKNOWN_JOB_TYPE"
+UNSUPPORTED_CONTENT_TYPE = "UNSUPPORTED_CONTENT_TYPE"
+
+_datetime = TypeAdapter(datetime)
+
+
+def format_time(value: datetime) -> str:
+    """RFC 3339 in UTC with millisecond precision and ``Z``."""
+    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+def parse_time(value: Any, field: str) -> datetime:
+    """Parse Celery's ``eta``/``expires`` (ISO 8601 string or datetime); naive means UTC."""
+    try:
+        parsed = _datetime.validate_python(value)
+    except ValidationError as exc:
+        raise JobEncodeError(f"{field} {value!r} is not an ISO 8601 timestamp") from exc
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
+
+
+def amqp_priority(priority: int) -> int:
+    """OJS priority -> AMQP 0..9: ``clamp(priority, 0, 9)``.
+
+    Celery's priorities (0..9, higher first on RabbitMQ) keep their value;
+    OJS ``HIGH`` (10) is 9; ``NORMAL`` and ``LOW`` are 0, because RabbitMQ
+    treats a message without priority as 0 and nothing can sort below it.
+    """
+    return max(0, min(9, priority))
+
+
+def _reject_kombu_type(obj: dict[str, Any]) -> dict[str, Any]:
+    # kombu's JSON encoder writes datetime, Decimal, UUID and bytes as tagged
+    # objects that only a Python/kombu consumer can read back.
+    if "__type__" in obj and "__value__" in obj and len(obj) == 2:
+        raise NonJSONArgumentError(
+            f"a task argument of type {obj['__type__']!r} is not a JSON-native value; "
+            "OJS args/kwargs carry only strings, numbers, booleans, null, arrays and "
+            "objects (pass an ISO 8601 string or a number instead)"
+        )
+    return obj
+
+
+def _reject_constant(name: str) -> Any:
+    raise NonJSONArgumentError(f"a task argument is {name}, which JSON cannot carry")
+
+
+def _dumps(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+
+
+@dataclass(slots=True)
+class OutgoingJob:
+    """A job ready for ``Basic.Publish`` on ``ojs.exchange.direct`` with routing key ``queue``."""
+
+    job_id: str
+    job_type: str
+    queue: str
+    body: bytes
+    properties: dict[str, Any]
+
+
+def encode_task_message(
+    *,
+    body: bytes | str,
+    content_type: str | None,
+    properties: Mapping[str, Any],
+    headers: Mapping[str, Any],
+    job_type: str,
+    queue: str,
+    now: datetime | None = None,
+) -> OutgoingJob:
+    """Turn a serialised Celery protocol v2 task message into an OJS job message."""
+    task_name = headers.get("task")
+    job_id = headers.get("id")
+    if not isinstance(job_id, str) or not is_job_id(job_id):
+        raise InvalidJobIdError(
+            f"task {task_name!r} has id {job_id!r}, which is not a lowercase UUIDv7; "
+            "OJS job ids are UUIDv7: leave task_id unset (ojs_kombu.install() makes "
+            "Celery mint UUIDv7 ids) or pass ojs_kombu.new_job_id()",
+            job_id=job_id if isinstance(job_id, str) else None, queue=queue,
+        )
+    if content_type != CELERY_JSON:
+        raise UnsupportedSerializerError(
+            f"task {task_name!r} was serialized as {content_type!r}; OJS jobs are JSON: "
+            "set serializer='json' (task_serializer) for tasks sent through ojs_kombu",
+            job_id=job_id, queue=queue,
+        )
+    if headers.get("compression"):
+        raise UnsupportedSerializerError(
+            f"task {task_name!r} was compressed ({headers['compression']}); OJS bodies are "
+            "plain JSON: drop the compression option", job_id=job_id, queue=queue,
+        )
+    try:
+        payload = json.loads(
+            body, object_hook=_reject_kombu_type, parse_constant=_reject_constant
+        )
+        args, kwargs, embed = payload
+    except NonJSONArgumentError as exc:
+        exc.job_id, exc.queue = job_id, queue
+        raise exc.with_traceback(None) from None
+    except (ValueError, TypeError) as exc:
+        raise JobEncodeError(
+            f"task {task_name!r}: body is not Celery protocol v2 JSON ({exc})",
+            job_id=job_id, queue=queue,
+        ) from None
+
+    now = now or datetime.now(UTC)
+    created = format_time(now)
+    job: dict[str, Any] = {
+        "specversion": SPEC_VERSION, "id": job_id, "type": job_type, "queue": queue,
+        "args": args,
+    }
+    meta = properties.get(META_OPTION)
+    if meta:
+        if not isinstance(meta, Mapping):
+            raise JobEncodeError(
+                f"{META_OPTION} must be a mapping, got {type(meta).__name__}",
+                job_id=job_id, queue=queue,
+            )
+        job["meta"] = dict(meta)
+    priority = properties.get("priority")
+    if priority:
+        job["priority"] = int(priority)
+    timelimit = headers.get("timelimit") or (None, None)
+    if timelimit[0]:
+        job["timeout"] = math.ceil(timelimit[0])
+    eta = headers.get("eta")
+    if eta:
+        job["scheduled_at"] = format_time(parse_time(eta, "eta"))
+    expires = headers.get("expires")
+    if expires:
+        job["expires_at"] = format_time(parse_time(expires, "expires"))
+    job["created_at"] = created
+    job["enqueued_at"] = created
+
+    x_celery = {k: v for k, v in headers.items() if k not in MAPPED_HEADERS and v is not None}
+    if kwargs:
+        x_celery["kwargs"] = kwargs
+    for key in EMBED_KEYS:
+        value = (embed or {}).get(key)
+        if value is not None:
+            x_celery[key] = value
+    if x_celery:
+        job[X_CELERY] = x_celery
+
+    try:
+        encoded = _dumps(job)
+    except (TypeError, ValueError) as exc:
+        raise NonJSONArgumentError(
+            f"task {task_name!r}: {exc}; OJS jobs carry JSON-native values only",
+            job_id=job_id, queue=queue,
+        ) from None
+
+    amqp_headers: dict[str, Any] = {
+        "x-ojs-queue": queue,
+        "x-ojs-attempt": int(headers.get("retries") or 0) + 1,
+        "x-ojs-max-attempts": DEFAULT_MAX_ATTEMPTS,
+        "x-ojs-created-at": created,
+        "x-ojs-enqueued-at": created,
+    }
+    if "scheduled_at" in job:
+        amqp_headers["x-ojs-scheduled-at"] = job["scheduled_at"]
+    if meta:
+        _meta_headers(job["meta"], amqp_headers)
+
+    props: dict[str, Any] = {
+        "message_id": job_id,
+        "type": job_type,
+        "content_type": CONTENT_TYPE,
+        "content_encoding": "utf-8",
+        "timestamp": int(now.timestamp()),
+        "delivery_mode": 2,
+        "app_id": "ojs",
+        "correlation_id": job_id,
+        "application_headers": amqp_headers,
+    }
+    if "priority" in job:
+        props["priority"] = amqp_priority(job["priority"])
+    reply_to = properties.get("reply_to")
+    if reply_to:
+        props["reply_to"] = reply_to
+    return OutgoingJob(job_id=job_id, job_type=job_type, queue=queue, body=encoded,
+                       properties=props)
+
+
+def _meta_headers(meta: Mapping[str, Any], headers: dict[str, Any]) -> None:
+    tags = meta.get("tags")
+    if isinstance(tags, list) and tags:
+        headers["x-ojs-tags"] = ",".join(str(t) for t in tags)
+    key = meta.get("idempotency_key")
+    if isinstance(key, str):
+        headers["x-ojs-idempotency-key"] = key
+    traceparent = meta.get("traceparent")
+    if isinstance(traceparent, str):
+        headers["x-ojs-trace-id"] = traceparent
+
+
+@dataclass(slots=True)
+class IncomingJob:
+    """A consumed OJS job, in the shape Celery's worker reads."""
+
+    envelope: JobEnvelope
+    task_name: str
+    headers: dict[str, Any]
+    payload: tuple[list[Any], dict[str, Any], dict[str, Any]]
+
+
+def check_content_type(content_type: str | None, content_encoding: str | None) -> None:
+    base = (content_type or "").split(";", 1)[0].strip().lower()
+    if base != CONTENT_TYPE:
+        raise JobRejected(
+            UNSUPPORTED_CONTENT_TYPE,
+            f"content_type is {content_type!r}; OJS job queues carry {CONTENT_TYPE!r}",
+        )
+    if content_encoding and content_encoding.lower().replace("_", "-") not in ("utf-8", "utf8"):
+        raise JobRejected(
+            UNSUPPORTED_CONTENT_TYPE,
+            f"content_encoding is {content_encoding!r}; OJS job bodies are utf-8",
+        )
+
+
+def parse_envelope(body: bytes | str) -> JobEnvelope:
+    """Validate a message body as an OJS job, or raise :class:`JobRejected`."""
+    try:
+        return JobEnvelope.model_validate_json(body)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False, include_input=False)
+        if any(e["type"] == "json_invalid" for e in errors):
+            raise JobRejected(INVALID_PAYLOAD, "message body is not valid JSON") from None
+        summary = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in errors[:5]
+        )
+        raise JobRejected(INVALID_ENVELOPE, f"not a valid OJS job envelope ({summary})") from None
+
+
+def decode_job_message(
+    body: bytes | str,
+    properties: Mapping[str, Any],
+    *,
+    resolve_task: Callable[[str], str | None],
+    argsrepr: Callable[[Any], str] = repr,
+) -> IncomingJob:
+    """Validate a consumed OJS job and build the Celery v2 headers and payload for it."""
+    check_content_type(properties.get("content_type"), properties.get("content_encoding"))
+    envelope = parse_envelope(body)
+    task_name = resolve_task(envelope.type)
+    if task_name is None:
+        raise JobRejected(
+            UNKNOWN_JOB_TYPE,
+            f"no Celery task handles OJS type {envelope.type!r} on this worker",
+        )
+    extra = envelope.model_extra or {}
+    x_celery = extra.get(X_CELERY) or {}
+    if not isinstance(x_celery, dict):
+        raise JobRejected(INVALID_ENVELOPE, f"{X_CELERY} must be an object")
+
+    amqp_headers = properties.get("application_headers") or {}
+    attempt = amqp_headers.get("x-ojs-attempt")
+    kwargs = x_celery.get("kwargs") or {}
+    if not isinstance(kwargs, dict):
+        raise JobRejected(INVALID_ENVELOPE, f"{X_CELERY}.kwargs must be an object")
+
+    headers: dict[str, Any] = {
+        "lang": "py",
+        "root_id": None,
+        "parent_id": None,
+        "group": None,
+        "retries": (attempt - 1) if isinstance(attempt, int) and attempt > 0 else 0,
+        "timelimit": [envelope.timeout or None, None],
+    }
+    if X_CELERY not in extra:
+        headers["argsrepr"] = argsrepr(envelope.args)
+        headers["kwargsrepr"] = "{}"
+    headers.update(
+        (k, v) for k, v in x_celery.items() if k != "kwargs" and k not in EMBED_KEYS
+    )
+    headers.update(
+        (k, v) for k, v in amqp_headers.items() if isinstance(k, str) and k.startswith("x-ojs-")
+    )
+    headers["task"] = task_name
+    headers["id"] = envelope.id
+    headers["eta"] = envelope.scheduled_at.isoformat() if envelope.scheduled_at else None
+    headers["expires"] = envelope.expires_at.isoformat() if envelope.expires_at else None
+    embed = {key: x_celery.get(key) for key in EMBED_KEYS}
+    return IncomingJob(envelope=envelope, task_name=task_name, headers=headers,
+                       payload=(envelope.args, kwargs, embed))
+
+
+def celery_payload(body: bytes | str) -> tuple[list[Any], dict[str, Any], dict[str, Any]]:
+    """``(args, kwargs, embed)`` of an already validated OJS job body (the pool side)."""
+    job = json.loads(body)
+    x_celery = job.get(X_CELERY) or {}
+    return (
+        job["args"],
+        x_celery.get("kwargs") or {},
+        {key: x_celery.get(key) for key in EMBED_KEYS},
+    )

@@ -1,0 +1,73 @@
+"""kombu entities for OJS job queues.
+
+A :class:`JobQueue` is what a Celery task queue becomes under ojs_kombu:
+AMQP name ``ojs.queue.{q}``, bound to ``ojs.exchange.direct`` with routing
+key ``{q}``, and an alias ``{q}`` so ``celery worker -Q email`` and
+``apply_async(queue="email")`` keep working.  Declaring it declares the
+queue's whole OJS topology through the ``ojs`` transport connection, once
+per connection.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kombu import Exchange, Queue
+
+from .errors import OJSConfigurationError
+from .naming import TopologyNames
+from .topology import OWNED_ARGUMENTS, job_queue_arguments
+
+#: Arguments Celery must not see on its queue objects: Celery's native delayed
+#: delivery switches itself on for quorum queues and would reroute countdowns.
+HIDDEN_ARGUMENTS = ("x-queue-type",)
+
+
+class JobQueue(Queue):
+    """A Celery task queue that is an OJS job queue."""
+
+    attrs = (*Queue.attrs, ("ojs_queue", None))
+    ojs_queue: str
+
+    def declare(self, nowait: bool = False, channel: Any = None) -> str:
+        channel = channel or self.channel
+        ensure = getattr(getattr(channel, "connection", None), "ensure_topology", None)
+        if ensure is None:
+            raise OJSConfigurationError(
+                f"{self.name!r} is an OJS job queue and needs the ojs:// broker transport "
+                f"(got a {type(channel).__module__} channel)"
+            )
+        ensure(self.ojs_queue)
+        return self.name
+
+
+def job_queue(names: TopologyNames, queue: str, arguments: dict[str, Any] | None = None
+              ) -> JobQueue:
+    """The :class:`JobQueue` of OJS queue ``queue``; ``arguments`` are shown to Celery."""
+    visible = {
+        k: v for k, v in job_queue_arguments(names, queue, arguments).items()
+        if k not in HIDDEN_ARGUMENTS
+    }
+    return JobQueue(
+        names.job_queue(queue),
+        Exchange(names.direct_exchange, "direct", durable=True, auto_delete=False),
+        routing_key=queue,
+        durable=True,
+        exclusive=False,
+        auto_delete=False,
+        queue_arguments=visible,
+        alias=queue,
+        ojs_queue=queue,
+    )
+
+
+def extra_arguments(queue: Queue) -> dict[str, Any]:
+    """The user-defined ``Queue.Declare`` arguments of a Celery queue (no OJS-owned ones)."""
+    from kombu.transport.base import to_rabbitmq_queue_arguments
+
+    args = to_rabbitmq_queue_arguments(
+        dict(queue.queue_arguments or {}),
+        expires=queue.expires, message_ttl=queue.message_ttl, max_length=queue.max_length,
+        max_length_bytes=queue.max_length_bytes, max_priority=queue.max_priority,
+    )
+    return {k: v for k, v in args.items() if k not in OWNED_ARGUMENTS}

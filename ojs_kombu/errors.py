@@ -1,0 +1,111 @@
+"""Typed exceptions raised by ojs_kombu.
+
+Every error a caller can see names the thing that is wrong (job id, queue,
+task, argument) so that a log line is enough to act on it.  None of them
+subclasses kombu's or py-amqp's connection/channel errors: kombu's
+``ensure()`` retries those, and a malformed job must never be retried.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+
+class OJSError(Exception):
+    """Base class of every ojs_kombu error."""
+
+
+class OJSConfigurationError(OJSError):
+    """The Celery app, transport options or a queue definition is unusable."""
+
+
+class JobTypeError(OJSConfigurationError):
+    """A Celery task name cannot be mapped onto an OJS job ``type``."""
+
+    def __init__(self, task_name: str, reason: str) -> None:
+        self.task_name = task_name
+        super().__init__(
+            f"task {task_name!r} has no valid OJS job type: {reason}. "
+            "Give it one with @app.task(ojs_type='domain.action') or "
+            "app.conf.ojs_job_types = {task_name: 'domain.action'}"
+        )
+
+
+class QueueNameError(OJSConfigurationError):
+    """A Celery queue name cannot be mapped onto an OJS queue name."""
+
+    def __init__(self, queue: str, reason: str) -> None:
+        self.queue = queue
+        super().__init__(
+            f"queue {queue!r} cannot be an OJS queue: {reason}. "
+            "Rename it or map it with app.conf.ojs_queue_aliases = "
+            f"{{{queue!r}: 'ojs-name'}}"
+        )
+
+
+class TopologyConflictError(OJSConfigurationError):
+    """The broker already holds an entity with different properties (406)."""
+
+    def __init__(
+        self, kind: str, name: str, declared: Mapping[str, Any], broker_reply: str
+    ) -> None:
+        self.kind = kind
+        self.name = name
+        self.declared = dict(declared)
+        self.broker_reply = broker_reply
+        super().__init__(
+            f"{kind} {name!r} already exists with different properties; "
+            f"ojs_kombu declares it with {self.declared!r}. Broker said: {broker_reply}. "
+            "ojs_kombu never redeclares it: delete the entity or align its arguments."
+        )
+
+
+class JobPublishError(OJSError):
+    """A job could not be published; nothing, or an uncertain outcome, reached the broker."""
+
+    def __init__(self, message: str, *, job_id: str | None = None, queue: str | None = None):
+        self.job_id = job_id
+        self.queue = queue
+        super().__init__(message)
+
+
+class JobEncodeError(JobPublishError):
+    """The job cannot be written as an OJS envelope; nothing was sent."""
+
+
+class NonJSONArgumentError(JobEncodeError):
+    """An argument is not a JSON-native value; nothing was sent."""
+
+
+class InvalidJobIdError(JobEncodeError):
+    """A caller-supplied task id is not a lowercase UUIDv7; nothing was sent."""
+
+
+class UnsupportedSerializerError(JobEncodeError):
+    """The task was serialized with something other than JSON; nothing was sent."""
+
+
+class JobRoutingError(JobEncodeError):
+    """The task was routed somewhere the OJS binding cannot deliver; nothing was sent."""
+
+
+class UnroutableJobError(JobPublishError):
+    """The broker returned the job (``Basic.Return``): no queue is bound for it."""
+
+
+class JobNackedError(JobPublishError):
+    """The broker refused the job with ``Basic.Nack``; it was not enqueued."""
+
+
+class PublishConfirmTimeout(JobPublishError):
+    """No confirm arrived in time: the job may or may not be enqueued."""
+
+
+class JobRejected(OJSError):
+    """A consumed message is not a runnable OJS job; it is dead-lettered with ``code``."""
+
+    def __init__(self, code: str, message: str) -> None:
+        self.code = code
+        self.message = message
+        super().__init__(f"{code}: {message}")

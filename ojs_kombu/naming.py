@@ -1,0 +1,134 @@
+"""OJS entity names (AMQP binding section 4.1) and the grammars of OJS names.
+
+Pure functions and values only: the transport, the Celery wiring and the
+tests all derive every AMQP name from :class:`TopologyNames`, so a prefix
+or a naming rule changes in exactly one place.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from .errors import OJSConfigurationError, QueueNameError
+
+#: ``type``: dot-separated segments, each ``[a-z][a-z0-9_]*``, at most 255 characters.
+JOB_TYPE_RE = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$")
+JOB_TYPE_MAX = 255
+#: ``queue``: ``[a-z0-9][a-z0-9\-\.]*``, at most 128 characters.
+QUEUE_RE = re.compile(r"^[a-z0-9][a-z0-9\-.]*$")
+QUEUE_MAX = 128
+#: Lowercase UUIDv7, 8-4-4-4-12.
+JOB_ID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")
+
+#: Queue names that would collide with the per-queue dead-letter, retry and
+#: control queues (``ojs.queue.dlx.email`` is the DLQ of ``email``, so an OJS
+#: queue called ``dlx.email`` cannot exist alongside it).
+RESERVED_QUEUE_PREFIXES = ("dlx.", "retry.", "control.")
+
+#: Celery's built-in default queue name maps onto OJS's default queue.
+DEFAULT_QUEUE_ALIASES: Mapping[str, str] = {"celery": "default"}
+
+
+def is_job_type(value: str) -> bool:
+    return len(value) <= JOB_TYPE_MAX and JOB_TYPE_RE.match(value) is not None
+
+
+def is_job_id(value: str) -> bool:
+    return JOB_ID_RE.match(value) is not None
+
+
+def check_queue_name(name: str) -> str:
+    """Return ``name`` if it is a usable OJS queue name, else raise :class:`QueueNameError`."""
+    if not isinstance(name, str) or not name:
+        raise QueueNameError(str(name), "it is empty")
+    if len(name) > QUEUE_MAX:
+        raise QueueNameError(name, f"it is longer than {QUEUE_MAX} characters")
+    if QUEUE_RE.match(name) is None:
+        raise QueueNameError(
+            name, "OJS queue names use lowercase letters, digits, '-' and '.', "
+            "starting with a letter or digit"
+        )
+    if name.startswith(RESERVED_QUEUE_PREFIXES):
+        raise QueueNameError(
+            name, f"names starting with {', '.join(RESERVED_QUEUE_PREFIXES)} collide "
+            "with OJS dead-letter, retry and control queues"
+        )
+    return name
+
+
+def normalize_prefix(prefix: str) -> str:
+    """``'tenant1'`` and ``'tenant1.'`` both give ``'tenant1.'``; ``''`` stays empty."""
+    if not prefix:
+        return ""
+    prefix = prefix if prefix.endswith(".") else prefix + "."
+    if not re.match(r"^[A-Za-z0-9_\-.]+$", prefix):
+        raise OJSConfigurationError(
+            f"topology prefix {prefix!r} may only hold letters, digits, '_', '-' and '.'"
+        )
+    return prefix
+
+
+@dataclass(frozen=True)
+class TopologyNames:
+    """Every AMQP name of the OJS topology, optionally behind a multi-tenancy prefix."""
+
+    prefix: str = ""
+    queue_aliases: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_QUEUE_ALIASES))
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "prefix", normalize_prefix(self.prefix))
+        for celery_name, ojs_name in self.queue_aliases.items():
+            check_queue_name(ojs_name)
+            if not celery_name:
+                raise OJSConfigurationError("queue alias with an empty Celery queue name")
+
+    @property
+    def direct_exchange(self) -> str:
+        return f"{self.prefix}ojs.exchange.direct"
+
+    @property
+    def dlx_exchange(self) -> str:
+        return f"{self.prefix}ojs.exchange.dlx"
+
+    @property
+    def retry_exchange(self) -> str:
+        return f"{self.prefix}ojs.exchange.retry"
+
+    @property
+    def delayed_exchange(self) -> str:
+        return f"{self.prefix}ojs.exchange.delayed"
+
+    @property
+    def job_queue_prefix(self) -> str:
+        return f"{self.prefix}ojs.queue."
+
+    def job_queue(self, queue: str) -> str:
+        return f"{self.prefix}ojs.queue.{queue}"
+
+    def dead_letter_queue(self, queue: str) -> str:
+        return f"{self.prefix}ojs.queue.dlx.{queue}"
+
+    def retry_queue(self, queue: str, delay_ms: int) -> str:
+        return f"{self.prefix}ojs.queue.retry.{queue}.{delay_ms}"
+
+    def control_queue(self, queue: str) -> str:
+        return f"{self.prefix}ojs.queue.control.{queue}"
+
+    def queue_from_job_queue(self, amqp_name: str) -> str | None:
+        """``ojs.queue.email`` -> ``email``; ``None`` for anything that is not a job queue."""
+        head = self.job_queue_prefix
+        if not amqp_name.startswith(head):
+            return None
+        rest = amqp_name[len(head):]
+        if not rest or rest.startswith(RESERVED_QUEUE_PREFIXES):
+            return None
+        return rest
+
+    def ojs_queue(self, celery_name: str) -> str:
+        """Map a Celery queue name (or an AMQP job-queue name) to its OJS queue name."""
+        from_amqp = self.queue_from_job_queue(celery_name)
+        if from_amqp is not None:
+            return check_queue_name(from_amqp)
+        return check_queue_name(self.queue_aliases.get(celery_name, celery_name))

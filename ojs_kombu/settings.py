@@ -1,0 +1,108 @@
+"""ojs_kombu settings, and the binding the transport works from.
+
+Settings come from Celery config (``app.conf.ojs_prefix`` ...) through
+:func:`ojs_kombu.install`, or from kombu transport options with the same
+``ojs_`` names when kombu is used without Celery.  An ``ojs_*`` key that is
+not a setting is an error, so a typo never silently falls back to a default.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .errors import OJSConfigurationError
+from .job_types import JobTypeRegistry, TaskLookup
+from .naming import DEFAULT_QUEUE_ALIASES, TopologyNames, check_queue_name
+
+OPTION_PREFIX = "ojs_"
+#: Transport option holding a ready-made :class:`Binding` (set by ``install()``).
+BINDING_OPTION = "ojs_binding"
+
+
+class OJSSettings(BaseModel):
+    """Every setting, with its default; ``app.conf.ojs_<name>`` sets ``<name>``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    #: Multi-tenancy prefix: ``tenant1`` gives ``tenant1.ojs.queue.email``.
+    prefix: str = ""
+    #: Celery queue name -> OJS queue name; Celery's ``celery`` is OJS's ``default``.
+    queue_aliases: dict[str, str] = Field(default_factory=lambda: dict(DEFAULT_QUEUE_ALIASES))
+    #: Celery task name -> OJS job type, for names that do not fit the OJS grammar.
+    job_types: dict[str, str] = Field(default_factory=dict)
+    #: Extra ``Queue.Declare`` arguments per OJS queue (``{"email": {"x-max-length": 1000}}``).
+    queue_arguments: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    #: Seconds to wait for a publisher confirm before raising ``PublishConfirmTimeout``.
+    confirm_timeout: float = Field(default=30.0, gt=0)
+    #: Prefetch applied when a job queue is consumed before ``Basic.Qos`` was set.
+    default_prefetch: int = Field(default=1, ge=1)
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any], *, source: str) -> OJSSettings:
+        """Build from the ``ojs_*`` keys of ``options``; ``source`` names them in errors."""
+        values = {
+            key[len(OPTION_PREFIX):]: value
+            for key, value in options.items()
+            if isinstance(key, str) and key.startswith(OPTION_PREFIX) and key != BINDING_OPTION
+        }
+        unknown = sorted(set(values) - set(cls.model_fields))
+        if unknown:
+            known = ", ".join(OPTION_PREFIX + name for name in cls.model_fields)
+            raise OJSConfigurationError(
+                f"unknown ojs_kombu setting(s) in {source}: "
+                f"{', '.join(OPTION_PREFIX + u for u in unknown)} (known: {known})"
+            )
+        values = {k: v for k, v in values.items() if v is not None}
+        try:
+            settings = cls(**values)
+        except ValidationError as exc:
+            raise OJSConfigurationError(f"invalid ojs_kombu setting in {source}: {exc}") from None
+        for queue in settings.queue_arguments:
+            check_queue_name(queue)
+        return settings
+
+
+@dataclass(frozen=True)
+class Binding:
+    """What the transport needs to speak OJS: settings, names and the type registry."""
+
+    settings: OJSSettings
+    names: TopologyNames
+    job_types: JobTypeRegistry
+    #: ``Queue.Declare`` extras per OJS queue: ``ojs_queue_arguments`` plus those of
+    #: the Celery queue definitions, so every declaration of a queue is the same.
+    queue_arguments: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @classmethod
+    def from_settings(cls, settings: OJSSettings, tasks: TaskLookup | None = None) -> Binding:
+        names = TopologyNames(prefix=settings.prefix, queue_aliases=settings.queue_aliases)
+        return cls(settings, names, JobTypeRegistry(settings.job_types, tasks),
+                   {q: dict(a) for q, a in settings.queue_arguments.items()})
+
+    def add_queue_arguments(self, queue: str, arguments: Mapping[str, Any]) -> None:
+        """Record extra arguments for ``queue``; two different definitions are an error."""
+        if not arguments:
+            return
+        known = self.queue_arguments.setdefault(queue, {})
+        clashes = {k for k, v in arguments.items() if k in known and known[k] != v}
+        if clashes:
+            raise OJSConfigurationError(
+                f"queue {queue!r} is defined twice with different arguments "
+                f"({', '.join(sorted(clashes))}): {known!r} and {dict(arguments)!r}"
+            )
+        known.update(arguments)
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any]) -> Binding:
+        binding = options.get(BINDING_OPTION)
+        if binding is not None:
+            if not isinstance(binding, Binding):
+                raise OJSConfigurationError(
+                    f"transport option {BINDING_OPTION} must be an ojs_kombu Binding"
+                )
+            return binding
+        return cls.from_settings(OJSSettings.from_options(options, source="transport options"))

@@ -37,7 +37,7 @@ from .transport import register_transport
 register_transport()
 register_serializer()
 
-from .celery_app import declare_topology, install  # noqa: E402  (needs the registrations)
+from .celery_app import check_app, declare_topology, install  # noqa: E402  (needs the registrations)
 
 __version__ = "0.1.0"
 
@@ -61,6 +61,7 @@ __all__ = [
     "TopologyNames",
     "UnroutableJobError",
     "UnsupportedSerializerError",
+    "check_app",
     "declare_topology",
     "install",
     "new_job_id",

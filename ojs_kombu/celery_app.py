@@ -11,7 +11,9 @@
   ``task_acks_late=True`` (ack after success), ``task_acks_on_failure_or_timeout=False``
   (a failed job is nacked into its dead-letter queue, never acked and lost),
   and the ``ojs`` content type in ``accept_content`` (the pool reads envelopes);
-* checks, when the app is finalized, that every task has a valid OJS type.
+* adds a worker bootstep that refuses to start a worker whose tasks, queues
+  or ``ojs_*`` settings cannot be mapped onto OJS (the same checks are
+  :func:`check_app`, for a project's own test suite).
 """
 
 from __future__ import annotations
@@ -22,13 +24,13 @@ from functools import partial
 from typing import Any
 
 import kombu
-from celery import Celery
+from celery import Celery, bootsteps
 from celery.app.amqp import AMQP, Queues
 from kombu import Queue
 from kombu.utils.objects import cached_property
 
 from .codec import CELERY_JSON
-from .entities import HIDDEN_ARGUMENTS, JobQueue, extra_arguments, job_queue
+from .entities import JobQueue, extra_arguments, job_queue
 from .envelope import CONTENT_TYPE
 from .errors import OJSConfigurationError
 from .job_ids import use_uuid7_task_ids
@@ -60,7 +62,8 @@ class OJSQueues(Queues):
         return super().__missing__(name)
 
     def new_missing(self, name: str) -> JobQueue:
-        return job_queue(self.binding.names, self.binding.names.ojs_queue(name))
+        ojs_name = self.binding.names.ojs_queue(name)
+        return job_queue(self.binding.names, ojs_name, self.binding.declare_arguments(ojs_name))
 
     def _add(self, queue: Queue) -> Queue:
         return super()._add(self._as_job_queue(queue))
@@ -87,9 +90,8 @@ class OJSQueues(Queues):
                 "of job queues (ojs.exchange.dlx, routing key = queue name); remove them"
             )
         arguments = extra_arguments(queue)
-        hidden = {k: arguments[k] for k in HIDDEN_ARGUMENTS if k in arguments}
-        self.binding.add_queue_arguments(ojs_name, hidden)
-        return job_queue(self.binding.names, ojs_name, arguments)
+        self.binding.add_queue_arguments(ojs_name, arguments)
+        return job_queue(self.binding.names, ojs_name, self.binding.declare_arguments(ojs_name))
 
 
 class OJSAMQP(AMQP):
@@ -129,11 +131,9 @@ def install(app: Celery) -> Celery:
     app.amqp_cls = OJSAMQP
     use_uuid7_task_ids()
     app.on_after_configure.connect(_configure, sender=app, weak=False)
-    app.on_after_finalize.connect(_check_task_types, sender=app, weak=False)
     if app.configured:
         _configure(app)
-    if app.finalized:
-        _check_task_types(app)
+    app.steps["worker"].add(OJSPreflight)
     setattr(app, _INSTALLED_FLAG, True)
     return app
 
@@ -153,9 +153,28 @@ def _configure(sender: Celery, **_: Any) -> None:
         )
 
 
-def _check_task_types(sender: Celery, **_: Any) -> None:
-    binding = sender.amqp.binding
-    binding.job_types.validate()
+def check_app(app: Celery) -> dict[str, str]:
+    """Check that ``app`` can run under ojs_kombu; return ``{task name: OJS type}``.
+
+    Raises the :class:`~ojs_kombu.errors.OJSConfigurationError` subclass that
+    names the first problem: an unknown or invalid ``ojs_*`` setting, a queue
+    that cannot be an OJS queue, a task without a valid OJS type, or two tasks
+    claiming one type.
+    """
+    app.finalize(auto=True)
+    binding = app.amqp.binding
+    _ = app.amqp.queues
+    return binding.job_types.validate()
+
+
+class OJSPreflight(bootsteps.Step):
+    """Worker bootstep: a worker that cannot speak OJS does not start."""
+
+    name = "ojs_kombu.preflight"
+
+    def __init__(self, parent: Any, **kwargs: Any) -> None:
+        check_app(parent.app)
+        super().__init__(parent, **kwargs)
 
 
 def declare_topology(app: Celery, queues: Iterable[str] | None = None) -> list[str]:

@@ -60,8 +60,9 @@ _datetime = TypeAdapter(datetime)
 
 
 def format_time(value: datetime) -> str:
-    """RFC 3339 in UTC with millisecond precision and ``Z``."""
-    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+    """RFC 3339 in UTC with ``Z``: milliseconds, or microseconds when they are not zero."""
+    text = value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")
+    return (text[:-3] if text.endswith("000") else text) + "Z"
 
 
 def parse_time(value: Any, field: str) -> datetime:
@@ -275,10 +276,16 @@ def check_content_type(content_type: str | None, content_encoding: str | None) -
 
 
 def parse_envelope(body: bytes | str) -> JobEnvelope:
-    """Validate a message body as an OJS job, or raise :class:`JobRejected`."""
+    """Validate a message body as an OJS job, or raise :class:`JobRejected`.
+
+    A body without ``specversion`` is read as ``"1.0"``: the binding's own
+    producer example (section 15.1) omits it, and the binding has one version.
+    """
     try:
         return JobEnvelope.model_validate_json(body)
     except ValidationError as exc:
+        if _lacks_specversion(exc):
+            return parse_envelope(_with_specversion(body))
         errors = exc.errors(include_url=False, include_input=False)
         if any(e["type"] == "json_invalid" for e in errors):
             raise JobRejected(INVALID_PAYLOAD, "message body is not valid JSON") from None
@@ -286,6 +293,16 @@ def parse_envelope(body: bytes | str) -> JobEnvelope:
             f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in errors[:5]
         )
         raise JobRejected(INVALID_ENVELOPE, f"not a valid OJS job envelope ({summary})") from None
+
+
+def _lacks_specversion(exc: ValidationError) -> bool:
+    return any(e["type"] == "missing" and e["loc"] == ("specversion",) for e in exc.errors())
+
+
+def _with_specversion(body: bytes | str) -> bytes:
+    job = json.loads(body)
+    job["specversion"] = SPEC_VERSION
+    return _dumps(job)
 
 
 def decode_job_message(

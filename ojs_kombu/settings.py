@@ -36,6 +36,10 @@ class OJSSettings(BaseModel):
     job_types: dict[str, str] = Field(default_factory=dict)
     #: Extra ``Queue.Declare`` arguments per OJS queue (``{"email": {"x-max-length": 1000}}``).
     queue_arguments: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    #: ``x-max-priority`` of job queues (AMQP-030); 10 as in the binding's section 15.1
+    #: producer example, so queues declared by spec-following producers are equivalent.
+    #: ``None`` declares queues without priorities.
+    max_priority: int | None = Field(default=10, ge=1, le=255)
     #: Seconds to wait for a publisher confirm before raising ``PublishConfirmTimeout``.
     confirm_timeout: float = Field(default=30.0, gt=0)
     #: Prefetch applied when a job queue is consumed before ``Basic.Qos`` was set.
@@ -82,6 +86,13 @@ class Binding:
         names = TopologyNames(prefix=settings.prefix, queue_aliases=settings.queue_aliases)
         return cls(settings, names, JobTypeRegistry(settings.job_types, tasks),
                    {q: dict(a) for q, a in settings.queue_arguments.items()})
+
+    def declare_arguments(self, queue: str) -> dict[str, Any]:
+        """Extra ``Queue.Declare`` arguments of job queue ``queue`` (beyond dead-lettering)."""
+        arguments = dict(self.queue_arguments.get(queue) or {})
+        if self.settings.max_priority is not None:
+            arguments.setdefault("x-max-priority", self.settings.max_priority)
+        return arguments
 
     def add_queue_arguments(self, queue: str, arguments: Mapping[str, Any]) -> None:
         """Record extra arguments for ``queue``; two different definitions are an error."""

@@ -366,7 +366,7 @@ class Connection(pyamqp.Connection):
         """Declare the OJS topology of ``queue`` once per connection (lazy and eager paths)."""
         if queue in self._ojs_declared:
             return
-        arguments = self.ojs.queue_arguments.get(queue)
+        arguments = self.ojs.declare_arguments(queue)
         channel = self.channel()
         try:
             declare_queue_topology(channel, self.ojs.names, queue, arguments)

@@ -1,0 +1,153 @@
+"""What install(app) changes, observed through Celery's own objects (no broker)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from celery import Celery
+from celery.utils import uuid as celery_uuid
+from celery.utils.quorum_queues import detect_quorum_queues
+from kombu import Connection, Exchange, Queue
+
+import ojs_kombu
+from ojs_kombu.celery_app import OJSAMQP, OJSPreflight
+from ojs_kombu.entities import JobQueue
+from ojs_kombu.errors import JobTypeError, OJSConfigurationError, QueueNameError
+from ojs_kombu.naming import is_job_id
+from ojs_kombu.settings import BINDING_OPTION
+from ojs_kombu.transport import SSLTransport, Transport
+
+
+def make_app(**conf: Any) -> Celery:
+    app = Celery("wiring", broker="ojs://guest:guest@127.0.0.1:5672//", set_as_current=False)
+    ojs_kombu.install(app)
+    app.conf.update(conf)
+    return app
+
+
+def test_install_replaces_the_amqp_layer_and_is_idempotent() -> None:
+    app = make_app()
+    assert ojs_kombu.install(app) is app
+    assert isinstance(app.amqp, OJSAMQP)
+
+
+def test_install_after_amqp_was_used_is_a_clear_error() -> None:
+    app = Celery("late", broker="ojs://", set_as_current=False)
+    _ = app.amqp
+    with pytest.raises(OJSConfigurationError, match="right after Celery"):
+        ojs_kombu.install(app)
+
+
+def test_ojs_url_selects_the_ojs_transport() -> None:
+    assert Connection("ojs://guest:guest@localhost:5672//").transport_cls == "ojs"
+    assert isinstance(Connection("ojs://localhost//").transport, Transport)
+    tls = Connection("ojss://localhost//")
+    assert isinstance(tls.transport, SSLTransport) and tls.ssl is True
+    by_path = Connection("localhost//", transport="ojs_kombu.transport:Transport")
+    assert isinstance(by_path.transport, Transport)
+    assert Connection("ojs://localhost//", ssl=True).transport.default_ssl_port == 5671
+
+
+def test_default_queue_is_the_ojs_default_queue() -> None:
+    queues = make_app().amqp.queues
+    default = queues["celery"]
+    assert isinstance(default, JobQueue)
+    assert default.name == "ojs.queue.default" and default.ojs_queue == "default"
+    assert default.exchange.name == "ojs.exchange.direct" and default.exchange.type == "direct"
+    assert default.routing_key == "default"
+    assert default.durable and not default.auto_delete and not default.exclusive
+    assert default.queue_arguments == {"x-dead-letter-exchange": "ojs.exchange.dlx",
+                                       "x-dead-letter-routing-key": "default",
+                                       "x-max-priority": 10}
+    assert queues["default"] is default and queues["ojs.queue.default"] is default
+
+
+def test_missing_queues_become_job_queues_under_every_name() -> None:
+    queues = make_app(ojs_prefix="tenant1").amqp.queues
+    email = queues["email"]
+    assert email.name == "tenant1.ojs.queue.email"
+    assert email.exchange.name == "tenant1.ojs.exchange.direct"
+    assert queues["tenant1.ojs.queue.email"] is email
+    queues.select(["email"])  # what `celery worker -Q email` does
+    assert list(queues.consume_from) == ["tenant1.ojs.queue.email"]
+
+
+def test_configured_celery_queues_are_converted() -> None:
+    app = make_app(task_queues=[Queue("reports", Exchange("reports"), routing_key="reports",
+                                      max_length=100, queue_arguments={"x-queue-type": "quorum"})])
+    reports = app.amqp.queues["reports"]
+    assert isinstance(reports, JobQueue) and reports.name == "ojs.queue.reports"
+    assert reports.queue_arguments["x-max-length"] == 100
+    # Celery must not see quorum queues, or its native delayed delivery takes over countdowns.
+    assert "x-queue-type" not in reports.queue_arguments
+    assert detect_quorum_queues(app, "amqp") == (False, "")
+    assert app.amqp.binding.declare_arguments("reports")["x-queue-type"] == "quorum"
+
+
+@pytest.mark.parametrize("queue, error", [
+    (Queue("Bad_Name"), QueueNameError),
+    (Queue("tmp", auto_delete=True), OJSConfigurationError),
+    (Queue("dl", queue_arguments={"x-dead-letter-exchange": "mine"}), OJSConfigurationError),
+])
+def test_unusable_queue_definitions_fail_clearly(queue: Queue, error: type[Exception]) -> None:
+    app = make_app(task_queues=[queue])
+    with pytest.raises(error, match=queue.name):
+        _ = app.amqp.queues
+
+
+def test_queue_alias_setting() -> None:
+    queues = make_app(ojs_queue_aliases={"high_priority": "high-priority"}).amqp.queues
+    assert queues["high_priority"].name == "ojs.queue.high-priority"
+
+
+def test_task_ids_are_uuid7_after_install() -> None:
+    make_app()
+    assert all(is_job_id(celery_uuid()) for _ in range(5))
+
+
+def test_delivery_semantics_are_configured() -> None:
+    app = make_app(accept_content=["json"])
+    assert app.conf.task_acks_late is True
+    assert app.conf.task_acks_on_failure_or_timeout is False
+    assert "ojs" in app.conf.accept_content
+
+
+def test_connections_carry_the_binding() -> None:
+    app = make_app(ojs_prefix="t9")
+    connection = app.connection_for_write()
+    binding = connection.transport_options[BINDING_OPTION]
+    assert binding is app.amqp.binding and binding.names.prefix == "t9."
+
+
+def test_unmappable_task_names_fail_at_finalize() -> None:
+    app = make_app()
+
+    @app.task(name="proj.tasks.SendEmail", shared=False)
+    def send() -> None: ...
+
+    with pytest.raises(JobTypeError, match="proj.tasks.SendEmail"):
+        ojs_kombu.check_app(app)
+    assert OJSPreflight in app.steps["worker"]  # the same check refuses to start a worker
+
+
+def test_task_option_and_config_mapping_are_honoured() -> None:
+    app = make_app(ojs_job_types={"proj.tasks.Legacy": "legacy.run"})
+
+    @app.task(name="proj.tasks.SendEmail", ojs_type="email.send", shared=False)
+    def send() -> None: ...
+
+    @app.task(name="proj.tasks.Legacy", shared=False)
+    def legacy() -> None: ...
+
+    assert ojs_kombu.check_app(app)["proj.tasks.SendEmail"] == "email.send"
+    registry = app.amqp.binding.job_types
+    assert registry.type_for("proj.tasks.SendEmail") == "email.send"
+    assert registry.task_for("email.send") == "proj.tasks.SendEmail"
+    assert registry.task_for("legacy.run") == "proj.tasks.Legacy"
+
+
+def test_unknown_ojs_setting_is_reported() -> None:
+    app = make_app(ojs_prefx="oops")
+    with pytest.raises(OJSConfigurationError, match="ojs_prefx"):
+        _ = app.amqp.binding

@@ -1,0 +1,234 @@
+"""Celery protocol v2 <-> OJS envelope, both ways, without a broker."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from celery import Celery
+from kombu.serialization import dumps
+
+from ojs_kombu.codec import (
+    INVALID_ENVELOPE,
+    INVALID_PAYLOAD,
+    UNKNOWN_JOB_TYPE,
+    UNSUPPORTED_CONTENT_TYPE,
+    amqp_priority,
+    celery_payload,
+    decode_job_message,
+    encode_task_message,
+)
+from ojs_kombu.envelope import CONTENT_TYPE
+from ojs_kombu.errors import (
+    InvalidJobIdError,
+    JobRejected,
+    NonJSONArgumentError,
+    UnsupportedSerializerError,
+)
+from ojs_kombu.job_ids import new_job_id
+from ojs_kombu.naming import is_job_id
+
+app = Celery("codec-tests", set_as_current=False)
+NOW = datetime(2026, 11, 21, 10, 0, 0, tzinfo=UTC)
+
+
+def celery_message(name: str = "email.send", args: Any = ("a@b.c", "welcome"),
+                   kwargs: dict[str, Any] | None = None, serializer: str = "json",
+                   task_id: str | None = None, **options: Any
+                   ) -> tuple[bytes, str, dict[str, Any], dict[str, Any]]:
+    """What Celery hands kombu for ``apply_async``: body, content type, headers, properties."""
+    message = app.amqp.as_task_v2(task_id or new_job_id(), name, args, kwargs, **options)
+    content_type, _, body = dumps(message.body, serializer=serializer)
+    return body, content_type, dict(message.headers), dict(message.properties)
+
+
+def encode(name: str = "email.send", queue: str = "email", properties: Any = None,
+           **kw: Any) -> Any:
+    body, content_type, headers, props = celery_message(name, **kw)
+    return encode_task_message(body=body, content_type=content_type,
+                               properties={**props, **(properties or {})},
+                               headers=headers, job_type=name, queue=queue, now=NOW)
+
+
+def test_envelope_is_schema_valid_and_properties_follow_the_binding(job_schema: Any) -> None:
+    job = encode()
+    body = json.loads(job.body)
+    job_schema.validate(body)
+    assert body["specversion"] == "1.0" and body["type"] == "email.send"
+    assert body["queue"] == "email" and body["args"] == ["a@b.c", "welcome"]
+    assert is_job_id(body["id"]) and body["created_at"] == "2026-11-21T10:00:00.000Z"
+    props = job.properties
+    assert props["message_id"] == body["id"] == props["correlation_id"]
+    assert props["type"] == "email.send"
+    assert props["content_type"] == CONTENT_TYPE == "application/openjobspec+json"
+    assert props["content_encoding"] == "utf-8"
+    assert props["delivery_mode"] == 2 and props["app_id"] == "ojs"
+    assert props["timestamp"] == int(NOW.timestamp())
+    assert "priority" not in props
+    headers = props["application_headers"]
+    assert headers["x-ojs-queue"] == "email"
+    assert headers["x-ojs-attempt"] == 1
+    assert headers["x-ojs-max-attempts"] == 3
+    assert headers["x-ojs-created-at"] == headers["x-ojs-enqueued-at"] == body["created_at"]
+    assert "x-ojs-scheduled-at" not in headers
+
+
+def test_celery_options_map_onto_ojs_attributes(job_schema: Any) -> None:
+    eta = NOW + timedelta(seconds=90, microseconds=123456)
+    expires = NOW + timedelta(hours=1)
+    job = encode(eta=eta, expires=expires, time_limit=29.5, soft_time_limit=20,
+                 properties={"priority": 7})
+    body = json.loads(job.body)
+    job_schema.validate(body)
+    assert body["scheduled_at"] == "2026-11-21T10:01:30.123456Z"
+    assert body["expires_at"] == "2026-11-21T11:00:00.000Z"
+    assert body["timeout"] == 30  # whole seconds, rounded up
+    assert body["priority"] == 7 and job.properties["priority"] == 7
+    assert job.properties["application_headers"]["x-ojs-scheduled-at"] == body["scheduled_at"]
+    assert body["x_celery"]["timelimit"] == [29.5, 20]
+
+
+def test_meta_option_becomes_meta_and_headers() -> None:
+    meta = {"tenant_id": "acme", "tags": ["a", "b"], "idempotency_key": "k-1",
+            "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}
+    job = encode(properties={"ojs_meta": meta})
+    assert json.loads(job.body)["meta"] == meta
+    headers = job.properties["application_headers"]
+    assert headers["x-ojs-tags"] == "a,b"
+    assert headers["x-ojs-idempotency-key"] == "k-1"
+    assert headers["x-ojs-trace-id"] == meta["traceparent"]
+
+
+def test_round_trip_keeps_kwargs_canvas_and_celery_headers() -> None:
+    callback = {"task": "report.render", "args": [], "kwargs": {}, "options": {},
+                "subtask_type": None, "immutable": False}
+    chord = {"task": "report.merge", "args": [], "kwargs": {}, "options": {"task_id": "x"}}
+    root, parent, group = new_job_id(), new_job_id(), new_job_id()
+    body, ct, headers, props = celery_message(
+        "report.fetch", args=(1, "q3"), kwargs={"fmt": "pdf", "n": [1, 2]},
+        callbacks=[callback], errbacks=[callback], chain=[callback], chord=chord,
+        root_id=root, parent_id=parent, group_id=group, group_index=2, retries=1,
+        shadow="fetch-q3", argsrepr="(1, '***')", ignore_result=True)
+    headers["custom"] = {"kept": True}
+    job = encode_task_message(body=body, content_type=ct, properties=props, headers=headers,
+                              job_type="report.fetch", queue="reports", now=NOW)
+    incoming = decode_job_message(job.body, job.properties, resolve_task=lambda t: t)
+    args, kwargs, embed = incoming.payload
+    assert (args, kwargs) == ([1, "q3"], {"fmt": "pdf", "n": [1, 2]})
+    assert embed == {"callbacks": [callback], "errbacks": [callback], "chain": [callback],
+                     "chord": chord}
+    out = incoming.headers
+    for key in ("id", "root_id", "parent_id", "group", "group_index", "shadow", "argsrepr",
+                "kwargsrepr", "origin", "ignore_result", "custom"):
+        assert out[key] == headers[key], key
+    assert out["task"] == "report.fetch" and out["retries"] == 1
+    assert out["x-ojs-attempt"] == 2  # retries + 1
+    assert celery_payload(job.body) == incoming.payload
+
+
+def test_round_trip_of_eta_and_expires_is_exact() -> None:
+    eta = datetime(2026, 11, 21, 12, 0, 0, 5, tzinfo=UTC)
+    job = encode(eta=eta, expires=eta + timedelta(minutes=5))
+    incoming = decode_job_message(job.body, job.properties, resolve_task=lambda t: t)
+    assert datetime.fromisoformat(incoming.headers["eta"]) == eta
+    assert datetime.fromisoformat(incoming.headers["expires"]) == eta + timedelta(minutes=5)
+
+
+def test_foreign_job_runs_with_positional_args() -> None:
+    """A job from a non-Celery producer (no x_celery) decodes into a plain task call."""
+    job_id = new_job_id()
+    body = json.dumps({"specversion": "1.0", "id": job_id, "type": "email.send",
+                       "queue": "email", "args": ["user@example.com", "welcome"],
+                       "timeout": 10}).encode()
+    props = {"content_type": CONTENT_TYPE, "content_encoding": "utf-8",
+             "application_headers": {"x-ojs-attempt": 1, "x-ojs-queue": "email"}}
+    incoming = decode_job_message(body, props, resolve_task={"email.send": "proj.send"}.get)
+    assert incoming.task_name == "proj.send"
+    assert incoming.payload == (["user@example.com", "welcome"], {},
+                                {"callbacks": None, "errbacks": None, "chain": None,
+                                 "chord": None})
+    headers = incoming.headers
+    assert headers["task"] == "proj.send" and headers["id"] == job_id
+    assert headers["retries"] == 0 and headers["timelimit"] == [10, None]
+    assert headers["argsrepr"] == "['user@example.com', 'welcome']"
+    assert headers["eta"] is None and headers["root_id"] is None
+
+
+def test_binding_example_without_specversion_is_read_as_1_0() -> None:
+    """Section 15.1's producer omits specversion; the binding has one version."""
+    body = json.dumps({"id": new_job_id(), "type": "email.send", "queue": "email",
+                       "args": ["user@example.com", "welcome"],
+                       "created_at": "2026-02-15T10:30:00+00:00"}).encode()
+    incoming = decode_job_message(body, {"content_type": CONTENT_TYPE},
+                                  resolve_task=lambda t: t)
+    assert incoming.envelope.specversion == "1.0"
+
+
+@pytest.mark.parametrize("value, kind", [
+    (datetime(2026, 1, 1, tzinfo=UTC), "datetime"),
+    (Decimal("1.5"), "decimal"),
+    (b"raw", "bytes"),
+])
+def test_non_json_arguments_are_refused(value: Any, kind: str) -> None:
+    with pytest.raises(NonJSONArgumentError, match=kind):
+        encode(args=("ok", value))
+    with pytest.raises(NonJSONArgumentError):
+        encode(args=(), kwargs={"when": value})
+
+
+def test_nan_is_refused() -> None:
+    with pytest.raises(NonJSONArgumentError, match="NaN"):
+        encode(args=(float("nan"),))
+
+
+def test_pickle_is_refused_at_publish() -> None:
+    with pytest.raises(UnsupportedSerializerError, match="x-python-serialize"):
+        encode(serializer="pickle")
+
+
+@pytest.mark.parametrize("task_id", ["3f2b8c1e-4c4a-4b6e-9a51-2f7b7c1d2e3f", "my-task-1",
+                                     "019461A8-1A2B-7C3D-8E4F-5A6B7C8D9E0F"])
+def test_task_ids_must_be_uuid7(task_id: str) -> None:
+    with pytest.raises(InvalidJobIdError, match=task_id):
+        encode(task_id=task_id)
+
+
+def test_priority_mapping() -> None:
+    assert [amqp_priority(p) for p in (-100, -10, 0, 1, 5, 9, 10, 100)] == [0, 0, 0, 1, 5, 9, 9, 9]
+
+
+def _decode(body: Any, content_type: str | None = CONTENT_TYPE, known: bool = True) -> Any:
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return decode_job_message(raw, {"content_type": content_type},
+                              resolve_task=(lambda t: t) if known else (lambda t: None))
+
+
+VALID = {"specversion": "1.0", "id": "019461a8-1a2b-7c3d-8e4f-5a6b7c8d9e0f",
+         "type": "email.send", "queue": "email", "args": []}
+
+
+@pytest.mark.parametrize("body, content_type, known, code", [
+    (b"{not json", CONTENT_TYPE, True, INVALID_PAYLOAD),
+    (b"\xff\xfe", CONTENT_TYPE, True, INVALID_PAYLOAD),
+    ({**VALID, "type": "Email.Send"}, CONTENT_TYPE, True, INVALID_ENVELOPE),
+    ({**VALID, "args": {"to": "x"}}, CONTENT_TYPE, True, INVALID_ENVELOPE),
+    ([1, 2, 3], CONTENT_TYPE, True, INVALID_ENVELOPE),
+    ({**VALID, "x_celery": [1]}, CONTENT_TYPE, True, INVALID_ENVELOPE),
+    (VALID, CONTENT_TYPE, False, UNKNOWN_JOB_TYPE),
+    (VALID, "application/json", True, UNSUPPORTED_CONTENT_TYPE),
+    (VALID, "application/x-python-serialize", True, UNSUPPORTED_CONTENT_TYPE),
+    (VALID, None, True, UNSUPPORTED_CONTENT_TYPE),
+])
+def test_consumed_messages_that_are_not_jobs_are_rejected_with_a_code(
+        body: Any, content_type: str | None, known: bool, code: str) -> None:
+    with pytest.raises(JobRejected) as info:
+        _decode(body, content_type, known)
+    assert info.value.code == code
+    assert info.value.message
+
+
+def test_content_type_parameters_are_accepted() -> None:
+    assert _decode(VALID, CONTENT_TYPE + "; charset=utf-8").task_name == "email.send"

@@ -62,12 +62,11 @@ def normalize_prefix(prefix: str) -> str:
     """``'tenant1'`` and ``'tenant1.'`` both give ``'tenant1.'``; ``''`` stays empty."""
     if not prefix:
         return ""
-    prefix = prefix if prefix.endswith(".") else prefix + "."
     if not re.match(r"^[A-Za-z0-9_\-.]+$", prefix):
         raise OJSConfigurationError(
             f"topology prefix {prefix!r} may only hold letters, digits, '_', '-' and '.'"
         )
-    return prefix
+    return prefix if prefix.endswith(".") else prefix + "."
 
 
 @dataclass(frozen=True)

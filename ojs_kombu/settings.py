@@ -38,7 +38,8 @@ class OJSSettings(BaseModel):
     queue_arguments: dict[str, dict[str, Any]] = Field(default_factory=dict)
     #: ``x-max-priority`` of job queues (AMQP-030); 10 as in the binding's section 15.1
     #: producer example, so queues declared by spec-following producers are equivalent.
-    #: ``None`` declares queues without priorities.
+    #: ``None`` declares queues without priorities.  Not applied to queues given an
+    #: ``x-queue-type`` (quorum and stream queues refuse ``x-max-priority``).
     max_priority: int | None = Field(default=10, ge=1, le=255)
     #: Seconds to wait for a publisher confirm before raising ``PublishConfirmTimeout``.
     confirm_timeout: float = Field(default=30.0, gt=0)
@@ -90,7 +91,7 @@ class Binding:
     def declare_arguments(self, queue: str) -> dict[str, Any]:
         """Extra ``Queue.Declare`` arguments of job queue ``queue`` (beyond dead-lettering)."""
         arguments = dict(self.queue_arguments.get(queue) or {})
-        if self.settings.max_priority is not None:
+        if self.settings.max_priority is not None and "x-queue-type" not in arguments:
             arguments.setdefault("x-max-priority", self.settings.max_priority)
         return arguments
 

@@ -66,6 +66,25 @@ def _argsrepr(args: Any) -> str:
     return text if len(text) <= _MAX_ERROR_MESSAGE else text[:_MAX_ERROR_MESSAGE] + "..."
 
 
+class JobMessage(pyamqp.Message):
+    """A delivery from an OJS job queue, as Celery sees it.
+
+    The binding forbids ``Basic.Nack(requeue=true)`` for failed jobs (section
+    5.4: it loops).  Celery requeues a job that hit its hard time limit, or
+    whose task raised ``Reject(requeue=True)``; such a job is dead-lettered
+    instead, so nothing is redelivered forever.
+    """
+
+    def reject(self, requeue: bool = False) -> None:
+        if requeue:
+            logger.warning("job %s: OJS jobs are never requeued immediately (AMQP binding "
+                           "5.4); dead-lettering it instead", self.properties.get("message_id"))
+        super().reject(requeue=False)
+
+    def requeue(self) -> None:
+        self.reject(requeue=True)
+
+
 class Channel(pyamqp.Channel):
     """pyamqp channel that maps Celery task messages onto OJS jobs."""
 
@@ -175,6 +194,7 @@ class Channel(pyamqp.Channel):
         pending = self._publish_tracked(message, exchange, routing_key, True, timeout,
                                         confirm_timeout, job_id=job_id, queue=queue)
         if pending.returned is not None:
+            self.connection.forget_topology(queue)  # the next publish re-declares it
             raise UnroutableJobError(
                 f"job {job_id} for queue {queue!r} was returned by the broker "
                 f"({pending.returned}): no queue is bound to {exchange!r} with routing key "
@@ -304,9 +324,10 @@ class Channel(pyamqp.Channel):
 
     def message_to_python(self, raw_message: amqp.Message) -> Any:
         payload = raw_message.properties.pop(_PAYLOAD_KEY, None)
-        message = self.Message(raw_message, channel=self)
-        if payload is not None:
-            message._decoded_cache = payload
+        if payload is None:
+            return self.Message(raw_message, channel=self)
+        message = JobMessage(raw_message, channel=self)
+        message._decoded_cache = payload
         return message
 
     def dead_letter(self, raw: amqp.Message, queue: str, code: str, text: str) -> None:

@@ -1,0 +1,104 @@
+"""Celery apps used by the integration suite (real RabbitMQ, real workers)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any
+
+from celery import Celery
+from celery.exceptions import Reject
+
+import ojs_kombu
+
+#: Queues the session's in-process worker consumes.
+WORKER_QUEUES = ["default", "email", "malformed", "failing", "canvas", "errbacks"]
+
+
+class CallLog:
+    """Thread-safe record of task executions, so tests can wait for a job id."""
+
+    def __init__(self) -> None:
+        self._calls: list[dict[str, Any]] = []
+        self._cond = threading.Condition()
+
+    def add(self, **call: Any) -> None:
+        with self._cond:
+            self._calls.append(call)
+            self._cond.notify_all()
+
+    def wait_for(self, job_id: str | None = None, timeout: float = 20.0,
+                 **match: Any) -> dict[str, Any]:
+        """The first call with ``job_id`` (and/or the given field values), waiting for it."""
+        if job_id is not None:
+            match["id"] = job_id
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                for call in self._calls:
+                    if all(call.get(k) == v for k, v in match.items()):
+                        return call
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise AssertionError(f"no call matching {match} within {timeout}s")
+                self._cond.wait(remaining)
+
+    def count(self, job_id: str) -> int:
+        with self._cond:
+            return sum(call["id"] == job_id for call in self._calls)
+
+
+def make_app(name: str, broker_url: str, backend: str | None = None, **conf: Any) -> Celery:
+    app = Celery(name, broker=broker_url, backend=backend, set_as_current=False)
+    ojs_kombu.install(app)
+    app.conf.update(broker_connection_retry_on_startup=False, **conf)
+    app.calls = CallLog()  # type: ignore[attr-defined]
+    register_tasks(app)
+    return app
+
+
+def register_tasks(app: Celery) -> None:
+    calls: CallLog = app.calls  # type: ignore[attr-defined]
+
+    @app.task(name="email.send", bind=True, shared=False)
+    def send_email(self: Any, to: str, template: str) -> str:
+        calls.add(id=self.request.id, task="email.send", args=[to, template],
+                  eta=self.request.eta, retries=self.request.retries)
+        return f"sent {template} to {to}"
+
+    @app.task(name="math.add", bind=True, shared=False)
+    def add(self: Any, x: int, y: int) -> int:
+        calls.add(id=self.request.id, task="math.add", args=[x, y])
+        return x + y
+
+    @app.task(name="math.tsum", shared=False)
+    def tsum(numbers: list[int]) -> int:
+        return sum(numbers)
+
+    @app.task(name="proj.tasks.Legacy", ojs_type="legacy.run", bind=True, shared=False)
+    def legacy(self: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        calls.add(id=self.request.id, task="legacy.run", args=list(args), kwargs=kwargs)
+        return {"args": list(args), "kwargs": kwargs}
+
+    @app.task(name="always.fail", bind=True, shared=False)
+    def fail(self: Any) -> None:
+        calls.add(id=self.request.id, task="always.fail", args=[])
+        raise RuntimeError("boom")
+
+    @app.task(name="always.requeue", bind=True, shared=False)
+    def requeue(self: Any) -> None:
+        calls.add(id=self.request.id, task="always.requeue", args=[])
+        raise Reject("asked to be requeued", requeue=True)
+
+    @app.task(name="sleep.for", bind=True, shared=False)
+    def sleep_for(self: Any, seconds: float) -> float:
+        time.sleep(seconds)
+        calls.add(id=self.request.id, task="sleep.for", args=[seconds])
+        return seconds
+
+
+def cli_app() -> Celery:
+    """The app ``celery -A integration.cliapp worker`` runs (broker from the environment)."""
+    return make_app("cli", os.environ["OJS_TEST_BROKER_URL"], "rpc://",
+                    worker_hijack_root_logger=False)

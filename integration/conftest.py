@@ -1,0 +1,102 @@
+"""Fixtures for the integration suite: a private RabbitMQ vhost and a real worker."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import amqp
+import pytest
+from celery import Celery
+from celery.contrib.testing.worker import start_worker
+
+from .apps import WORKER_QUEUES, make_app
+
+HOST = os.environ.get("OJS_TEST_RABBITMQ_HOST", "127.0.0.1")
+PORT = int(os.environ.get("OJS_TEST_RABBITMQ_PORT", "5672"))
+
+
+def rabbitmqctl(*args: str) -> str:
+    result = subprocess.run(["rabbitmqctl", "-q", *args], capture_output=True, text=True,
+                            timeout=120, check=False)
+    if result.returncode != 0:
+        raise RuntimeError(f"rabbitmqctl {' '.join(args)} failed: {result.stderr.strip()}")
+    return result.stdout
+
+
+@pytest.fixture(scope="session")
+def vhost() -> Iterator[str]:
+    """A vhost of this test session only, so the spec's exact names can be used."""
+    try:
+        probe = amqp.Connection(f"{HOST}:{PORT}", connect_timeout=5)
+        probe.connect()
+        probe.close()
+    except OSError as exc:
+        pytest.fail(f"RabbitMQ is not reachable at {HOST}:{PORT} ({exc}); "
+                    "start it with: rabbitmq-server -detached")
+    name = f"ojs-kombu-test-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    rabbitmqctl("add_vhost", name)
+    rabbitmqctl("set_permissions", "-p", name, "guest", ".*", ".*", ".*")
+    yield name
+    rabbitmqctl("delete_vhost", name)
+
+
+@pytest.fixture(scope="session")
+def broker_url(vhost: str) -> str:
+    return f"ojs://guest:guest@{HOST}:{PORT}/{vhost}"
+
+
+@pytest.fixture(scope="session")
+def app(broker_url: str) -> Celery:
+    return make_app("integration", broker_url, "cache+memory://",
+                    ojs_queue_arguments={"full": {"x-max-length": 0,
+                                                  "x-overflow": "reject-publish"}})
+
+
+@pytest.fixture(scope="session")
+def worker(app: Celery) -> Iterator[Any]:
+    """One in-process worker (thread pool) for the session: each stop costs ~10 s."""
+    with start_worker(app, pool="threads", concurrency=4, perform_ping_check=False,
+                      queues=WORKER_QUEUES, shutdown_timeout=60, loglevel="WARNING") as w:
+        yield w
+
+
+@pytest.fixture
+def amqp_channel(vhost: str) -> Iterator[amqp.Channel]:
+    """A raw py-amqp channel on the test vhost: what a non-Celery OJS client sees."""
+    connection = amqp.Connection(f"{HOST}:{PORT}", virtual_host=vhost)
+    connection.connect()
+    try:
+        yield connection.channel()
+    finally:
+        connection.close()
+
+
+def queue_depth(channel: amqp.Channel, queue: str) -> int:
+    return channel.queue_declare(queue, passive=True).message_count
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = 20.0, what: str = "") -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
+
+
+def get_message(channel: amqp.Channel, queue: str, timeout: float = 20.0) -> amqp.Message:
+    """Take one message off ``queue`` (acked), waiting for it to arrive."""
+    message = wait_until(lambda: channel.basic_get(queue), timeout, f"a message on {queue}")
+    channel.basic_ack(message.delivery_tag)
+    return message
+
+
+def body_of(message: amqp.Message) -> Any:
+    return json.loads(message.body)

@@ -1,0 +1,140 @@
+"""A worker started with ``celery -A ... worker``; Celery's own traffic passes through.
+
+Remote control (pidbox), monitoring events (``celeryev``) and the ``rpc://``
+result backend are not jobs: the transport must leave them untouched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import amqp
+import pytest
+from celery import Celery
+from celery.exceptions import TaskRevokedError
+
+from ojs_kombu.job_ids import new_job_id
+
+from .apps import make_app
+from .conftest import wait_until
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def celery_cli(broker_url: str, *args: str, timeout: float = 60
+               ) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "OJS_TEST_BROKER_URL": broker_url}
+    return subprocess.run([sys.executable, "-m", "celery", "-A", "integration.cliapp", *args],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout,
+                          check=False)
+
+
+@pytest.fixture(scope="module")
+def client(broker_url: str) -> Celery:
+    return make_app("cli-client", broker_url, "rpc://")
+
+
+@pytest.fixture(scope="module")
+def cli_worker(broker_url: str, client: Celery, tmp_path_factory: Any) -> Iterator[Path]:
+    log = tmp_path_factory.mktemp("cli") / "worker.log"
+    env = {**os.environ, "OJS_TEST_BROKER_URL": broker_url}
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "integration.cliapp", "worker", "-E",
+             "-Q", "cli", "-n", "cli@%h", "--pool", "threads", "-c", "2", "--loglevel", "INFO"],
+            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_until(lambda: process.poll() is not None or client.control.inspect(
+            timeout=1).ping(), timeout=60, what="the celery worker to answer ping")
+        assert process.poll() is None, log.read_text()
+        yield log
+    finally:
+        process.terminate()
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+def test_rpc_result_backend(client: Celery, cli_worker: Path) -> None:
+    assert client.tasks["math.add"].apply_async((19, 23), queue="cli").get(timeout=20) == 42
+
+
+def test_remote_control_from_the_command_line(broker_url: str, cli_worker: Path) -> None:
+    ping = celery_cli(broker_url, "inspect", "ping", "--timeout", "5")
+    assert ping.returncode == 0 and "pong" in ping.stdout, ping.stdout + ping.stderr
+    status = celery_cli(broker_url, "status", "--timeout", "5")
+    assert status.returncode == 0 and "cli@" in status.stdout, status.stdout
+    assert "online" in status.stdout
+    queues = celery_cli(broker_url, "inspect", "active_queues", "--timeout", "5")
+    assert "ojs.queue.cli" in queues.stdout
+
+
+def test_revoke(client: Celery, cli_worker: Path) -> None:
+    result = client.tasks["sleep.for"].apply_async((0.1,), queue="cli", countdown=3)
+    client.control.revoke(result.id)
+    with pytest.raises(TaskRevokedError):
+        result.get(timeout=20)
+
+
+def test_monitoring_events(client: Celery, broker_url: str, cli_worker: Path,
+                           amqp_channel: amqp.Channel) -> None:
+    seen: list[dict[str, Any]] = []
+    ready = threading.Event()
+    receivers: list[Any] = []
+
+    def capture() -> None:
+        with client.connection_for_read() as connection:
+            receiver = client.events.Receiver(connection, handlers={"*": seen.append})
+            receivers.append(receiver)
+            ready.set()
+            with contextlib.suppress(TimeoutError):
+                receiver.capture(limit=None, timeout=30, wakeup=False)
+
+    thread = threading.Thread(target=capture, daemon=True)
+    thread.start()
+    ready.wait(10)
+    time.sleep(1)  # the receiver's queue is bound
+    result = client.tasks["math.add"].apply_async((1, 1), queue="cli")
+    assert result.get(timeout=20) == 2
+
+    # A job from a foreign producer runs too: its task-succeeded event proves it.
+    job_id = new_job_id()
+    body = {"specversion": "1.0", "id": job_id, "type": "email.send", "queue": "cli",
+            "args": ["ops@example.com", "digest"]}
+    amqp_channel.basic_publish(
+        amqp.Message(json.dumps(body), content_type="application/openjobspec+json",
+                     message_id=job_id, type="email.send", delivery_mode=2,
+                     application_headers={"x-ojs-queue": "cli", "x-ojs-attempt": 1}),
+        exchange="ojs.exchange.direct", routing_key="cli", mandatory=True)
+
+    def succeeded(task_id: str) -> bool:
+        return any(e.get("type") == "task-succeeded" and e.get("uuid") == task_id
+                   for e in list(seen))
+
+    try:
+        wait_until(lambda: succeeded(result.id) and succeeded(job_id), timeout=20,
+                   what=f"task-succeeded events (saw {[e.get('type') for e in seen]})")
+        wait_until(lambda: any(e.get("type") == "worker-heartbeat" for e in list(seen)),
+                   timeout=15, what="a worker-heartbeat event")
+    finally:
+        receivers[0].should_stop = True
+        thread.join(35)
+
+
+def test_worker_refuses_to_start_with_an_unmappable_task(broker_url: str) -> None:
+    env = {**os.environ, "OJS_TEST_BROKER_URL": broker_url}
+    run = subprocess.run([sys.executable, "-m", "celery", "-A", "integration.badapp", "worker",
+                          "--pool", "solo"], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=120, check=False)
+    assert run.returncode != 0
+    assert "JobTypeError" in run.stderr and "proj.tasks.SendEmail" in run.stderr

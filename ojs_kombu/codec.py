@@ -13,7 +13,9 @@ OJS consumer):
 * every Celery header that is not mapped onto an OJS attribute (``root_id``,
   ``parent_id``, ``group``, ``group_index``, ``retries``, ``timelimit``,
   ``shadow``, ``argsrepr``, ``kwargsrepr``, ``origin``, ``ignore_result``,
-  ``stamps``, custom headers ...), with ``None`` values left out.
+  ``stamps``, custom headers ...), leaving out ``None`` and Celery's defaults
+  (:data:`HEADER_DEFAULTS`, and a ``root_id`` equal to the job id), which the
+  consumer restores.
 
 Mapped onto OJS attributes: ``id`` (UUIDv7), ``task`` -> ``type``, ``eta`` ->
 ``scheduled_at``, ``expires`` -> ``expires_at``, the hard time limit ->
@@ -45,6 +47,14 @@ X_CELERY = "x_celery"
 EMBED_KEYS = ("callbacks", "errbacks", "chain", "chord")
 #: Celery headers that become OJS attributes instead of ``x_celery`` entries.
 MAPPED_HEADERS = frozenset({"lang", "task", "id", "eta", "expires"})
+#: Celery header values that need not travel: the consumer restores them.
+HEADER_DEFAULTS: dict[str, Any] = {
+    "retries": 0,
+    "ignore_result": False,
+    "replaced_task_nesting": 0,
+    "stamps": {},
+    "kwargsrepr": "{}",
+}
 #: apply_async option carrying the OJS ``meta`` object (``apply_async(ojs_meta={...})``).
 META_OPTION = "ojs_meta"
 CELERY_JSON = "application/json"
@@ -189,7 +199,15 @@ def encode_task_message(
     job["created_at"] = created
     job["enqueued_at"] = created
 
-    x_celery = {k: v for k, v in headers.items() if k not in MAPPED_HEADERS and v is not None}
+    x_celery = {
+        k: v for k, v in headers.items()
+        if k not in MAPPED_HEADERS and v is not None
+        and (k not in HEADER_DEFAULTS or HEADER_DEFAULTS[k] != v)
+    }
+    if x_celery.get("root_id") == job_id:
+        del x_celery["root_id"]
+    if x_celery.get("timelimit") == [None, None]:
+        del x_celery["timelimit"]
     if kwargs:
         x_celery["kwargs"] = kwargs
     for key in EMBED_KEYS:
@@ -333,16 +351,16 @@ def decode_job_message(
         raise JobRejected(INVALID_ENVELOPE, f"{X_CELERY}.kwargs must be an object")
 
     headers: dict[str, Any] = {
+        **HEADER_DEFAULTS,
         "lang": "py",
-        "root_id": None,
+        "root_id": envelope.id,
         "parent_id": None,
         "group": None,
         "retries": (attempt - 1) if isinstance(attempt, int) and attempt > 0 else 0,
         "timelimit": [envelope.timeout or None, None],
     }
-    if X_CELERY not in extra:
+    if "argsrepr" not in x_celery:
         headers["argsrepr"] = argsrepr(envelope.args)
-        headers["kwargsrepr"] = "{}"
     headers.update(
         (k, v) for k, v in x_celery.items() if k != "kwargs" and k not in EMBED_KEYS
     )

@@ -61,7 +61,6 @@ class OJSSettings(BaseModel):
                 f"unknown ojs_kombu setting(s) in {source}: "
                 f"{', '.join(OPTION_PREFIX + u for u in unknown)} (known: {known})"
             )
-        values = {k: v for k, v in values.items() if v is not None}
         try:
             settings = cls(**values)
         except ValidationError as exc:

@@ -154,7 +154,7 @@ def test_foreign_job_runs_with_positional_args() -> None:
     assert headers["task"] == "proj.send" and headers["id"] == job_id
     assert headers["retries"] == 0 and headers["timelimit"] == [10, None]
     assert headers["argsrepr"] == "['user@example.com', 'welcome']"
-    assert headers["eta"] is None and headers["root_id"] is None
+    assert headers["eta"] is None and headers["root_id"] == job_id  # its own root
 
 
 def test_binding_example_without_specversion_is_read_as_1_0() -> None:
@@ -232,3 +232,15 @@ def test_consumed_messages_that_are_not_jobs_are_rejected_with_a_code(
 
 def test_content_type_parameters_are_accepted() -> None:
     assert _decode(VALID, CONTENT_TYPE + "; charset=utf-8").task_name == "email.send"
+
+
+def test_celery_defaults_do_not_travel_but_come_back() -> None:
+    job = encode()
+    x_celery = json.loads(job.body)["x_celery"]
+    for key in ("retries", "ignore_result", "replaced_task_nesting", "stamps", "kwargsrepr",
+                "root_id", "timelimit"):
+        assert key not in x_celery, key
+    headers = decode_job_message(job.body, job.properties, resolve_task=lambda t: t).headers
+    assert headers["retries"] == 0 and headers["ignore_result"] is False
+    assert headers["root_id"] == headers["id"] and headers["kwargsrepr"] == "{}"
+    assert headers["stamps"] == {} and headers["timelimit"] == [None, None]

@@ -50,3 +50,8 @@ def test_conflicting_queue_definitions_are_refused() -> None:
 def test_binding_option_must_be_a_binding() -> None:
     with pytest.raises(OJSConfigurationError, match="ojs_binding"):
         Binding.from_options({"ojs_binding": {"prefix": "x"}})
+
+
+def test_max_priority_none_turns_priorities_off() -> None:
+    settings = OJSSettings.from_options({"ojs_max_priority": None}, source="test")
+    assert Binding.from_settings(settings).declare_arguments("email") == {}

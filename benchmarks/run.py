@@ -1,0 +1,456 @@
+"""Plain Celery vs ojs_kombu on one local RabbitMQ: publish rate and drain rate.
+
+Run from the repository root::
+
+    python benchmarks/run.py [--jobs N] [--json PATH]
+
+Both sides run in this one process against the same broker, with the same
+task, arguments, pool and concurrency, so the ratio ojs/plain isolates what
+the OJS layer costs.  Missed targets are reported, never fatal: the exit code
+is 0 on success, 2 when RabbitMQ is unreachable and 1 on any other error.
+See benchmarks/README.rst for what each number means.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import amqp
+import celery
+import kombu
+from celery import Celery
+from celery.app.task import Task
+from celery.contrib.testing.worker import start_worker
+from kombu.utils.url import parse_url
+
+import ojs_kombu
+
+DEFAULT_BROKER = "amqp://guest:guest@127.0.0.1:5672//"
+DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "latest.json"
+TASK_NAME = "bench.noop"  # fits the OJS job type grammar
+TASK_ARGS = (42, "benchmark")
+WARMUP = 100
+POOL = "threads"
+CONCURRENCY = 4
+#: Informational targets from the spec (ratio ojs/plain of jobs per second).
+TARGETS = {"publish": 1.0, "drain": 0.9}
+
+
+# -- broker administration (plain py-amqp, outside both Celery apps) -------
+
+
+class Broker:
+    """A py-amqp connection for purging, counting and deleting benchmark entities.
+
+    Kept apart from both Celery apps so administration never shows up in
+    their connection pools or in the measured code paths.
+    """
+
+    def __init__(self, url: str) -> None:
+        parts = parse_url(url)
+        self.host = _host(url)
+        self.connection = amqp.Connection(
+            host=self.host, userid=parts.get("userid") or "guest",
+            password=parts.get("password") or "guest",
+            virtual_host=parts.get("virtual_host") or "/", connect_timeout=5,
+        )
+        self.connection.connect()
+        self.channel = self.connection.channel()
+
+    @property
+    def server_version(self) -> str:
+        raw = self.connection.server_properties.get("version", "")
+        return raw.decode() if isinstance(raw, bytes) else str(raw)
+
+    def _retry(self, call: Callable[[amqp.Channel], Any]) -> Any:
+        """Run ``call`` on the admin channel; a 404 closes it, so reopen and give ``None``."""
+        try:
+            return call(self.channel)
+        except amqp.exceptions.NotFound:
+            self.channel = self.connection.channel()
+            return None
+
+    def purge(self, queue: str) -> None:
+        self._retry(lambda ch: ch.queue_purge(queue))
+
+    def depth(self, queue: str) -> int | None:
+        """Ready messages in ``queue``; ``None`` if it does not exist."""
+        declared = self._retry(lambda ch: ch.queue_declare(queue, passive=True))
+        return None if declared is None else int(declared.message_count)
+
+    def delete(self, queues: list[str], exchanges: list[str]) -> None:
+        for queue in queues:
+            self._retry(lambda ch, q=queue: ch.queue_delete(q))
+        for exchange in exchanges:
+            self._retry(lambda ch, e=exchange: ch.exchange_delete(e))
+
+    def close(self) -> None:
+        with suppress(Exception):
+            self.connection.close()
+
+
+# -- the two sides --------------------------------------------------------
+
+
+class DrainRecorder:
+    """Thread-safe first-start / last-completion clock shared by the no-op task's threads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.reset(0)
+
+    def reset(self, expected: int) -> None:
+        with self._lock:
+            self.expected = expected
+            self.count = 0
+            self.first_start: float | None = None
+            self.last_end: float | None = None
+            self.done = threading.Event()
+
+    def record(self, started: float) -> None:
+        with self._lock:
+            if self.first_start is None or started < self.first_start:
+                self.first_start = started
+            self.count += 1
+            self.last_end = time.perf_counter()
+            if self.count >= self.expected:
+                self.done.set()
+
+    def elapsed(self) -> float:
+        """Seconds from the first task start to the last task completion."""
+        if self.first_start is None or self.last_end is None:
+            raise RuntimeError("no job has run yet")
+        return self.last_end - self.first_start
+
+
+@dataclass
+class Side:
+    """One contender: its app, its no-op task and every broker entity it creates."""
+
+    label: str
+    app: Celery
+    task: Task
+    recorder: DrainRecorder
+    celery_queue: str
+    amqp_queue: str
+    declare: Callable[[], None]
+    dead_letter_queue: str | None = None
+    queues: list[str] = field(default_factory=list)
+    exchanges: list[str] = field(default_factory=list)
+
+
+def _common_conf(app: Celery, queue: str) -> None:
+    """Settings both sides share: acks_late (ojs_kombu forces it), no results, no pidbox."""
+    app.conf.update(
+        task_default_queue=queue,
+        task_acks_late=True,
+        task_ignore_result=True,
+        result_backend=None,
+        worker_enable_remote_control=False,  # no pidbox queues/exchanges left behind
+        broker_connection_retry_on_startup=True,
+    )
+
+
+def _register_noop(app: Celery, recorder: DrainRecorder) -> Task:
+    """Register the no-op on ``app`` only (``shared=False``): a shared task would reach
+    the other app too and tick the wrong recorder."""
+
+    @app.task(name=TASK_NAME, ignore_result=True, shared=False)
+    def noop(*_args: Any) -> None:
+        recorder.record(time.perf_counter())
+
+    return noop
+
+
+def make_plain_side(broker_url: str, pid: int) -> Side:
+    app = Celery("bench_plain", broker=broker_url, set_as_current=False)
+    queue = f"bench-plain-{pid}"
+    _common_conf(app, queue)
+    app.conf.broker_transport_options = {"confirm_publish": True}
+    recorder = DrainRecorder()
+
+    def declare() -> None:
+        with app.connection_for_write() as connection:
+            app.amqp.queues[queue](connection.default_channel).declare()
+
+    return Side("plain Celery", app, _register_noop(app, recorder), recorder, queue, queue,
+                declare, queues=[queue], exchanges=[queue])
+
+
+def make_ojs_side(broker_url: str, pid: int) -> Side:
+    app = Celery("bench_ojs", broker=_ojs_url(broker_url), set_as_current=False)
+    ojs_kombu.install(app)
+    queue = "bench"
+    _common_conf(app, queue)
+    app.conf.ojs_prefix = f"bench{pid}"
+    recorder = DrainRecorder()
+    names = app.amqp.binding.names
+    return Side(
+        "ojs_kombu", app, _register_noop(app, recorder), recorder, queue,
+        names.job_queue(queue), lambda: ojs_kombu.declare_topology(app, [queue]),
+        dead_letter_queue=names.dead_letter_queue(queue),
+        queues=[names.job_queue(queue), names.dead_letter_queue(queue)],
+        exchanges=[names.direct_exchange, names.dlx_exchange],
+    )
+
+
+def _host(broker_url: str) -> str:
+    """``host:port`` of a broker URL, for messages that must not show the password."""
+    parts = parse_url(broker_url)
+    return f"{parts.get('hostname') or '127.0.0.1'}:{parts.get('port') or 5672}"
+
+
+def _ojs_url(broker_url: str) -> str:
+    scheme, sep, rest = broker_url.partition("://")
+    if not sep or scheme not in ("amqp", "pyamqp"):
+        raise SystemExit(f"--broker must be an amqp:// URL, got {broker_url!r}")
+    return f"ojs://{rest}"
+
+
+# -- measurements ---------------------------------------------------------
+
+
+@dataclass
+class PublishResult:
+    jobs_per_s: float
+    seconds: float
+    p50_ms: float
+    p99_ms: float
+
+
+@dataclass
+class DrainResult:
+    jobs_per_s: float
+    seconds: float
+    left_in_queue: int | None
+    dead_lettered: int | None
+
+
+Result = PublishResult | DrainResult
+
+
+def publish(side: Side, n: int) -> list[float]:
+    """``n`` sequential ``apply_async`` calls; returns each call's latency in seconds."""
+    apply_async, clock = side.task.apply_async, time.perf_counter
+    latencies: list[float] = []
+    for _ in range(n):
+        started = clock()
+        apply_async(TASK_ARGS)
+        latencies.append(clock() - started)
+    return latencies
+
+
+def warm_up(side: Side, broker: Broker) -> None:
+    """Declare the queue, open the producer connection and fill caches, then purge."""
+    side.declare()
+    publish(side, WARMUP)
+    broker.purge(side.amqp_queue)
+
+
+def measure_publish(side: Side, broker: Broker, n: int) -> PublishResult:
+    """Jobs/s over the whole loop (client CPU and broker confirm round trip alike).
+
+    The queue is purged before and after so both sides publish into an empty queue.
+    """
+    broker.purge(side.amqp_queue)
+    started = time.perf_counter()
+    latencies = publish(side, n)
+    seconds = time.perf_counter() - started
+    broker.purge(side.amqp_queue)
+    cuts = statistics.quantiles(latencies, n=100, method="inclusive")
+    return PublishResult(n / seconds, seconds, cuts[49] * 1e3, cuts[98] * 1e3)
+
+
+def measure_drain(side: Side, broker: Broker, n: int, timeout: float) -> DrainResult:
+    """Fill the queue with no worker, then time one worker from first start to last end."""
+    broker.purge(side.amqp_queue)
+    publish(side, n)
+    queued = broker.depth(side.amqp_queue)
+    if queued != n:
+        raise RuntimeError(f"{side.label}: expected {n} messages in {side.amqp_queue}, "
+                           f"found {queued}")
+    side.recorder.reset(n)
+    with start_worker(side.app, pool=POOL, concurrency=CONCURRENCY, perform_ping_check=False,
+                      queues=[side.celery_queue], shutdown_timeout=30):
+        if not side.recorder.done.wait(timeout):
+            raise RuntimeError(f"{side.label}: only {side.recorder.count}/{n} jobs ran "
+                               f"within {timeout:.0f}s")
+    seconds = side.recorder.elapsed()
+    dead = broker.depth(side.dead_letter_queue) if side.dead_letter_queue else None
+    return DrainResult(n / seconds, seconds, broker.depth(side.amqp_queue), dead)
+
+
+# -- reporting ------------------------------------------------------------
+
+
+def alternate(measure: Callable[[Side], Result], plain: Side, ojs: Side,
+              rounds: int) -> list[tuple[Result, Result]]:
+    """``(plain, ojs)`` per round; odd rounds measure ojs first, so drift hits both sides."""
+    pairs: list[tuple[Result, Result]] = []
+    for i in range(rounds):
+        order = (plain, ojs) if i % 2 == 0 else (ojs, plain)
+        got = {side.label: measure(side) for side in order}
+        pairs.append((got[plain.label], got[ojs.label]))
+    return pairs
+
+
+def summarize(results: list[Result]) -> dict[str, float]:
+    """Median of every float field over the rounds (counters stay in the per-round data)."""
+    rows = [asdict(r) for r in results]
+    return {k: statistics.median(row[k] for row in rows)
+            for k, v in rows[0].items() if isinstance(v, float)}
+
+
+def compare(scenario: str, pairs: list[tuple[Result, Result]]) -> dict[str, Any]:
+    """Median of each side, the ratio ojs/plain of the medians and the spec's target."""
+    plain, ojs = summarize([p for p, _ in pairs]), summarize([o for _, o in pairs])
+    ratio = ojs["jobs_per_s"] / plain["jobs_per_s"]
+    target = TARGETS[scenario]
+    return {"plain": plain, "ojs": ojs, "ratio": ratio, "target": target,
+            "met": ratio >= target,
+            "rounds": [{"plain": asdict(p), "ojs": asdict(o)} for p, o in pairs]}
+
+
+def render(results: dict[str, dict[str, Any]]) -> str:
+    """The side-by-side table, then publish latencies."""
+    header = ("scenario", "plain Celery jobs/s", "ojs_kombu jobs/s", "ratio (ojs/plain)",
+              "target", "status")
+    rows = [header] + [
+        (name, f"{r['plain']['jobs_per_s']:.0f}", f"{r['ojs']['jobs_per_s']:.0f}",
+         f"{r['ratio']:.2f}", f">= {r['target']:.1f}", "met" if r["met"] else "not met")
+        for name, r in results.items()
+    ]
+    lines = _grid(rows)
+    pub = results["publish"]
+    lines += ["", *_grid([
+        ("publish latency", "plain Celery", "ojs_kombu"),
+        ("p50 ms", f"{pub['plain']['p50_ms']:.3f}", f"{pub['ojs']['p50_ms']:.3f}"),
+        ("p99 ms", f"{pub['plain']['p99_ms']:.3f}", f"{pub['ojs']['p99_ms']:.3f}"),
+    ])]
+    return "\n".join(lines)
+
+
+def _grid(rows: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    fmt = [" | ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+           for row in rows]
+    return [fmt[0], "-+-".join("-" * w for w in widths), *fmt[1:]]
+
+
+def _command(*argv: str) -> str | None:
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=20, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip().splitlines()[-1] if done.stdout.strip() else None
+
+
+def machine_info(broker: Broker) -> dict[str, Any]:
+    """Enough context to compare results across machines and commits."""
+    repo = Path(__file__).resolve().parent.parent
+    return {
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "rabbitmq": _command("rabbitmqctl", "version") or broker.server_version,
+        "celery": celery.__version__,
+        "kombu": kombu.__version__,
+        "amqp": amqp.__version__,
+        "ojs_kombu": ojs_kombu.__version__,
+        "git": _command("git", "-C", str(repo), "describe", "--always", "--dirty"),
+    }
+
+
+def write_json(path: Path, document: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(document, indent=2) + "\n")
+
+
+# -- main -----------------------------------------------------------------
+
+
+@contextmanager
+def sides(broker: Broker, broker_url: str) -> Iterator[tuple[Side, Side]]:
+    """Both sides; on exit their connections close and every entity they made is deleted."""
+    pid = os.getpid()
+    made: list[Side] = []
+    try:
+        made.append(make_plain_side(broker_url, pid))
+        made.append(make_ojs_side(broker_url, pid))
+        yield made[0], made[1]
+    finally:
+        for side in made:
+            side.app.close()
+            broker.delete(side.queues, side.exchanges)
+
+
+def run(broker: Broker, args: argparse.Namespace) -> dict[str, Any]:
+    with sides(broker, args.broker) as (plain, ojs):
+        for side in (plain, ojs):
+            warm_up(side, broker)
+        published = alternate(lambda side: measure_publish(side, broker, args.jobs),
+                              plain, ojs, args.rounds)
+        drained = alternate(lambda side: measure_drain(side, broker, args.jobs, args.timeout),
+                            plain, ojs, args.rounds)
+    return {"publish": compare("publish", published), "drain": compare("drain", drained)}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jobs", type=int, default=2000, help="jobs per side and scenario")
+    parser.add_argument("--json", type=Path, default=DEFAULT_JSON, help="results file")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="repeat both scenarios, alternating which side goes first, "
+                        "and report medians (steadier ratios on a noisy machine)")
+    parser.add_argument("--broker", default=DEFAULT_BROKER, help="amqp:// URL of RabbitMQ")
+    parser.add_argument("--timeout", type=float, default=300.0,
+                        help="seconds a drain may take before it counts as an error")
+    args = parser.parse_args(argv)
+    if args.jobs < 2 or args.rounds < 1:
+        parser.error("--jobs must be at least 2 and --rounds at least 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    # SIGTERM -> SystemExit, so the finally blocks still delete what the run declared.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        broker = Broker(args.broker)
+    except (OSError, amqp.exceptions.AMQPError) as exc:
+        print(f"RabbitMQ is not reachable at {_host(args.broker)} ({exc}); start it with "
+              "`rabbitmq-server -detached` and retry", file=sys.stderr)
+        return 2
+    try:
+        machine = machine_info(broker)
+        results = run(broker, args)
+    finally:
+        broker.close()
+    print(render(results))
+    write_json(args.json, {
+        "timestamp": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "jobs": args.jobs, "rounds": args.rounds, "warmup": WARMUP, "pool": POOL,
+        "concurrency": CONCURRENCY,
+        "machine": machine, "results": results,
+    })
+    print(f"\nresults written to {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -71,8 +71,9 @@ _datetime = TypeAdapter(datetime)
 
 def format_time(value: datetime) -> str:
     """RFC 3339 in UTC with ``Z``: milliseconds, or microseconds when they are not zero."""
-    text = value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")
-    return (text[:-3] if text.endswith("000") else text) + "Z"
+    utc = value.astimezone(UTC)
+    spec = "milliseconds" if utc.microsecond % 1000 == 0 else "microseconds"
+    return utc.replace(tzinfo=None).isoformat(timespec=spec) + "Z"
 
 
 def parse_time(value: Any, field: str) -> datetime:

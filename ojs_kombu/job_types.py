@@ -43,9 +43,16 @@ class JobTypeRegistry:
         self._tasks = tasks
         self._reverse: dict[str, str] | None = None
         self._reverse_size = -1
+        self._types: dict[str, str] = {}
 
     def type_for(self, task_name: str) -> str:
         """OJS type of ``task_name``; raises :class:`JobTypeError` when it has none."""
+        job_type = self._types.get(task_name)
+        if job_type is None:
+            job_type = self._types[task_name] = self._resolve_type(task_name)
+        return job_type
+
+    def _resolve_type(self, task_name: str) -> str:
         job_type = self._explicit.get(task_name)
         if job_type is not None:
             return _check_type(task_name, job_type, "ojs_job_types maps it to")

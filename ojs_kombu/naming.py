@@ -75,6 +75,8 @@ class TopologyNames:
 
     prefix: str = ""
     queue_aliases: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_QUEUE_ALIASES))
+    #: ``ojs_queue`` results: the mapping runs on every publish.
+    _mapped: dict[str, str] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prefix", normalize_prefix(self.prefix))
@@ -127,6 +129,12 @@ class TopologyNames:
 
     def ojs_queue(self, celery_name: str) -> str:
         """Map a Celery queue name (or an AMQP job-queue name) to its OJS queue name."""
+        mapped = self._mapped.get(celery_name)
+        if mapped is None:
+            mapped = self._mapped[celery_name] = self._map_queue(celery_name)
+        return mapped
+
+    def _map_queue(self, celery_name: str) -> str:
         from_amqp = self.queue_from_job_queue(celery_name)
         if from_amqp is not None:
             return check_queue_name(from_amqp)

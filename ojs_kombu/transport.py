@@ -25,6 +25,7 @@ from typing import Any
 
 import amqp
 from amqp import spec
+from amqp.exceptions import RecoverableConnectionError
 from kombu.transport import pyamqp
 
 from .codec import decode_job_message, encode_task_message
@@ -218,12 +219,29 @@ class Channel(pyamqp.Channel):
         if job_id:
             self._ojs_by_id[job_id] = pending
         try:
-            self._basic_publish(message, exchange, routing_key, mandatory, False, timeout)
+            self._send_publish(message, exchange, routing_key, mandatory, timeout)
             self._wait_settled(pending, confirm_timeout)
         finally:
             self._ojs_pending.pop(tag, None)
             self._ojs_by_id.pop(job_id, None)
         return pending
+
+    def _send_publish(self, message: amqp.Message, exchange: str, routing_key: str,
+                      mandatory: bool, timeout: float | None) -> None:
+        """``Basic.Publish`` without py-amqp's per-publish non-blocking read.
+
+        py-amqp polls the socket before every publish for a pending
+        ``connection.blocked``; a confirmed publish reads every incoming frame
+        right afterwards anyway, so that poll is pure cost on this path.
+        """
+        if not self.connection:
+            raise RecoverableConnectionError("basic_publish: connection closed")
+        try:
+            with self.connection.transport.having_timeout(timeout):
+                self.send_method(spec.Basic.Publish, "Bssbb",
+                                 (0, exchange, routing_key, mandatory, False), message)
+        except TimeoutError:
+            raise RecoverableConnectionError("basic_publish: timed out") from None
 
     def _confirm_mode(self) -> None:
         if self._ojs_confirming:

@@ -12,6 +12,7 @@ from celery import Celery
 from ojs_kombu.job_ids import new_job_id
 
 from .conftest import body_of, get_message, queue_depth, wait_until
+from .test_helpers import job_schema_validator
 
 OJS = "application/openjobspec+json"
 
@@ -72,26 +73,35 @@ def test_malformed_message_is_dead_lettered_with_error_headers(
     assert queue_depth(amqp_channel, "ojs.queue.dlx.malformed") == 0
 
 
-def test_failing_task_is_nacked_into_its_dead_letter_queue(
+def test_failing_task_exhausts_its_attempts_then_is_dead_lettered(
         app: Celery, worker: Any, amqp_channel: amqp.Channel) -> None:
+    """The OJS default policy: 3 attempts, retried by the broker, then the DLQ."""
     result = app.tasks["always.fail"].apply_async(queue="failing")
     with pytest.raises(RuntimeError, match="boom"):
-        result.get(timeout=20)
+        result.get(timeout=30)
 
     dead = get_message(amqp_channel, "ojs.queue.dlx.failing")
     assert dead.properties["message_id"] == result.id
-    death = dead.properties["application_headers"]["x-death"][0]
-    assert death["reason"] == "rejected"  # Basic.Nack(requeue=false), not an ack
-    assert death["queue"] == "ojs.queue.failing"
-    assert body_of(dead)["id"] == result.id  # the full envelope, same id
+    headers = dead.properties["application_headers"]
+    assert headers["x-ojs-error-code"] == "HANDLER_ERROR"
+    assert headers["x-ojs-error-message"] == "boom"
+    assert headers["x-ojs-attempt"] == 3
+    assert "x-death" not in headers
+    body = body_of(dead)
+    assert body["id"] == result.id and body["state"] == "discarded" and body["attempt"] == 3
+    assert [e["attempt"] for e in body["errors"]] == [1, 2, 3]
+    assert {e["type"] for e in body["errors"]} == {"RuntimeError"}
+    assert body["error"]["type"] == "RuntimeError" and body["error"]["message"] == "boom"
+    job_schema_validator().validate(body)
+    assert app.calls.count(result.id) == 3
     wait_until(lambda: queue_depth(amqp_channel, "ojs.queue.failing") == 0, what="empty queue")
 
 
-def test_requeue_request_is_dead_lettered_instead_of_looping(
+def test_requeue_request_is_retried_by_the_broker_not_looped(
         app: Celery, worker: Any, amqp_channel: amqp.Channel) -> None:
-    """Celery requeues timed-out jobs and ``Reject(requeue=True)``; OJS forbids the loop."""
+    """``Reject(requeue=True)`` (and a hard time limit) would loop; OJS retries it instead."""
     result = app.tasks["always.requeue"].apply_async(queue="failing")
-    dead = get_message(amqp_channel, "ojs.queue.dlx.failing")
+    dead = get_message(amqp_channel, "ojs.queue.dlx.failing", timeout=30)
     assert dead.properties["message_id"] == result.id
-    assert dead.properties["application_headers"]["x-death"][0]["count"] == 1
-    assert app.calls.count(result.id) == 1  # ran once, not redelivered
+    assert dead.properties["application_headers"]["x-ojs-attempt"] == 3
+    assert app.calls.count(result.id) == 3  # bounded by max_attempts, never an immediate loop

@@ -38,6 +38,7 @@ register_transport()
 register_serializer()
 
 from .celery_app import check_app, declare_topology, install  # noqa: E402  (needs the registrations)
+from .worker import OJSTask  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -54,6 +55,7 @@ __all__ = [
     "NonJSONArgumentError",
     "OJSConfigurationError",
     "OJSError",
+    "OJSTask",
     "PublishConfirmTimeout",
     "QueueNameError",
     "RetryPolicy",

@@ -7,6 +7,8 @@
   ones alike), and every broker connection carries the app's OJS
   :class:`~ojs_kombu.settings.Binding` to the ``ojs`` transport;
 * makes Celery mint UUIDv7 task ids, so a task id *is* the OJS job id;
+* makes :class:`~ojs_kombu.worker.OJSTask` the app's task base, so failed
+  attempts are retried by the broker under the job's OJS retry policy;
 * sets what OJS delivery semantics need once the configuration is loaded:
   ``task_acks_late=True`` (ack after success), ``task_acks_on_failure_or_timeout=False``
   (a failed job is nacked into its dead-letter queue, never acked and lost),
@@ -31,12 +33,13 @@ from kombu.utils.objects import cached_property
 
 from .codec import CELERY_JSON
 from .entities import JobQueue, extra_arguments, job_queue
-from .envelope import CONTENT_TYPE
+from .envelope import CONTENT_TYPE, RetryPolicy
 from .errors import OJSConfigurationError
 from .job_ids import use_uuid7_task_ids
 from .serialization import SERIALIZER_NAME
 from .settings import BINDING_OPTION, Binding, OJSSettings
 from .topology import OWNED_ARGUMENTS
+from .worker import OJSTask, task_retry_policy
 
 logger = logging.getLogger(__name__)
 
@@ -100,7 +103,12 @@ class OJSAMQP(AMQP):
     @cached_property
     def binding(self) -> Binding:
         settings = OJSSettings.from_options(self.app.conf, source="Celery config (app.conf)")
-        return Binding.from_settings(settings, tasks=lambda: self.app.tasks)
+        return Binding.from_settings(settings, tasks=lambda: self.app.tasks,
+                                     retry_policy_for=self._retry_policy_for)
+
+    def _retry_policy_for(self, task_name: str) -> RetryPolicy | None:
+        task = self.app.tasks.get(task_name)
+        return task_retry_policy(task) if task is not None else None
 
     @property
     def queues_cls(self) -> Any:  # type: ignore[override]
@@ -129,6 +137,8 @@ def install(app: Celery) -> Celery:
             "call it right after Celery(...), before the app sends or consumes anything"
         )
     app.amqp_cls = OJSAMQP
+    if app.task_cls == Celery.task_cls:
+        app.task_cls = f"{OJSTask.__module__}:OJSTask"
     use_uuid7_task_ids()
     app.on_after_configure.connect(_configure, sender=app, weak=False)
     if app.configured:
@@ -164,7 +174,15 @@ def check_app(app: Celery) -> dict[str, str]:
     app.finalize(auto=True)
     binding = app.amqp.binding
     _ = app.amqp.queues
-    return binding.job_types.validate()
+    types = binding.job_types.validate()
+    for name, task in app.tasks.items():
+        task_retry_policy(task)  # raises RetryPolicyError for an invalid ojs_retry
+        if not isinstance(task, OJSTask) and not name.startswith("celery."):
+            logger.warning(
+                "task %r does not derive from the app's Task (ojs_kombu.OJSTask): its "
+                "failures are dead-lettered without OJS retries; derive its base class "
+                "from app.Task", name)
+    return types
 
 
 class OJSPreflight(bootsteps.Step):

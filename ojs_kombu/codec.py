@@ -33,7 +33,7 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from .envelope import CONTENT_TYPE, SPEC_VERSION, JobEnvelope
+from .envelope import CONTENT_TYPE, SPEC_VERSION, JobEnvelope, RetryPolicy
 from .errors import (
     InvalidJobIdError,
     JobEncodeError,
@@ -57,6 +57,10 @@ HEADER_DEFAULTS: dict[str, Any] = {
 }
 #: apply_async option carrying the OJS ``meta`` object (``apply_async(ojs_meta={...})``).
 META_OPTION = "ojs_meta"
+#: apply_async option carrying a per-call retry policy (``apply_async(ojs_retry={...})``).
+RETRY_OPTION = "ojs_retry"
+#: Celery header through which a consumed job's own retry policy reaches the task.
+RETRY_HEADER = "ojs_retry"
 CELERY_JSON = "application/json"
 DEFAULT_MAX_ATTEMPTS = 3
 
@@ -124,6 +128,8 @@ class OutgoingJob:
     queue: str
     body: bytes
     properties: dict[str, Any]
+    #: Milliseconds until ``scheduled_at`` (0: deliver now).
+    delay_ms: int = 0
 
 
 def encode_task_message(
@@ -134,9 +140,15 @@ def encode_task_message(
     headers: Mapping[str, Any],
     job_type: str,
     queue: str,
+    retry_policy: RetryPolicy | None = None,
     now: datetime | None = None,
 ) -> OutgoingJob:
-    """Turn a serialised Celery protocol v2 task message into an OJS job message."""
+    """Turn a serialised Celery protocol v2 task message into an OJS job message.
+
+    ``retry_policy`` is the task's effective policy; an ``ojs_retry`` option of
+    the call merges over it.  The envelope carries the policy when it is not
+    the OJS default, and ``x-ojs-max-attempts`` always does.
+    """
     task_name = headers.get("task")
     job_id = headers.get("id")
     if not isinstance(job_id, str) or not is_job_id(job_id):
@@ -191,9 +203,24 @@ def encode_task_message(
     timelimit = headers.get("timelimit") or (None, None)
     if timelimit[0]:
         job["timeout"] = math.ceil(timelimit[0])
+    policy = retry_policy
+    per_call = properties.get(RETRY_OPTION)
+    if per_call is not None:
+        from .retry import merge, policy_from
+
+        try:
+            override = policy_from(per_call, source=f"{RETRY_OPTION} of task {task_name!r}")
+        except ValueError as exc:
+            raise JobEncodeError(str(exc), job_id=job_id, queue=queue) from None
+        policy = merge(policy or RetryPolicy(), override)
+    if policy is not None and (per_call is not None or policy != RetryPolicy()):
+        job["retry"] = policy.model_dump(mode="json")
+    delay_ms = 0
     eta = headers.get("eta")
     if eta:
-        job["scheduled_at"] = format_time(parse_time(eta, "eta"))
+        scheduled = parse_time(eta, "eta")
+        job["scheduled_at"] = format_time(scheduled)
+        delay_ms = max(0, math.ceil((scheduled - now).total_seconds() * 1000))
     expires = headers.get("expires")
     if expires:
         job["expires_at"] = format_time(parse_time(expires, "expires"))
@@ -229,7 +256,7 @@ def encode_task_message(
     amqp_headers: dict[str, Any] = {
         "x-ojs-queue": queue,
         "x-ojs-attempt": int(headers.get("retries") or 0) + 1,
-        "x-ojs-max-attempts": DEFAULT_MAX_ATTEMPTS,
+        "x-ojs-max-attempts": policy.max_attempts if policy else DEFAULT_MAX_ATTEMPTS,
         "x-ojs-created-at": created,
         "x-ojs-enqueued-at": created,
     }
@@ -255,7 +282,7 @@ def encode_task_message(
     if reply_to:
         props["reply_to"] = reply_to
     return OutgoingJob(job_id=job_id, job_type=job_type, queue=queue, body=encoded,
-                       properties=props)
+                       properties=props, delay_ms=delay_ms)
 
 
 def _meta_headers(meta: Mapping[str, Any], headers: dict[str, Any]) -> None:
@@ -368,6 +395,12 @@ def decode_job_message(
     headers.update(
         (k, v) for k, v in amqp_headers.items() if isinstance(k, str) and k.startswith("x-ojs-")
     )
+    if envelope.retry is not None:
+        headers[RETRY_HEADER] = envelope.retry.model_dump(mode="json",
+                                                          include=envelope.retry.model_fields_set)
+    elif X_CELERY not in extra and isinstance(amqp_headers.get("x-ojs-max-attempts"), int):
+        # A foreign producer states its budget in the header only (section 6.2).
+        headers[RETRY_HEADER] = {"max_attempts": amqp_headers["x-ojs-max-attempts"]}
     headers["task"] = task_name
     headers["id"] = envelope.id
     headers["eta"] = envelope.scheduled_at.isoformat() if envelope.scheduled_at else None

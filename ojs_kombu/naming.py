@@ -23,9 +23,9 @@ QUEUE_MAX = 128
 JOB_ID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")
 
 #: Queue names that would collide with the per-queue dead-letter, retry and
-#: control queues (``ojs.queue.dlx.email`` is the DLQ of ``email``, so an OJS
-#: queue called ``dlx.email`` cannot exist alongside it).
-RESERVED_QUEUE_PREFIXES = ("dlx.", "retry.", "control.")
+#: control queues and the scheduling ladder (``ojs.queue.dlx.email`` is the
+#: DLQ of ``email``, so an OJS queue called ``dlx.email`` cannot exist).
+RESERVED_QUEUE_PREFIXES = ("dlx.", "retry.", "control.", "schedule.")
 
 #: Celery's built-in default queue name maps onto OJS's default queue.
 DEFAULT_QUEUE_ALIASES: Mapping[str, str] = {"celery": "default"}
@@ -100,6 +100,27 @@ class TopologyNames:
     @property
     def delayed_exchange(self) -> str:
         return f"{self.prefix}ojs.exchange.delayed"
+
+    def schedule_exchange(self, level: int) -> str:
+        """Level ``level`` of the scheduling ladder (topic; its messages wait ``2**level`` ms)."""
+        return f"{self.prefix}ojs.exchange.schedule.{level}"
+
+    def schedule_queue(self, level: int) -> str:
+        return f"{self.prefix}ojs.queue.schedule.{level}"
+
+    @property
+    def schedule_ready_exchange(self) -> str:
+        """Where a fully waited scheduled job leaves the ladder for its job queue."""
+        return f"{self.prefix}ojs.exchange.schedule.ready"
+
+    @property
+    def schedule_unroutable_exchange(self) -> str:
+        return f"{self.prefix}ojs.exchange.schedule.unroutable"
+
+    @property
+    def schedule_unroutable_queue(self) -> str:
+        """Scheduled jobs whose job queue disappeared while they waited."""
+        return f"{self.prefix}ojs.queue.schedule.unroutable"
 
     @property
     def job_queue_prefix(self) -> str:

@@ -8,17 +8,19 @@ not a setting is an error, so a typo never silently falls back to a default.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from .envelope import RetryPolicy
 from .errors import OJSConfigurationError
 from .job_types import JobTypeRegistry, TaskLookup
 from .naming import DEFAULT_QUEUE_ALIASES, TopologyNames, check_queue_name
 
 OPTION_PREFIX = "ojs_"
+RetryPolicyLookup = Callable[[str], "RetryPolicy | None"]
 #: Transport option holding a ready-made :class:`Binding` (set by ``install()``).
 BINDING_OPTION = "ojs_binding"
 
@@ -45,6 +47,16 @@ class OJSSettings(BaseModel):
     confirm_timeout: float = Field(default=30.0, gt=0)
     #: Prefetch applied when a job queue is consumed before ``Basic.Qos`` was set.
     default_prefetch: int = Field(default=1, ge=1)
+    #: Schedule through ``ojs.exchange.delayed`` (needs RabbitMQ's delayed-message
+    #: plugin) instead of the TTL ladder.
+    delayed_exchange: bool = False
+    #: ``republish``: a discarded job is published to the DLX with its error
+    #: headers and history, then acked.  ``nack``: ``Basic.Nack(requeue=false)``,
+    #: which keeps the message as it was (no error headers).
+    dead_letter_mode: Literal["republish", "nack"] = "republish"
+    #: ``Queue.Declare`` arguments of the scheduling ladder's queues
+    #: (``{"x-queue-type": "quorum"}`` for quorum queues).
+    schedule_queue_arguments: dict[str, Any] = Field(default_factory=dict)
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any], *, source: str) -> OJSSettings:
@@ -77,14 +89,17 @@ class Binding:
     settings: OJSSettings
     names: TopologyNames
     job_types: JobTypeRegistry
+    #: Effective retry policy of a task name (set by the Celery wiring), or ``None``.
+    retry_policy_for: RetryPolicyLookup | None = field(default=None, compare=False)
     #: ``Queue.Declare`` extras per OJS queue: ``ojs_queue_arguments`` plus those of
     #: the Celery queue definitions, so every declaration of a queue is the same.
     queue_arguments: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @classmethod
-    def from_settings(cls, settings: OJSSettings, tasks: TaskLookup | None = None) -> Binding:
+    def from_settings(cls, settings: OJSSettings, tasks: TaskLookup | None = None,
+                      retry_policy_for: RetryPolicyLookup | None = None) -> Binding:
         names = TopologyNames(prefix=settings.prefix, queue_aliases=settings.queue_aliases)
-        return cls(settings, names, JobTypeRegistry(settings.job_types, tasks),
+        return cls(settings, names, JobTypeRegistry(settings.job_types, tasks), retry_policy_for,
                    {q: dict(a) for q, a in settings.queue_arguments.items()})
 
     def declare_arguments(self, queue: str) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from amqp.exceptions import PreconditionFailed
 
+from .delays import SCHEDULE_LEVELS, delivery_binding_key, level_binding_keys
 from .errors import OJSConfigurationError, TopologyConflictError
 from .naming import TopologyNames
 
@@ -21,8 +22,15 @@ from .naming import TopologyNames
 OWNED_ARGUMENTS = ("x-dead-letter-exchange", "x-dead-letter-routing-key")
 
 
+#: Idle retry queues expire this long after their TTL (``x-expires``); ojs_kombu
+#: re-declares a retry queue it keeps using well before that.
+RETRY_QUEUE_IDLE_MS = 3_600_000
+
+
 class DeclaringChannel(Protocol):
     def exchange_declare(self, exchange: str, type: str, *args: Any, **kwargs: Any) -> Any: ...
+    def exchange_bind(self, destination: str, source: str = "", *args: Any,
+                      **kwargs: Any) -> Any: ...
     def queue_declare(self, queue: str = "", *args: Any, **kwargs: Any) -> Any: ...
     def queue_bind(self, queue: str, exchange: str = "", *args: Any, **kwargs: Any) -> Any: ...
 
@@ -53,23 +61,91 @@ def declare_queue_topology(
 ) -> None:
     """Declare both exchanges, ``ojs.queue.{q}``, ``ojs.queue.dlx.{q}`` and their bindings."""
     job_args = job_queue_arguments(names, queue, arguments)
-    for exchange in (names.direct_exchange, names.dlx_exchange):
-        _declare(
-            "exchange", exchange, {"type": "direct", "durable": True, "auto_delete": False},
-            lambda exchange=exchange: channel.exchange_declare(
-                exchange, "direct", durable=True, auto_delete=False
-            ),
-        )
-    for name, args in ((names.job_queue(queue), job_args), (names.dead_letter_queue(queue), {})):
-        _declare(
-            "queue", name,
-            {"durable": True, "exclusive": False, "auto_delete": False, "arguments": args},
-            lambda name=name, args=args: channel.queue_declare(
-                name, durable=True, exclusive=False, auto_delete=False, arguments=args
-            ),
-        )
+    _exchange(channel, names.direct_exchange)
+    _exchange(channel, names.dlx_exchange)
+    _queue(channel, names.job_queue(queue), job_args)
+    _queue(channel, names.dead_letter_queue(queue), {})
     channel.queue_bind(names.job_queue(queue), names.direct_exchange, routing_key=queue)
     channel.queue_bind(names.dead_letter_queue(queue), names.dlx_exchange, routing_key=queue)
+
+
+def retry_queue_arguments(names: TopologyNames, queue: str, delay_ms: int) -> dict[str, Any]:
+    """``ojs.queue.retry.{q}.{ms}`` (section 8.2), plus ``x-expires`` so idle ones go away."""
+    return {
+        "x-dead-letter-exchange": names.direct_exchange,
+        "x-dead-letter-routing-key": queue,
+        "x-message-ttl": delay_ms,
+        "x-expires": delay_ms + RETRY_QUEUE_IDLE_MS,
+    }
+
+
+def declare_retry_queue(channel: DeclaringChannel, names: TopologyNames, queue: str,
+                        delay_ms: int) -> None:
+    """``ojs.exchange.retry`` and the retry queue of ``queue`` for ``delay_ms``."""
+    _exchange(channel, names.retry_exchange)
+    name = names.retry_queue(queue, delay_ms)
+    _queue(channel, name, retry_queue_arguments(names, queue, delay_ms))
+    channel.queue_bind(name, names.retry_exchange, routing_key=f"{queue}.{delay_ms}")
+
+
+def declare_schedule_ladder(channel: DeclaringChannel, names: TopologyNames,
+                            queue_arguments: Mapping[str, Any] | None = None) -> None:
+    """The binary scheduling ladder shared by every queue of ``names`` (see :mod:`.delays`)."""
+    _exchange(channel, names.schedule_unroutable_exchange, "fanout")
+    _queue(channel, names.schedule_unroutable_queue, dict(queue_arguments or {}))
+    channel.queue_bind(names.schedule_unroutable_queue, names.schedule_unroutable_exchange)
+    _exchange(channel, names.schedule_ready_exchange, "topic",
+              {"alternate-exchange": names.schedule_unroutable_exchange})
+    below = names.schedule_ready_exchange
+    for level in range(SCHEDULE_LEVELS):
+        exchange, queue = names.schedule_exchange(level), names.schedule_queue(level)
+        wait_key, skip_key = level_binding_keys(level)
+        _exchange(channel, exchange, "topic")
+        _queue(channel, queue, {**(queue_arguments or {}), "x-message-ttl": 2**level,
+                                "x-dead-letter-exchange": below})
+        channel.queue_bind(queue, exchange, routing_key=wait_key)
+        channel.exchange_bind(below, exchange, routing_key=skip_key)
+        below = exchange
+
+
+def bind_scheduled_delivery(channel: DeclaringChannel, names: TopologyNames,
+                            queue: str) -> None:
+    """Let waited jobs of ``queue`` leave the ladder into ``ojs.queue.{queue}``."""
+    channel.queue_bind(names.job_queue(queue), names.schedule_ready_exchange,
+                       routing_key=delivery_binding_key(queue))
+
+
+def declare_delayed_exchange(channel: DeclaringChannel, names: TopologyNames,
+                             queue: str) -> None:
+    """``ojs.exchange.delayed`` (the delayed-message plugin, section 9.1.2) bound to ``queue``."""
+    from amqp.exceptions import AMQPError
+
+    try:
+        _exchange(channel, names.delayed_exchange, "x-delayed-message",
+                  {"x-delayed-type": "direct"})
+    except TopologyConflictError:
+        raise
+    except AMQPError as exc:
+        raise OJSConfigurationError(
+            f"cannot declare {names.delayed_exchange!r} of type x-delayed-message "
+            f"({exc}); is the rabbitmq_delayed_message_exchange plugin enabled? "
+            "Set ojs_delayed_exchange=False to schedule through TTL queues instead"
+        ) from None
+    channel.queue_bind(names.job_queue(queue), names.delayed_exchange, routing_key=queue)
+
+
+def _exchange(channel: DeclaringChannel, name: str, kind: str = "direct",
+              arguments: Mapping[str, Any] | None = None) -> None:
+    _declare("exchange", name, {"type": kind, "durable": True, "arguments": dict(arguments or {})},
+             lambda: channel.exchange_declare(name, kind, durable=True, auto_delete=False,
+                                              arguments=dict(arguments or {})))
+
+
+def _queue(channel: DeclaringChannel, name: str, arguments: Mapping[str, Any]) -> None:
+    _declare("queue", name,
+             {"durable": True, "exclusive": False, "auto_delete": False, "arguments": arguments},
+             lambda: channel.queue_declare(name, durable=True, exclusive=False,
+                                           auto_delete=False, arguments=dict(arguments)))
 
 
 def _declare(kind: str, name: str, declared: Mapping[str, Any], call: Any) -> None:

@@ -20,16 +20,26 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from datetime import UTC, datetime
 from time import monotonic
 from typing import Any
 
 import amqp
 from amqp import spec
 from amqp.exceptions import RecoverableConnectionError
+from kombu.exceptions import MessageStateError
 from kombu.transport import pyamqp
 
-from .codec import decode_job_message, encode_task_message
+from .codec import decode_job_message, encode_task_message, format_time
+from .delays import (
+    MAX_SCHEDULE_DELAY_MS,
+    check_schedule_delay,
+    retry_delay_rung,
+    schedule_levels,
+    schedule_routing_key,
+)
 from .errors import (
+    JobEncodeError,
     JobNackedError,
     JobRejected,
     JobRoutingError,
@@ -38,15 +48,53 @@ from .errors import (
     QueueNameError,
     UnroutableJobError,
 )
+from .failures import (
+    EXPIRED,
+    HANDLER_ERROR,
+    JobFailure,
+    record_failure,
+    without_death_headers,
+)
 from .settings import Binding
-from .topology import declare_queue_topology
+from .topology import (
+    RETRY_QUEUE_IDLE_MS,
+    bind_scheduled_delivery,
+    declare_delayed_exchange,
+    declare_queue_topology,
+    declare_retry_queue,
+    declare_schedule_ladder,
+)
 
 logger = logging.getLogger(__name__)
 
 #: Key under which a validated job's ``(args, kwargs, embed)`` rides from the
 #: consume hook to :meth:`Channel.message_to_python` (popped there).
 _PAYLOAD_KEY = "_ojs_payload"
+_DELIVERY_KEY = "_ojs_delivery"
 _MAX_ERROR_MESSAGE = 1024
+#: A consumed job due later than this is sent back to the broker to wait
+#: rather than held in the worker's memory.
+EARLY_TOLERANCE_S = 0.05
+#: Longest wait for the reply to one declaration.
+DECLARE_TIMEOUT_S = 30.0
+
+
+class JobDelivery:
+    """A consumed job as it came off the wire, kept for retries and dead-lettering."""
+
+    __slots__ = ("attempt", "body", "job_id", "properties", "queue")
+
+    def __init__(self, queue: str, job_id: str, body: bytes, properties: dict[str, Any]) -> None:
+        self.queue = queue
+        self.job_id = job_id
+        self.body = body
+        self.properties = properties  # the original AMQP properties, headers included
+        attempt = (properties.get("application_headers") or {}).get("x-ojs-attempt")
+        self.attempt = attempt if isinstance(attempt, int) and attempt > 0 else 1
+
+    @property
+    def headers(self) -> dict[str, Any]:
+        return dict(self.properties.get("application_headers") or {})
 
 
 class _PendingPublish:
@@ -67,20 +115,55 @@ def _argsrepr(args: Any) -> str:
     return text if len(text) <= _MAX_ERROR_MESSAGE else text[:_MAX_ERROR_MESSAGE] + "..."
 
 
+class JobAction:
+    """What to do with a job delivery whose attempt did not succeed (set by the worker)."""
+
+    __slots__ = ("delay_s", "failure", "retry")
+
+    def __init__(self, failure: JobFailure, retry: bool = False, delay_s: float = 0.0) -> None:
+        self.failure = failure
+        self.retry = retry
+        self.delay_s = delay_s
+
+
 class JobMessage(pyamqp.Message):
     """A delivery from an OJS job queue, as Celery sees it.
 
-    The binding forbids ``Basic.Nack(requeue=true)`` for failed jobs (section
-    5.4: it loops).  Celery requeues a job that hit its hard time limit, or
-    whose task raised ``Reject(requeue=True)``; such a job is dead-lettered
-    instead, so nothing is redelivered forever.
+    Celery settles an unsuccessful delivery with ``reject()`` from its event
+    loop's thread; here that means the OJS outcome chosen by the worker
+    (:attr:`ojs_action`): a broker-side retry, or the dead-letter queue with
+    the error.  Without one (a task that does not use ojs_kombu's request
+    class), the job is dead-lettered.  Never an immediate requeue: the binding
+    forbids it (section 5.4, it loops), so Celery's requeue of a timed-out job
+    or of ``Reject(requeue=True)`` dead-letters it too.
     """
 
+    ojs: JobDelivery
+    ojs_action: JobAction | None = None
+
     def reject(self, requeue: bool = False) -> None:
-        if requeue:
-            logger.warning("job %s: OJS jobs are never requeued immediately (AMQP binding "
-                           "5.4); dead-lettering it instead", self.properties.get("message_id"))
-        super().reject(requeue=False)
+        if self.acknowledged:
+            raise MessageStateError(f"Message already acknowledged with state: {self._state}")
+        action = self.ojs_action
+        if action is None:
+            reason = "requeue requested" if requeue else "rejected by Celery"
+            action = JobAction(JobFailure(HANDLER_ERROR, "Rejected", reason))
+            if requeue:
+                logger.warning("job %s: OJS jobs are never requeued immediately (AMQP "
+                               "binding 5.4); dead-lettering it instead", self.ojs.job_id)
+        channel: Channel = self.channel
+        try:
+            if action.retry:
+                channel.retry_job(self.ojs, self.delivery_tag, action.failure, action.delay_s)
+            else:
+                channel.discard_job(self.ojs, self.delivery_tag, action.failure)
+        except channel.connection.connection_errors:
+            raise
+        except Exception:
+            logger.exception("job %s: could not %s it; nacking it into its dead-letter queue",
+                             self.ojs.job_id, "retry" if action.retry else "dead-letter")
+            channel.basic_nack(self.delivery_tag, multiple=False, requeue=False)
+        self._state = "REJECTED"
 
     def requeue(self) -> None:
         self.reject(requeue=True)
@@ -157,13 +240,39 @@ class Channel(pyamqp.Channel):
             headers=headers,
             job_type=ojs.job_types.type_for(task),
             queue=queue,
+            retry_policy=ojs.retry_policy_for(task) if ojs.retry_policy_for else None,
         )
         self.connection.ensure_topology(queue)
-        self.publish_confirmed(
-            amqp.Message(job.body, **job.properties),
-            ojs.names.direct_exchange, queue,
-            job_id=job.job_id, queue=queue, timeout=timeout, confirm_timeout=confirm_timeout,
-        )
+        message = amqp.Message(job.body, **job.properties)
+        if job.delay_ms > 0:
+            self.publish_scheduled(message, queue, job.delay_ms, job_id=job.job_id,
+                                   timeout=timeout, confirm_timeout=confirm_timeout)
+            return
+        self.publish_confirmed(message, ojs.names.direct_exchange, queue, job_id=job.job_id,
+                               queue=queue, timeout=timeout, confirm_timeout=confirm_timeout)
+
+    def publish_scheduled(self, message: amqp.Message, queue: str, delay_ms: int, *,
+                          job_id: str, timeout: float | None = None,
+                          confirm_timeout: float | None = None) -> None:
+        """Publish a job that the broker holds for ``delay_ms`` (AMQP-022, section 9)."""
+        try:
+            check_schedule_delay(delay_ms)
+        except ValueError as exc:
+            raise JobEncodeError(f"job {job_id}: {exc}", job_id=job_id, queue=queue) from None
+        names = self.ojs.names
+        if self.ojs.settings.delayed_exchange:
+            self.connection.ensure_delayed_exchange(queue)
+            message.properties.setdefault("application_headers", {})["x-delay"] = delay_ms
+            # The plugin routes only when the delay is over: mandatory would always return.
+            self.publish_confirmed(message, names.delayed_exchange, queue, job_id=job_id,
+                                   queue=queue, mandatory=False, timeout=timeout,
+                                   confirm_timeout=confirm_timeout)
+            return
+        self.connection.ensure_schedule(queue)
+        entry = names.schedule_exchange(schedule_levels(delay_ms)[0])
+        self.publish_confirmed(message, entry, schedule_routing_key(delay_ms, queue),
+                               job_id=job_id, queue=queue, timeout=timeout,
+                               confirm_timeout=confirm_timeout)
 
     def _job_queue_for(self, task: str, exchange: str, routing_key: str) -> str:
         """The OJS queue a Celery route points at (AMQP-005: direct exchange, key = queue)."""
@@ -188,11 +297,12 @@ class Channel(pyamqp.Channel):
         *,
         job_id: str,
         queue: str,
+        mandatory: bool = True,
         timeout: float | None = None,
         confirm_timeout: float | None = None,
     ) -> None:
         """Publish with ``mandatory=True`` and wait for the broker's confirm (AMQP-014..016)."""
-        pending = self._publish_tracked(message, exchange, routing_key, True, timeout,
+        pending = self._publish_tracked(message, exchange, routing_key, mandatory, timeout,
                                         confirm_timeout, job_id=job_id, queue=queue)
         if pending.returned is not None:
             self.connection.forget_topology(queue)  # the next publish re-declares it
@@ -332,10 +442,25 @@ class Channel(pyamqp.Channel):
                                          argsrepr=_argsrepr)
             except JobRejected as rejected:
                 return self.dead_letter(raw, queue, rejected.code, rejected.message)
+            delivery = JobDelivery(queue, job.envelope.id, raw.body, dict(raw.properties))
+            envelope, now = job.envelope, datetime.now(UTC)
+            if envelope.expires_at is not None and envelope.expires_at <= now:
+                failure = JobFailure(EXPIRED, EXPIRED, "job expired at "
+                                     f"{format_time(envelope.expires_at)} before it started")
+                return self.discard_job(delivery, raw.delivery_tag, failure)
+            if envelope.scheduled_at is not None:
+                early = (envelope.scheduled_at - now).total_seconds()
+                if early > EARLY_TOLERANCE_S:
+                    return self._wait_again(delivery, raw.delivery_tag, early)
+            # Scheduled and retried jobs arrive through other exchanges; Celery
+            # routes follow-up messages by delivery_info, so show it the OJS route.
+            raw.delivery_info["exchange"] = self.ojs.names.direct_exchange
+            raw.delivery_info["routing_key"] = queue
             properties = raw.properties
             properties["application_headers"] = job.headers
-            properties["correlation_id"] = job.envelope.id
+            properties["correlation_id"] = envelope.id
             properties[_PAYLOAD_KEY] = job.payload
+            properties[_DELIVERY_KEY] = delivery
             return callback(raw)
 
         return receive_job
@@ -346,7 +471,59 @@ class Channel(pyamqp.Channel):
             return self.Message(raw_message, channel=self)
         message = JobMessage(raw_message, channel=self)
         message._decoded_cache = payload
+        message.ojs = raw_message.properties.pop(_DELIVERY_KEY)
         return message
+
+    # -- retry, discard, reschedule (sections 5.4, 5.5, 8, 9) ----------------
+
+    def retry_job(self, delivery: JobDelivery, delivery_tag: int, failure: JobFailure,
+                  delay_s: float) -> int:
+        """Ack + republish through ``ojs.exchange.retry`` (section 5.4); returns the delay used.
+
+        The republish is confirmed before the ack, so the job is never nowhere.
+        """
+        delay_ms = retry_delay_rung(max(delay_s, 0.001) * 1000)
+        delay_ms = min(delay_ms, MAX_SCHEDULE_DELAY_MS)
+        body, headers = record_failure(delivery.body, delivery.headers, failure,
+                                       attempt=delivery.attempt, state="retryable")
+        headers["x-ojs-attempt"] = delivery.attempt + 1
+        queue = delivery.queue
+        self.connection.ensure_retry_queue(queue, delay_ms)
+        self.publish_confirmed(self._copy(delivery, body, headers), self.ojs.names.retry_exchange,
+                               f"{queue}.{delay_ms}", job_id=delivery.job_id, queue=queue)
+        self.basic_ack(delivery_tag)
+        logger.info("job %s failed attempt %d (%s: %s); retrying in %d ms", delivery.job_id,
+                    delivery.attempt, failure.code, failure.message, delay_ms)
+        return delay_ms
+
+    def discard_job(self, delivery: JobDelivery, delivery_tag: int,
+                    failure: JobFailure) -> None:
+        """FAIL (discard): into ``ojs.queue.dlx.{q}`` with the error (section 5.5).
+
+        ``Basic.Nack`` cannot add headers, so by default the job is published
+        to the DLX with its error headers and history, confirmed, then acked;
+        ``ojs_dead_letter_mode="nack"`` sends a plain ``Basic.Nack(requeue=false)``.
+        """
+        if self.ojs.settings.dead_letter_mode == "nack":
+            self.basic_nack(delivery_tag, multiple=False, requeue=False)
+            return
+        body, headers = record_failure(delivery.body, delivery.headers, failure,
+                                       attempt=delivery.attempt, state="discarded")
+        self._publish_dead_letter(self._copy(delivery, body, headers), delivery.queue,
+                                  delivery.job_id, delivery_tag, failure)
+
+    def _wait_again(self, delivery: JobDelivery, delivery_tag: int, seconds: float) -> None:
+        """A job that arrived before its ``scheduled_at`` goes back to the broker to wait."""
+        delay_ms = max(1, round(seconds * 1000))
+        message = self._copy(delivery, delivery.body, without_death_headers(delivery.headers))
+        self.publish_scheduled(message, delivery.queue, delay_ms, job_id=delivery.job_id)
+        self.basic_ack(delivery_tag)
+
+    @staticmethod
+    def _copy(delivery: JobDelivery, body: bytes, headers: dict[str, Any]) -> amqp.Message:
+        properties = dict(delivery.properties)
+        properties["application_headers"] = headers
+        return amqp.Message(body, **properties)
 
     def dead_letter(self, raw: amqp.Message, queue: str, code: str, text: str) -> None:
         """Move a delivery to ``ojs.queue.dlx.{queue}`` with error headers, then ack it.
@@ -356,28 +533,29 @@ class Channel(pyamqp.Channel):
         the delivery is nacked without requeue, which the queue's own
         dead-letter arguments route to the same DLQ (without the headers).
         """
-        names = self.ojs.names
-        headers = {
-            k: v for k, v in (raw.properties.get("application_headers") or {}).items()
-            if k != "x-death" and not str(k).startswith(("x-first-death", "x-last-death"))
-        }
+        headers = without_death_headers(raw.properties.get("application_headers") or {})
         headers["x-ojs-error-code"] = code
         headers["x-ojs-error-message"] = text[:_MAX_ERROR_MESSAGE]
-        properties = {k: v for k, v in raw.properties.items() if k != _PAYLOAD_KEY}
+        properties = dict(raw.properties)
         properties["application_headers"] = headers
-        message_id = properties.get("message_id") or f"delivery-{raw.delivery_tag}"
-        logger.error("dead-lettering message %s from queue %r: %s: %s",
-                     message_id, queue, code, text)
+        message_id = str(properties.get("message_id") or f"delivery-{raw.delivery_tag}")
+        self._publish_dead_letter(amqp.Message(raw.body, **properties), queue, message_id,
+                                  raw.delivery_tag, JobFailure(code, code, text))
+
+    def _publish_dead_letter(self, message: amqp.Message, queue: str, job_id: str,
+                             delivery_tag: int, failure: JobFailure) -> None:
+        logger.error("dead-lettering job %s from queue %r: %s: %s", job_id, queue,
+                     failure.code, failure.message)
         try:
             self.connection.ensure_topology(queue)
-            self.publish_confirmed(amqp.Message(raw.body, **properties), names.dlx_exchange,
-                                   queue, job_id=str(message_id), queue=queue)
+            self.publish_confirmed(message, self.ojs.names.dlx_exchange, queue, job_id=job_id,
+                                   queue=queue)
         except Exception:
-            logger.exception("could not publish message %s to the dead-letter exchange; "
-                             "nacking it so the queue's dead-letter routing takes it", message_id)
-            self.basic_nack(raw.delivery_tag, multiple=False, requeue=False)
+            logger.exception("could not publish job %s to the dead-letter exchange; nacking "
+                             "it so the queue's dead-letter routing takes it", job_id)
+            self.basic_nack(delivery_tag, multiple=False, requeue=False)
             return
-        self.basic_ack(raw.delivery_tag)
+        self.basic_ack(delivery_tag)
 
     def basic_nack(self, delivery_tag: int, multiple: bool = False, requeue: bool = False) -> None:
         """``Basic.Nack`` (py-amqp only sends ``Basic.Reject``)."""
@@ -399,27 +577,71 @@ class Connection(pyamqp.Connection):
         #: ``confirm_publish=True`` (kombu's option) also confirms non-job publishes.
         self.ojs_confirm_all = confirm_publish
         self._ojs_declared: set[str] = set()
+        self._ojs_scheduled: set[str] = set()
+        self._ojs_ladder = False
+        self._ojs_retry_declared: dict[tuple[str, int], float] = {}
         super().__init__(*args, confirm_publish=False, **kwargs)
 
     def ensure_topology(self, queue: str) -> None:
         """Declare the OJS topology of ``queue`` once per connection (lazy and eager paths)."""
         if queue in self._ojs_declared:
             return
-        arguments = self.ojs.declare_arguments(queue)
-        channel = self.channel()
-        try:
-            declare_queue_topology(channel, self.ojs.names, queue, arguments)
-        finally:
-            if channel.is_open:
-                channel.close()
+        self._declare_with(declare_queue_topology, queue, self.ojs.declare_arguments(queue))
         self._ojs_declared.add(queue)
+
+    def ensure_retry_queue(self, queue: str, delay_ms: int) -> None:
+        """Declare ``ojs.queue.retry.{queue}.{delay_ms}``; re-declared while in use so that
+        its ``x-expires`` (idle expiry) never removes it under waiting jobs."""
+        key = (queue, delay_ms)
+        declared = self._ojs_retry_declared.get(key)
+        if declared is not None and monotonic() - declared < RETRY_QUEUE_IDLE_MS / 2000:
+            return
+        self._declare_with(declare_retry_queue, queue, delay_ms)
+        self._ojs_retry_declared[key] = monotonic()
+
+    def ensure_schedule(self, queue: str) -> None:
+        """The scheduling ladder (once per connection) and ``queue``'s way out of it."""
+        if queue in self._ojs_scheduled:
+            return
+        self.ensure_topology(queue)
+        if not self._ojs_ladder:
+            self._declare_with(declare_schedule_ladder,
+                               self.ojs.settings.schedule_queue_arguments)
+            self._ojs_ladder = True
+        self._declare_with(bind_scheduled_delivery, queue)
+        self._ojs_scheduled.add(queue)
+
+    def ensure_delayed_exchange(self, queue: str) -> None:
+        if queue in self._ojs_scheduled:
+            return
+        self.ensure_topology(queue)
+        self._declare_with(declare_delayed_exchange, queue)
+        self._ojs_scheduled.add(queue)
+
+    def _declare_with(self, declare: Callable[..., None], *args: Any) -> None:
+        """Run ``declare`` on a channel of its own, with a blocking socket.
+
+        In a worker's main process the socket belongs to the event loop and is
+        non-blocking; declarations are synchronous RPCs and must wait for replies.
+        """
+        with self.transport.having_timeout(DECLARE_TIMEOUT_S):
+            channel = self.channel()
+            try:
+                declare(channel, self.ojs.names, *args)
+            finally:
+                if channel.is_open:
+                    channel.close()
 
     def forget_topology(self, queue: str | None = None) -> None:
         """Make the next use re-declare ``queue`` (or every queue)."""
         if queue is None:
             self._ojs_declared.clear()
+            self._ojs_scheduled.clear()
+            self._ojs_ladder = False
+            self._ojs_retry_declared.clear()
         else:
             self._ojs_declared.discard(queue)
+            self._ojs_scheduled.discard(queue)
 
 
 class Transport(pyamqp.Transport):

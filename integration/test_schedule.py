@@ -1,0 +1,83 @@
+"""Scheduled jobs wait in the broker, never in the worker (AMQP-022, section 9)."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import amqp
+import pytest
+from celery import Celery
+
+from ojs_kombu.errors import JobEncodeError
+from ojs_kombu.job_ids import new_job_id
+
+from .conftest import get_message, queue_depth, rabbitmqctl, wait_until
+
+
+def test_countdown_waits_in_the_broker_and_never_starts_early(
+        app: Celery, worker: Any, vhost: str) -> None:
+    before = datetime.now(UTC)
+    result = app.tasks["email.send"].apply_async(("a@b.c", "scheduled"), queue="email",
+                                                 countdown=2)
+    # While it waits, the worker holds nothing: the job sits in a ladder queue.
+    waiting = wait_until(lambda: [line for line in rabbitmqctl(
+        "list_queues", "--no-table-headers", "-p", vhost, "name", "messages").splitlines()
+        if line.startswith("ojs.queue.schedule.") and not line.endswith("\t0")],
+        timeout=5, what="a scheduling-ladder queue holding the job")
+    assert waiting
+    call = app.calls.wait_for(result.id, timeout=20)
+    started = datetime.now(UTC)
+    assert started >= before + timedelta(seconds=2)
+    assert datetime.fromisoformat(call["eta"]) >= before + timedelta(seconds=2)
+
+
+def test_raw_consumer_sees_a_scheduled_job_only_when_due(app: Celery,
+                                                          amqp_channel: amqp.Channel) -> None:
+    before = datetime.now(UTC)
+    result = app.tasks["email.send"].apply_async(("a@b.c", "x"), queue="sched-raw",
+                                                 countdown=0.7)
+    assert amqp_channel.basic_get("ojs.queue.sched-raw") is None  # not yet
+    message = get_message(amqp_channel, "ojs.queue.sched-raw", timeout=10)
+    assert datetime.now(UTC) >= before + timedelta(seconds=0.7)
+    headers = message.properties["application_headers"]
+    assert message.properties["message_id"] == result.id
+    assert datetime.fromisoformat(headers["x-ojs-scheduled-at"]) >= before
+    assert {d["queue"] for d in headers["x-death"]} <= {
+        f"ojs.queue.schedule.{level}" for level in range(32)}
+
+
+def test_foreign_job_scheduled_in_the_future_goes_back_to_wait(
+        app: Celery, worker: Any, amqp_channel: amqp.Channel) -> None:
+    """A producer that publishes straight to the job queue with a future scheduled_at."""
+    job_id = new_job_id()
+    due = datetime.now(UTC) + timedelta(seconds=1.5)
+    body = {"specversion": "1.0", "id": job_id, "type": "email.send", "queue": "email",
+            "args": ["later@example.com", "x"], "scheduled_at": due.isoformat()}
+    amqp_channel.basic_publish(
+        amqp.Message(json.dumps(body), content_type="application/openjobspec+json",
+                     message_id=job_id, delivery_mode=2,
+                     application_headers={"x-ojs-queue": "email", "x-ojs-attempt": 1}),
+        exchange="ojs.exchange.direct", routing_key="email")
+    app.calls.wait_for(job_id, timeout=20)
+    assert datetime.now(UTC) >= due
+
+
+def test_expired_job_is_dead_lettered_not_run(app: Celery, worker: Any,
+                                              amqp_channel: amqp.Channel) -> None:
+    result = app.tasks["math.add"].apply_async(
+        (1, 2), queue="failing", expires=datetime.now(UTC) + timedelta(seconds=0.5),
+        countdown=1)
+    dead = get_message(amqp_channel, "ojs.queue.dlx.failing", timeout=20)
+    assert dead.properties["message_id"] == result.id
+    assert dead.properties["application_headers"]["x-ojs-error-code"] == "EXPIRED"
+    assert json.loads(dead.body)["state"] == "discarded"
+    assert app.calls.count(result.id) == 0
+
+
+def test_delays_beyond_49_days_are_refused(app: Celery, amqp_channel: amqp.Channel) -> None:
+    with pytest.raises(JobEncodeError, match="49.7 days"):
+        app.tasks["math.add"].apply_async((1, 2), queue="refused", countdown=50 * 86400)
+    app.tasks["math.add"].apply_async((1, 2), queue="refused", countdown=48 * 86400)
+    assert queue_depth(amqp_channel, "ojs.queue.refused") == 0  # waiting, not delivered

@@ -1,0 +1,255 @@
+"""Celery's side of OJS failures: retries by the broker, dead letters with the error.
+
+Every failed attempt follows the job's OJS retry policy (:func:`task_retry_policy`,
+then the envelope's own ``retry``):
+
+* in the pool, :class:`OJSTask` turns a retryable exception into Celery's
+  ``Retry`` (so the result backend says ``RETRY``, not ``FAILURE``) *without*
+  publishing anything; ``self.retry(countdown=...)`` and ``autoretry_for`` do
+  the same;
+* in the worker's main process, :class:`JobRequest` makes the broker hold the
+  job: a confirmed republish through ``ojs.exchange.retry`` into a delay queue,
+  then ``Basic.Ack`` (section 5.4); a job out of attempts, or with a
+  non-retryable error, goes to ``ojs.queue.dlx.{q}`` with its last error in
+  ``x-ojs-error-*`` headers and its history in the envelope.
+
+Nothing waits in the worker's memory.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from billiard.einfo import ExceptionWithTraceback
+from celery import Task
+from celery.exceptions import Ignore, Reject, Retry, TimeLimitExceeded
+from celery.worker.request import Request
+
+from .codec import RETRY_HEADER
+from .envelope import RetryPolicy
+from .failures import HANDLER_ERROR, HANDLER_TIMEOUT, NON_RETRYABLE_ERROR, JobFailure
+from .retry import Backoff, matches, merge, policy_from
+from .transport import JobAction, JobMessage
+
+logger = logging.getLogger(__name__)
+
+#: ``max_retries=None`` (retry forever) as an OJS ``max_attempts``: the largest
+#: value an ``x-ojs-max-attempts`` header (int32) can carry.
+UNBOUNDED_ATTEMPTS = 2**31 - 1
+_ATTEMPT_HEADER = "x-ojs-attempt"
+
+
+def _explicit(task: Task, name: str) -> bool:
+    """Whether ``name`` was set on this task (decorator option or subclass), not inherited
+    from Celery's ``Task``."""
+    for cls in type(task).__mro__:
+        if cls is Task or cls.__module__.startswith("celery."):
+            return False
+        if name in vars(cls):
+            return True
+    return False
+
+
+def _duration(seconds: float) -> str:
+    return f"PT{seconds:g}S"
+
+
+def task_retry_policy(task: Task) -> RetryPolicy:
+    """The OJS retry policy of a Celery task.
+
+    OJS defaults, then Celery's retry options where the task sets them:
+    ``max_retries=n`` -> ``max_attempts=n+1`` (``None``: unbounded);
+    ``retry_backoff=f`` -> ``initial_interval=f`` s, coefficient 2,
+    ``max_interval=retry_backoff_max``, ``jitter=retry_jitter``; otherwise
+    ``default_retry_delay=d`` -> a constant ``d`` s; ``dont_autoretry_for`` ->
+    ``non_retryable_errors`` (class names).  Last, the task option
+    ``ojs_retry={...}`` (an OJS retry-policy object) merges over the result.
+    """
+    cached = getattr(task, "_ojs_policy", None)
+    if cached is not None:
+        return cached
+    fields: dict[str, Any] = {}
+    if _explicit(task, "max_retries"):
+        fields["max_attempts"] = (UNBOUNDED_ATTEMPTS if task.max_retries is None
+                                  else task.max_retries + 1)
+    backoff = getattr(task, "retry_backoff", False)
+    if _explicit(task, "retry_backoff") and backoff:
+        maximum = float(getattr(task, "retry_backoff_max", 600))
+        factor = max(1.0, float(backoff))
+        fields.update(initial_interval=_duration(factor), backoff_coefficient=2.0,
+                      max_interval=_duration(max(maximum, factor)),
+                      jitter=bool(getattr(task, "retry_jitter", True)))
+    elif _explicit(task, "default_retry_delay"):
+        delay = max(float(task.default_retry_delay), 0.001)
+        fields.update(initial_interval=_duration(delay), backoff_coefficient=1.0,
+                      max_interval=_duration(delay))
+    dont = tuple(getattr(task, "dont_autoretry_for", ()) or ())
+    if dont:
+        fields["non_retryable_errors"] = sorted({cls.__name__ for cls in dont})
+    policy = policy_from(fields, source=f"the retry options of task {task.name!r}")
+    option = getattr(task, "ojs_retry", None)
+    if option is not None:
+        policy = merge(policy, policy_from(option, source=f"ojs_retry of task {task.name!r}"))
+    task._ojs_policy = policy  # type: ignore[attr-defined]
+    return policy
+
+
+def job_retry_policy(task: Task, request_headers: Mapping[str, Any]) -> RetryPolicy:
+    """The task's policy with the consumed job's own ``retry`` merged over it."""
+    policy = task_retry_policy(task)
+    own = request_headers.get(RETRY_HEADER)
+    if own:
+        policy = merge(policy, policy_from(own, source="the job's retry policy"))
+    return policy
+
+
+def is_retryable(task: Task, exc: BaseException, policy: RetryPolicy) -> bool:
+    """OJS ``non_retryable_errors``, then Celery's ``autoretry_for``/``dont_autoretry_for``."""
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    names.add(f"{type(exc).__module__}.{type(exc).__qualname__}")
+    wrapped = getattr(exc, "exc_cls_name", None)
+    if wrapped:
+        names.add(wrapped)
+    if any(matches(name, policy.non_retryable_errors) for name in names):
+        return False
+    dont = tuple(getattr(task, "dont_autoretry_for", ()) or ())
+    if dont and isinstance(exc, dont):
+        return False
+    only = tuple(getattr(task, "autoretry_for", ()) or ())
+    return not (only and _explicit(task, "autoretry_for") and not isinstance(exc, only))
+
+
+class OJSTask(Task):
+    """Base of every task under ojs_kombu (``install()`` makes it the app's ``Task``)."""
+
+    Request = "ojs_kombu.worker:JobRequest"
+    #: Task option: an OJS retry-policy object merged over the Celery-derived one.
+    ojs_retry: Mapping[str, Any] | None = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        request = self.request
+        if request.called_directly or not _delivered_by_ojs(request):
+            return super().__call__(*args, **kwargs)
+        try:
+            return self.run(*args, **kwargs)
+        except (Retry, Ignore, Reject):
+            raise
+        except Exception as exc:
+            policy = job_retry_policy(self, vars(request))
+            if not is_retryable(self, exc, policy):
+                raise
+            raise self.retry(exc=exc) from exc
+
+    def retry(self, args: Any = None, kwargs: Any = None, exc: BaseException | None = None,
+              throw: bool = True, eta: datetime | None = None, countdown: float | None = None,
+              max_retries: int | None = None, **options: Any) -> Any:
+        """Ask for a broker-side retry; nothing is published from the task.
+
+        New ``args``/``kwargs`` or routing options make it a new message, which
+        Celery's own ``retry`` publishes (the broker still holds it until due).
+        """
+        request = self.request
+        if (request.called_directly or not _delivered_by_ojs(request) or args is not None
+                or kwargs is not None or options):
+            return super().retry(args, kwargs, exc, throw, eta, countdown, max_retries,
+                                 **options)
+        policy = job_retry_policy(self, vars(request))
+        if max_retries is not None:
+            policy = policy.model_copy(update={"max_attempts": max_retries + 1})
+        attempt = (request.retries or 0) + 1
+        if attempt >= policy.max_attempts:
+            if exc is not None:
+                raise exc
+            raise self.MaxRetriesExceededError(
+                f"Can't retry {self.name}[{request.id}]: {attempt} of "
+                f"{policy.max_attempts} attempts used")
+        when: float | datetime
+        if eta is not None:
+            when = eta
+        elif countdown is not None:
+            when = countdown
+        else:
+            when = Backoff.of(policy).delay(attempt)
+        ret = Retry(exc=exc, when=when)
+        if throw:
+            raise ret
+        return ret
+
+
+def _delivered_by_ojs(request: Any) -> bool:
+    return getattr(request, _ATTEMPT_HEADER, None) is not None
+
+
+def _unwrap(exc: Any) -> BaseException:
+    """The task's exception, out of billiard's ``ExceptionWithTraceback`` wrapper."""
+    return exc.exc if isinstance(exc, ExceptionWithTraceback) else exc
+
+
+def _seconds_until(when: Any) -> float:
+    if isinstance(when, datetime):
+        aware = when if when.tzinfo else when.replace(tzinfo=UTC)
+        return max((aware - datetime.now(UTC)).total_seconds(), 0.0)
+    return max(float(when or 0), 0.0)
+
+
+class JobRequest(Request):
+    """Worker-side request of an OJS job: decides retry or dead letter for a failed attempt.
+
+    The decision is made here (pure); the I/O runs where Celery runs its acks,
+    in the event loop's thread, through :meth:`JobMessage.reject`.
+    """
+
+    _ojs_exc_info: Any = None
+
+    def on_retry(self, exc_info: Any) -> None:
+        message = self._message
+        if isinstance(message, JobMessage) and not self.acknowledged:
+            retry = _unwrap(exc_info.exception)
+            cause = retry.exc if isinstance(retry, Retry) and retry.exc is not None else retry
+            failure = JobFailure.from_exception(cause, HANDLER_ERROR, exc_info.traceback)
+            delay = _seconds_until(getattr(retry, "when", None))
+            message.ojs_action = JobAction(failure, retry=True, delay_s=delay)
+            self._on_reject(logger, self._connection_errors, False)
+            self.acknowledged = True
+        super().on_retry(exc_info)
+
+    def on_failure(self, exc_info: Any, send_failed_event: bool = True,
+                   return_ok: bool = False) -> None:
+        self._ojs_exc_info = exc_info
+        super().on_failure(exc_info, send_failed_event, return_ok)
+
+    def reject(self, requeue: bool = False) -> None:
+        message = self._message
+        if self.acknowledged or not isinstance(message, JobMessage):
+            return super().reject(requeue)
+        message.ojs_action = self._failed_attempt(message.ojs.attempt, requeue)
+        self._on_reject(logger, self._connection_errors, False)
+        self.acknowledged = True
+        self.send_event("task-rejected", requeue=False)
+
+    def _failed_attempt(self, attempt: int, requeue: bool) -> JobAction:
+        """Celery gave up on the attempt: retry it by the broker, or dead-letter it.
+
+        ``requeue=True`` comes from a hard time limit (or a lost pool process):
+        a failed attempt like any other, retried while attempts remain.  Other
+        failures reach here only once :class:`OJSTask` decided not to retry.
+        """
+        exc_info = self._ojs_exc_info
+        exc = _unwrap(exc_info.exception) if exc_info is not None else None
+        # on_timeout() rejects with requeue=True before any exception is known
+        timed_out = isinstance(exc, TimeLimitExceeded) or (requeue and exc is None)
+        if exc is None:
+            exc = (TimeLimitExceeded(self.time_limits[0]) if timed_out
+                   else RuntimeError("rejected by Celery"))
+        policy = job_retry_policy(self.task, self._request_dict)
+        retryable = is_retryable(self.task, exc, policy)
+        code = (NON_RETRYABLE_ERROR if not retryable
+                else HANDLER_TIMEOUT if timed_out else HANDLER_ERROR)
+        failure = JobFailure.from_exception(exc, code, exc_info.traceback if exc_info else None)
+        backoff = Backoff.of(policy)
+        if requeue and retryable and backoff.allows_retry_after(attempt):
+            return JobAction(failure, retry=True, delay_s=backoff.delay(attempt))
+        return JobAction(failure)

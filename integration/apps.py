@@ -13,7 +13,11 @@ from celery.exceptions import Reject
 import ojs_kombu
 
 #: Queues the session's in-process worker consumes.
-WORKER_QUEUES = ["default", "email", "malformed", "failing", "canvas", "errbacks"]
+WORKER_QUEUES = ["default", "email", "malformed", "failing", "canvas", "errbacks", "retries"]
+#: Short delays so retry tests take seconds, not minutes.
+FAST_RETRY = {"initial_interval": "PT0.2S", "max_interval": "PT1S", "jitter": False}
+#: Switches the integration tests flip to make a job fail or succeed.
+SWITCHES: dict[str, bool] = {"toggle.fail": True}
 
 
 class CallLog:
@@ -43,6 +47,10 @@ class CallLog:
                 if remaining <= 0:
                     raise AssertionError(f"no call matching {match} within {timeout}s")
                 self._cond.wait(remaining)
+
+    def all(self) -> list[dict[str, Any]]:
+        with self._cond:
+            return list(self._calls)
 
     def count(self, job_id: str) -> int:
         with self._cond:
@@ -90,6 +98,37 @@ def register_tasks(app: Celery) -> None:
     def requeue(self: Any) -> None:
         calls.add(id=self.request.id, task="always.requeue", args=[])
         raise Reject("asked to be requeued", requeue=True)
+
+    @app.task(name="flaky.twice", bind=True, shared=False, ojs_retry=FAST_RETRY)
+    def flaky_twice(self: Any) -> str:
+        attempt = getattr(self.request, "x-ojs-attempt", None)
+        calls.add(id=self.request.id, task="flaky.twice", args=[], attempt=attempt,
+                  retries=self.request.retries)
+        if self.request.retries < 2:
+            raise ConnectionError(f"attempt {attempt} failed")
+        return f"done on attempt {attempt}"
+
+    @app.task(name="reject.value", bind=True, shared=False,
+              ojs_retry={**FAST_RETRY, "non_retryable_errors": ["ValueError"]})
+    def reject_value(self: Any) -> None:
+        calls.add(id=self.request.id, task="reject.value", args=[])
+        raise ValueError("invalid input is not worth retrying")
+
+    @app.task(name="explicit.retry", bind=True, shared=False)
+    def explicit_retry(self: Any) -> str:
+        calls.add(id=self.request.id, task="explicit.retry", args=[],
+                  retries=self.request.retries)
+        if self.request.retries == 0:
+            raise self.retry(countdown=0.5, exc=TimeoutError("upstream busy"))
+        return "done"
+
+    @app.task(name="toggle.fail", bind=True, shared=False, ojs_retry={"max_attempts": 1})
+    def toggle_fail(self: Any) -> str:
+        calls.add(id=self.request.id, task="toggle.fail", args=[],
+                  attempt=getattr(self.request, "x-ojs-attempt", None))
+        if SWITCHES["toggle.fail"]:
+            raise RuntimeError("switched off")
+        return "ran"
 
     @app.task(name="sleep.for", bind=True, shared=False)
     def sleep_for(self: Any, seconds: float) -> float:

@@ -81,3 +81,16 @@ def test_delays_beyond_49_days_are_refused(app: Celery, amqp_channel: amqp.Chann
         app.tasks["math.add"].apply_async((1, 2), queue="refused", countdown=50 * 86400)
     app.tasks["math.add"].apply_async((1, 2), queue="refused", countdown=48 * 86400)
     assert queue_depth(amqp_channel, "ojs.queue.refused") == 0  # waiting, not delivered
+
+
+def test_delayed_exchange_option_without_the_plugin_is_a_clear_error(broker_url: str) -> None:
+    from ojs_kombu.errors import OJSConfigurationError
+
+    from .apps import make_app
+
+    plugin_app = make_app("plugin", broker_url, None, ojs_delayed_exchange=True,
+                          ojs_prefix="plugin")
+    with pytest.raises(OJSConfigurationError, match="delayed_message_exchange plugin"):
+        plugin_app.tasks["math.add"].apply_async((1, 2), queue="plugin", countdown=5)
+    # Jobs without a delay still go straight through.
+    plugin_app.tasks["math.add"].apply_async((1, 2), queue="plugin")

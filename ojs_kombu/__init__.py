@@ -37,13 +37,22 @@ from .transport import register_transport
 register_transport()
 register_serializer()
 
-from .celery_app import check_app, declare_topology, install  # noqa: E402  (needs the registrations)
+from .celery_app import (  # noqa: E402  (needs the registrations)
+    check_app,
+    dead_letter_queue,
+    declare_topology,
+    install,
+)
+from .dead_letters import DeadLetter, DeadLetterNotFound, DeadLetterQueue  # noqa: E402
 from .worker import OJSTask  # noqa: E402
 
 __version__ = "0.1.0"
 
 __all__ = [
     "CONTENT_TYPE",
+    "DeadLetter",
+    "DeadLetterNotFound",
+    "DeadLetterQueue",
     "InvalidJobIdError",
     "JobEncodeError",
     "JobEnvelope",
@@ -64,6 +73,7 @@ __all__ = [
     "UnroutableJobError",
     "UnsupportedSerializerError",
     "check_app",
+    "dead_letter_queue",
     "declare_topology",
     "install",
     "new_job_id",

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from contextlib import AbstractContextManager
 from functools import partial
 from typing import Any
 
@@ -32,6 +33,7 @@ from kombu import Queue
 from kombu.utils.objects import cached_property
 
 from .codec import CELERY_JSON
+from .dead_letters import DeadLetterQueue, open_dead_letter_queue
 from .entities import JobQueue, extra_arguments, job_queue
 from .envelope import CONTENT_TYPE, RetryPolicy
 from .errors import OJSConfigurationError
@@ -210,3 +212,14 @@ def declare_topology(app: Celery, queues: Iterable[str] | None = None) -> list[s
         for name in ojs_names:
             connection.connection.ensure_topology(name)
     return ojs_names
+
+
+def dead_letter_queue(app: Celery, queue: str) -> AbstractContextManager[DeadLetterQueue]:
+    """The dead letters of ``queue``: ``with dead_letter_queue(app, "email") as dlq: ...``.
+
+    ``dlq.list()``, ``dlq.get(job_id)``, ``dlq.replay(job_id)``,
+    ``dlq.replay_all()``, ``dlq.purge()``, ``len(dlq)``.
+    """
+    connection = app.connection_for_write()
+    connection.ensure_connection(max_retries=1)
+    return open_dead_letter_queue(connection, queue)

@@ -39,6 +39,7 @@ from .errors import (
     JobEncodeError,
     JobRejected,
     NonJSONArgumentError,
+    OJSConfigurationError,
     UnsupportedSerializerError,
 )
 from .naming import is_job_id
@@ -210,7 +211,7 @@ def encode_task_message(
 
         try:
             override = policy_from(per_call, source=f"{RETRY_OPTION} of task {task_name!r}")
-        except ValueError as exc:
+        except OJSConfigurationError as exc:
             raise JobEncodeError(str(exc), job_id=job_id, queue=queue) from None
         policy = merge(policy or RetryPolicy(), override)
     if policy is not None and (per_call is not None or policy != RetryPolicy()):

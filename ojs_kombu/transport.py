@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from contextlib import suppress
 from datetime import UTC, datetime
 from time import monotonic
 from typing import Any
@@ -574,6 +575,7 @@ class Connection(pyamqp.Connection):
     def __init__(self, *args: Any, confirm_publish: bool = False, **kwargs: Any) -> None:
         options = {k: kwargs.pop(k) for k in list(kwargs) if k.startswith("ojs_")}
         self.ojs = Binding.from_options(options)
+        self._ojs_connect_args = (args, {**kwargs, "ojs_binding": self.ojs})
         #: ``confirm_publish=True`` (kombu's option) also confirms non-job publishes.
         self.ojs_confirm_all = confirm_publish
         self._ojs_declared: set[str] = set()
@@ -612,10 +614,20 @@ class Connection(pyamqp.Connection):
         self._ojs_scheduled.add(queue)
 
     def ensure_delayed_exchange(self, queue: str) -> None:
+        """``ojs.exchange.delayed`` bound to ``queue``, declared over a connection of its own:
+        without the plugin RabbitMQ closes the whole connection (503), and this one must
+        survive to report it and publish on."""
         if queue in self._ojs_scheduled:
             return
         self.ensure_topology(queue)
-        self._declare_with(declare_delayed_exchange, queue)
+        args, kwargs = self._ojs_connect_args
+        probe = type(self)(*args, **kwargs)
+        probe.connect()
+        try:
+            probe._declare_with(declare_delayed_exchange, queue)
+        finally:
+            with suppress(Exception):
+                probe.close()
         self._ojs_scheduled.add(queue)
 
     def _declare_with(self, declare: Callable[..., None], *args: Any) -> None:
@@ -624,13 +636,22 @@ class Connection(pyamqp.Connection):
         In a worker's main process the socket belongs to the event loop and is
         non-blocking; declarations are synchronous RPCs and must wait for replies.
         """
-        with self.transport.having_timeout(DECLARE_TIMEOUT_S):
+        sock = self.transport.sock
+        previous = sock.gettimeout()
+        sock.settimeout(DECLARE_TIMEOUT_S)
+        try:
             channel = self.channel()
             try:
                 declare(channel, self.ojs.names, *args)
-            finally:
-                if channel.is_open:
-                    channel.close()
+            except BaseException:
+                with suppress(Exception):  # the broker may have closed it: keep the cause
+                    if channel.is_open:
+                        channel.close()
+                raise
+            channel.close()
+        finally:
+            with suppress(OSError):
+                sock.settimeout(previous)
 
     def forget_topology(self, queue: str | None = None) -> None:
         """Make the next use re-declare ``queue`` (or every queue)."""

@@ -45,7 +45,7 @@ _ATTEMPT_HEADER = "x-ojs-attempt"
 def _explicit(task: Task, name: str) -> bool:
     """Whether ``name`` was set on this task (decorator option or subclass), not inherited
     from Celery's ``Task``."""
-    for cls in type(task).__mro__:
+    for cls in task.__class__.__mro__:  # __class__: a task proxy reports the task's class
         if cls is Task or cls.__module__.startswith("celery."):
             return False
         if name in vars(cls):

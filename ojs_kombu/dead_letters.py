@@ -1,0 +1,182 @@
+"""Inspect, replay and purge the dead letters of an OJS queue (``ojs.queue.dlx.{q}``).
+
+Listing never consumes: messages are fetched with ``Basic.Get`` and left
+unacknowledged, and closing the channel puts them back where they were.
+A replay republishes the job to its queue (same id, attempt reset, error
+history kept), waits for the broker's confirm, and only then acks the dead
+letter: an interruption leaves the job in the DLQ, the job queue, or both
+(at-least-once), never in neither.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import amqp
+
+from .errors import OJSConfigurationError, OJSError
+from .failures import reset_for_replay
+
+T = TypeVar("T")
+
+
+class DeadLetterNotFound(OJSError, LookupError):
+    """No dead letter with that job id."""
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """One dead-lettered job, as found in the DLQ."""
+
+    job_id: str
+    job_type: str | None
+    queue: str
+    body: bytes
+    headers: dict[str, Any]
+    envelope: dict[str, Any] | None
+
+    @property
+    def error_code(self) -> str | None:
+        return self.headers.get("x-ojs-error-code")
+
+    @property
+    def error_message(self) -> str | None:
+        return self.headers.get("x-ojs-error-message")
+
+    @property
+    def attempt(self) -> int | None:
+        return self.headers.get("x-ojs-attempt")
+
+    @classmethod
+    def from_message(cls, queue: str, message: amqp.Message) -> DeadLetter:
+        body = message.body if isinstance(message.body, bytes) else str(message.body).encode()
+        try:
+            envelope = json.loads(body)
+        except ValueError:
+            envelope = None
+        if not isinstance(envelope, dict):
+            envelope = None
+        properties = message.properties
+        return cls(
+            job_id=str(properties.get("message_id") or (envelope or {}).get("id") or ""),
+            job_type=properties.get("type") or (envelope or {}).get("type"),
+            queue=queue,
+            body=body,
+            headers=dict(properties.get("application_headers") or {}),
+            envelope=envelope,
+        )
+
+
+class DeadLetterQueue:
+    """The DLQ of one OJS queue, on an ``ojs://`` kombu connection."""
+
+    def __init__(self, connection: Any, queue: str) -> None:
+        self._connection = connection
+        transport_connection = connection.connection  # connects if needed
+        ojs = getattr(transport_connection, "ojs", None)
+        if ojs is None:
+            raise OJSConfigurationError("dead-letter queues need an ojs:// connection")
+        self._amqp = transport_connection
+        self.names = ojs.names
+        self.queue = self.names.ojs_queue(queue)
+        self.dlq = self.names.dead_letter_queue(self.queue)
+        transport_connection.ensure_topology(self.queue)
+
+    def __len__(self) -> int:
+        return self._with_channel(lambda ch: ch.queue_declare(self.dlq, passive=True)
+                                  .message_count)
+
+    def list(self, limit: int | None = None) -> list[DeadLetter]:
+        """Up to ``limit`` dead letters, oldest first; none is removed."""
+        def browse(channel: Any) -> list[DeadLetter]:
+            found = []
+            for message in self._browse(channel):
+                found.append(DeadLetter.from_message(self.queue, message))
+                if limit is not None and len(found) >= limit:
+                    break
+            return found
+        return self._with_channel(browse)
+
+    def get(self, job_id: str) -> DeadLetter:
+        """The dead letter of ``job_id``; raises :class:`DeadLetterNotFound`."""
+        def find(channel: Any) -> DeadLetter:
+            for message in self._browse(channel):
+                if message.properties.get("message_id") == job_id:
+                    return DeadLetter.from_message(self.queue, message)
+            raise DeadLetterNotFound(f"no dead letter with job id {job_id} in {self.dlq!r}")
+        return self._with_channel(find)
+
+    def replay(self, job_id: str) -> None:
+        """Put ``job_id`` back on its queue; raises :class:`DeadLetterNotFound`."""
+        def replay_one(channel: Any) -> None:
+            for message in self._browse(channel):
+                if message.properties.get("message_id") == job_id:
+                    self._replay(channel, message)
+                    return
+            raise DeadLetterNotFound(f"no dead letter with job id {job_id} in {self.dlq!r}")
+        self._with_channel(replay_one)
+
+    def replay_all(self, progress: Callable[[str], None] | None = None) -> list[str]:
+        """Replay every dead letter present when called; returns the job ids, in order."""
+        def replay_every(channel: Any) -> list[str]:
+            replayed = []
+            for message in self._browse(channel):
+                job_id = self._replay(channel, message)
+                replayed.append(job_id)
+                if progress is not None:
+                    progress(job_id)
+            return replayed
+        return self._with_channel(replay_every)
+
+    def purge(self) -> int:
+        """Delete every dead letter; returns how many there were."""
+        return self._with_channel(lambda channel: channel.queue_purge(self.dlq) or 0)
+
+    def _replay(self, channel: Any, message: amqp.Message) -> str:
+        dead = DeadLetter.from_message(self.queue, message)
+        if dead.envelope is not None:
+            body, headers = reset_for_replay(dead.body, dead.headers)
+        else:  # not an OJS job (dead-lettered as malformed): replay it as it came
+            body, headers = dead.body, {k: v for k, v in dead.headers.items()
+                                        if not k.startswith(("x-death", "x-first-death",
+                                                             "x-last-death", "x-ojs-error"))}
+        properties = dict(message.properties)
+        properties["application_headers"] = headers
+        self._amqp.ensure_topology(self.queue)
+        channel.publish_confirmed(amqp.Message(body, **properties), self.names.direct_exchange,
+                                  self.queue, job_id=dead.job_id, queue=self.queue)
+        channel.basic_ack(message.delivery_tag)
+        return dead.job_id
+
+    def _browse(self, channel: Any) -> Iterator[amqp.Message]:
+        """Every message present now, unacknowledged (closing the channel requeues them)."""
+        present = channel.queue_declare(self.dlq, passive=True).message_count
+        for _ in range(present):
+            message = channel.basic_get(self.dlq, no_ack=False)
+            if message is None:
+                return
+            yield message
+
+    def _with_channel(self, work: Callable[[Any], T]) -> T:
+        channel = self._amqp.channel()
+        try:
+            return work(channel)
+        finally:
+            if channel.is_open:
+                channel.close()
+
+    def close(self) -> None:
+        self._connection.release()
+
+
+@contextmanager
+def open_dead_letter_queue(connection: Any, queue: str) -> Iterator[DeadLetterQueue]:
+    dlq = DeadLetterQueue(connection, queue)
+    try:
+        yield dlq
+    finally:
+        dlq.close()

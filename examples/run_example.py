@@ -289,7 +289,10 @@ def run_jobs(connection: amqp.Connection, names: ojs_kombu.TopologyNames,
     elif not is_ojs_job(dead.body, failing.id):
         outcome = f"found in {dlq}, but not as its OJS job envelope: {dead.body[:80]!r}"
     else:
-        outcome = f"dead-lettered (found in {dlq}) after {error!r}"
+        headers = dead.properties.get("application_headers") or {}
+        outcome = (f"dead-lettered (found in {dlq}) after {headers.get('x-ojs-attempt')} "
+                   f"attempts retried by the broker; {headers.get('x-ojs-error-code')}: "
+                   f"{headers.get('x-ojs-error-message')}")
     reports.append(JobReport(failing.id, "billing.charge", "delay", outcome,
                              outcome.startswith("dead-lettered")))
 

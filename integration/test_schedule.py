@@ -94,3 +94,23 @@ def test_delayed_exchange_option_without_the_plugin_is_a_clear_error(broker_url:
         plugin_app.tasks["math.add"].apply_async((1, 2), queue="plugin", countdown=5)
     # Jobs without a delay still go straight through.
     plugin_app.tasks["math.add"].apply_async((1, 2), queue="plugin")
+
+
+def test_the_ladder_works_on_quorum_queues(broker_url: str, vhost: str) -> None:
+    from .apps import make_app
+
+    quorum = make_app("quorum", broker_url, None, ojs_prefix="quorum",
+                      ojs_schedule_queue_arguments={"x-queue-type": "quorum"})
+    connection = amqp.Connection("127.0.0.1:5672", virtual_host=vhost)
+    connection.connect()
+    try:
+        channel = connection.channel()
+        before = datetime.now(UTC)
+        result = quorum.tasks["math.add"].apply_async((1, 2), queue="q", countdown=0.6)
+        message = get_message(channel, "quorum.ojs.queue.q", timeout=20)
+        assert message.properties["message_id"] == result.id
+        assert datetime.now(UTC) >= before + timedelta(seconds=0.6)
+    finally:
+        connection.close()
+    types = rabbitmqctl("list_queues", "--no-table-headers", "-p", vhost, "name", "type")
+    assert "quorum.ojs.queue.schedule.0\tquorum" in types

@@ -28,10 +28,10 @@ from typing import Any
 import amqp
 from amqp import spec
 from amqp.exceptions import RecoverableConnectionError
-from kombu.exceptions import MessageStateError
 from kombu.transport import pyamqp
 
 from .codec import decode_job_message, encode_task_message, format_time
+from .confirms import ConfirmTracker, PendingPublish
 from .delays import (
     MAX_SCHEDULE_DELAY_MS,
     check_schedule_delay,
@@ -39,6 +39,7 @@ from .delays import (
     schedule_levels,
     schedule_routing_key,
 )
+from .delivery import JobDelivery, JobMessage
 from .errors import (
     JobEncodeError,
     JobNackedError,
@@ -49,13 +50,7 @@ from .errors import (
     QueueNameError,
     UnroutableJobError,
 )
-from .failures import (
-    EXPIRED,
-    HANDLER_ERROR,
-    JobFailure,
-    record_failure,
-    without_death_headers,
-)
+from .failures import EXPIRED, JobFailure, record_failure, without_death_headers
 from .settings import Binding
 from .topology import (
     RETRY_QUEUE_IDLE_MS,
@@ -80,94 +75,11 @@ EARLY_TOLERANCE_S = 0.05
 DECLARE_TIMEOUT_S = 30.0
 
 
-class JobDelivery:
-    """A consumed job as it came off the wire, kept for retries and dead-lettering."""
-
-    __slots__ = ("attempt", "body", "job_id", "properties", "queue")
-
-    def __init__(self, queue: str, job_id: str, body: bytes, properties: dict[str, Any]) -> None:
-        self.queue = queue
-        self.job_id = job_id
-        self.body = body
-        self.properties = properties  # the original AMQP properties, headers included
-        attempt = (properties.get("application_headers") or {}).get("x-ojs-attempt")
-        self.attempt = attempt if isinstance(attempt, int) and attempt > 0 else 1
-
-    @property
-    def headers(self) -> dict[str, Any]:
-        return dict(self.properties.get("application_headers") or {})
-
-
-class _PendingPublish:
-    __slots__ = ("job_id", "nacked", "queue", "returned", "settled")
-
-    def __init__(self, job_id: str, queue: str) -> None:
-        self.job_id = job_id
-        self.queue = queue
-        self.settled = False
-        self.nacked = False
-        self.returned: str | None = None
-
-
 def _argsrepr(args: Any) -> str:
     from kombu.utils.encoding import safe_repr
 
     text = safe_repr(args)
     return text if len(text) <= _MAX_ERROR_MESSAGE else text[:_MAX_ERROR_MESSAGE] + "..."
-
-
-class JobAction:
-    """What to do with a job delivery whose attempt did not succeed (set by the worker)."""
-
-    __slots__ = ("delay_s", "failure", "retry")
-
-    def __init__(self, failure: JobFailure, retry: bool = False, delay_s: float = 0.0) -> None:
-        self.failure = failure
-        self.retry = retry
-        self.delay_s = delay_s
-
-
-class JobMessage(pyamqp.Message):
-    """A delivery from an OJS job queue, as Celery sees it.
-
-    Celery settles an unsuccessful delivery with ``reject()`` from its event
-    loop's thread; here that means the OJS outcome chosen by the worker
-    (:attr:`ojs_action`): a broker-side retry, or the dead-letter queue with
-    the error.  Without one (a task that does not use ojs_kombu's request
-    class), the job is dead-lettered.  Never an immediate requeue: the binding
-    forbids it (section 5.4, it loops), so Celery's requeue of a timed-out job
-    or of ``Reject(requeue=True)`` dead-letters it too.
-    """
-
-    ojs: JobDelivery
-    ojs_action: JobAction | None = None
-
-    def reject(self, requeue: bool = False) -> None:
-        if self.acknowledged:
-            raise MessageStateError(f"Message already acknowledged with state: {self._state}")
-        action = self.ojs_action
-        if action is None:
-            reason = "requeue requested" if requeue else "rejected by Celery"
-            action = JobAction(JobFailure(HANDLER_ERROR, "Rejected", reason))
-            if requeue:
-                logger.warning("job %s: OJS jobs are never requeued immediately (AMQP "
-                               "binding 5.4); dead-lettering it instead", self.ojs.job_id)
-        channel: Channel = self.channel
-        try:
-            if action.retry:
-                channel.retry_job(self.ojs, self.delivery_tag, action.failure, action.delay_s)
-            else:
-                channel.discard_job(self.ojs, self.delivery_tag, action.failure)
-        except channel.connection.connection_errors:
-            raise
-        except Exception:
-            logger.exception("job %s: could not %s it; nacking it into its dead-letter queue",
-                             self.ojs.job_id, "retry" if action.retry else "dead-letter")
-            channel.basic_nack(self.delivery_tag, multiple=False, requeue=False)
-        self._state = "REJECTED"
-
-    def requeue(self) -> None:
-        self.reject(requeue=True)
 
 
 class Channel(pyamqp.Channel):
@@ -181,9 +93,7 @@ class Channel(pyamqp.Channel):
 
     def _ojs_reset(self) -> None:
         self._ojs_confirming = False
-        self._ojs_seq = 0
-        self._ojs_pending: dict[int, _PendingPublish] = {}
-        self._ojs_by_id: dict[str, _PendingPublish] = {}
+        self._ojs_confirms = ConfirmTracker()
         self._ojs_qos_set = False
 
     def _do_revive(self) -> None:
@@ -219,7 +129,7 @@ class Channel(pyamqp.Channel):
                 raise amqp.exceptions.MessageNacked()
             return None
         if self._ojs_confirming:
-            self._ojs_seq += 1  # the broker numbers every publish of a confirm-mode channel
+            self._ojs_confirms.skip()  # the broker numbers every publish of the channel
         return self._basic_publish(msg, exchange, routing_key, mandatory, immediate, timeout)
 
     def _publish_job(
@@ -321,20 +231,15 @@ class Channel(pyamqp.Channel):
 
     def _publish_tracked(self, message: amqp.Message, exchange: str, routing_key: str,
                          mandatory: bool, timeout: float | None, confirm_timeout: float | None,
-                         *, job_id: str, queue: str) -> _PendingPublish:
+                         *, job_id: str, queue: str) -> PendingPublish:
         """Publish on this channel in confirm mode and block until the publish is settled."""
         self._confirm_mode()
-        self._ojs_seq += 1
-        tag = self._ojs_seq
-        pending = self._ojs_pending[tag] = _PendingPublish(job_id, queue)
-        if job_id:
-            self._ojs_by_id[job_id] = pending
+        tag, pending = self._ojs_confirms.track(job_id, queue)
         try:
             self._send_publish(message, exchange, routing_key, mandatory, timeout)
             self._wait_settled(pending, confirm_timeout)
         finally:
-            self._ojs_pending.pop(tag, None)
-            self._ojs_by_id.pop(job_id, None)
+            self._ojs_confirms.forget(tag, pending)
         return pending
 
     def _send_publish(self, message: amqp.Message, exchange: str, routing_key: str,
@@ -363,35 +268,22 @@ class Channel(pyamqp.Channel):
         self.events["basic_nack"].add(self._on_confirm_nack)
         self.events["basic_return"].add(self._on_return)
         self._ojs_confirming = True
-        self._ojs_seq = 0
-
-    def _settle(self, delivery_tag: int, multiple: bool, nacked: bool) -> None:
-        if multiple:
-            settled = [p for t, p in self._ojs_pending.items() if t <= delivery_tag]
-        else:
-            one = self._ojs_pending.get(delivery_tag)
-            settled = [one] if one is not None else []
-        for pending in settled:
-            pending.settled = True
-            pending.nacked = pending.nacked or nacked
+        self._ojs_confirms = ConfirmTracker()
 
     def _on_confirm_ack(self, delivery_tag: int, multiple: bool) -> None:
-        self._settle(delivery_tag, multiple, nacked=False)
+        self._ojs_confirms.settle(delivery_tag, multiple, nacked=False)
 
     def _on_confirm_nack(self, delivery_tag: int, multiple: bool) -> None:
-        self._settle(delivery_tag, multiple, nacked=True)
+        self._ojs_confirms.settle(delivery_tag, multiple, nacked=True)
 
     def _on_return(self, exc: Exception, exchange: str, routing_key: str,
                    message: amqp.Message) -> None:
         message_id = message.properties.get("message_id")
-        pending = self._ojs_by_id.get(message_id) if message_id else None
-        if pending is not None:
-            pending.returned = str(exc)
-        else:
+        if not self._ojs_confirms.returned(message_id, str(exc)):
             logger.warning("message %s returned by the broker from exchange %r key %r: %s",
                            message_id, exchange, routing_key, exc)
 
-    def _wait_settled(self, pending: _PendingPublish, confirm_timeout: float | None) -> None:
+    def _wait_settled(self, pending: PendingPublish, confirm_timeout: float | None) -> None:
         limit = confirm_timeout or self.ojs.settings.confirm_timeout
         deadline = monotonic() + limit
         while not pending.settled:

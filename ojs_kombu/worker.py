@@ -29,10 +29,10 @@ from celery.exceptions import Ignore, Reject, Retry, TimeLimitExceeded
 from celery.worker.request import Request
 
 from .codec import RETRY_HEADER
+from .delivery import JobAction, JobMessage
 from .envelope import RetryPolicy
 from .failures import HANDLER_ERROR, HANDLER_TIMEOUT, NON_RETRYABLE_ERROR, JobFailure
 from .retry import Backoff, matches, merge, policy_from
-from .transport import JobAction, JobMessage
 
 logger = logging.getLogger(__name__)
 

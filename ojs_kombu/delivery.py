@@ -1,0 +1,85 @@
+"""A consumed OJS job, and how Celery's settlement of it becomes an OJS outcome."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from kombu.exceptions import MessageStateError
+from kombu.transport import pyamqp
+
+from .failures import HANDLER_ERROR, JobFailure
+
+logger = logging.getLogger(__name__)
+
+
+class JobDelivery:
+    """A consumed job as it came off the wire, kept for retries and dead-lettering."""
+
+    __slots__ = ("attempt", "body", "job_id", "properties", "queue")
+
+    def __init__(self, queue: str, job_id: str, body: bytes, properties: dict[str, Any]) -> None:
+        self.queue = queue
+        self.job_id = job_id
+        self.body = body
+        self.properties = properties  # the original AMQP properties, headers included
+        attempt = (properties.get("application_headers") or {}).get("x-ojs-attempt")
+        self.attempt = attempt if isinstance(attempt, int) and attempt > 0 else 1
+
+    @property
+    def headers(self) -> dict[str, Any]:
+        return dict(self.properties.get("application_headers") or {})
+
+
+class JobAction:
+    """What to do with a job delivery whose attempt did not succeed (set by the worker)."""
+
+    __slots__ = ("delay_s", "failure", "retry")
+
+    def __init__(self, failure: JobFailure, retry: bool = False, delay_s: float = 0.0) -> None:
+        self.failure = failure
+        self.retry = retry
+        self.delay_s = delay_s
+
+
+class JobMessage(pyamqp.Message):
+    """A delivery from an OJS job queue, as Celery sees it.
+
+    Celery settles an unsuccessful delivery with ``reject()`` from its event
+    loop's thread; here that means the OJS outcome chosen by the worker
+    (:attr:`ojs_action`): a broker-side retry, or the dead-letter queue with
+    the error.  Without one (a task that does not use ojs_kombu's request
+    class), the job is dead-lettered.  Never an immediate requeue: the binding
+    forbids it (section 5.4, it loops), so Celery's requeue of a timed-out job
+    or of ``Reject(requeue=True)`` dead-letters it too.
+    """
+
+    ojs: JobDelivery
+    ojs_action: JobAction | None = None
+
+    def reject(self, requeue: bool = False) -> None:
+        if self.acknowledged:
+            raise MessageStateError(f"Message already acknowledged with state: {self._state}")
+        action = self.ojs_action
+        if action is None:
+            reason = "requeue requested" if requeue else "rejected by Celery"
+            action = JobAction(JobFailure(HANDLER_ERROR, "Rejected", reason))
+            if requeue:
+                logger.warning("job %s: OJS jobs are never requeued immediately (AMQP "
+                               "binding 5.4); dead-lettering it instead", self.ojs.job_id)
+        channel: Any = self.channel  # ojs_kombu.transport.Channel
+        try:
+            if action.retry:
+                channel.retry_job(self.ojs, self.delivery_tag, action.failure, action.delay_s)
+            else:
+                channel.discard_job(self.ojs, self.delivery_tag, action.failure)
+        except channel.connection.connection_errors:
+            raise
+        except Exception:
+            logger.exception("job %s: could not %s it; nacking it into its dead-letter queue",
+                             self.ojs.job_id, "retry" if action.retry else "dead-letter")
+            channel.basic_nack(self.delivery_tag, multiple=False, requeue=False)
+        self._state = "REJECTED"
+
+    def requeue(self) -> None:
+        self.reject(requeue=True)

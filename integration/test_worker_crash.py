@@ -46,9 +46,10 @@ def test_kill_9_mid_job_redelivers_and_completes(broker_url: str, tmp_path: Path
 
         second = start_worker(broker_url, "second", log)
         assert result.get(timeout=60) == 4, log.read_text()
-        text = log.read_text()
-        assert text.count(f"Task sleep.for[{result.id}] received") == 2  # redelivered once
-        assert f"Task sleep.for[{result.id}] succeeded" in text
+        # The worker logs after it replied: wait for the line.
+        wait_until(lambda: f"Task sleep.for[{result.id}] succeeded" in log.read_text(),
+                   timeout=20, what="the second worker's success log line")
+        assert log.read_text().count(f"Task sleep.for[{result.id}] received") == 2
     finally:
         for process in (first, second):
             if process is not None and process.poll() is None:

@@ -1,0 +1,164 @@
+"""In-process event delivery with the section 6.1 filter model.
+
+Pure code: no I/O.  :class:`EventBus` hands each published event to every
+matching subscriber, synchronously and in subscription order, so a single
+publisher's events reach a subscriber in lifecycle order (section 9.2).  A
+subscriber that raises is logged and counted, never allowed to stop delivery
+to the others or to fail the job whose lifecycle it observes: the bus is
+best-effort (section 9.1).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, StringConstraints, field_validator
+
+from ..job_ids import new_job_id
+from .models import EVENT_TYPES, Event
+
+logger = logging.getLogger("ojs_kombu.events")
+
+Callback = Callable[[Event], object]
+_Item = Annotated[str, StringConstraints(min_length=1)]
+
+
+def _check_patterns(patterns: list[str] | None, field: str) -> list[str] | None:
+    for pattern in patterns or ():
+        if "*" in pattern[:-1]:
+            raise ValueError(
+                f"{field} pattern {pattern!r}: '*' is only allowed at the end (prefix match)"
+            )
+    return patterns
+
+
+def _matches_pattern(patterns: Sequence[str] | None, value: str) -> bool:
+    if not patterns:
+        return True
+    return any(
+        value.startswith(p[:-1]) if p.endswith("*") else value == p for p in patterns
+    )
+
+
+class EventFilter(BaseModel):
+    """Which events a subscriber gets (section 6.1).
+
+    Dimensions combine with AND, the values of one dimension with OR, and an
+    empty or absent dimension matches everything.  ``event_types`` and
+    ``sources`` take a trailing ``*`` as a prefix match (``job.*``,
+    ``ojs://billing-api/*``; ``*`` alone is everything).  ``queues`` and
+    ``job_types`` compare exactly with ``data.queue`` / ``data.job_type``; an
+    event without that field (``worker.*``, ``workflow.*``) does not match a
+    non-empty one.
+    """
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    event_types: list[_Item] | None = None
+    queues: list[_Item] | None = None
+    job_types: list[_Item] | None = None
+    sources: list[_Item] | None = None
+
+    @field_validator("event_types")
+    @classmethod
+    def _known_event_types(cls, value: list[str] | None) -> list[str] | None:
+        # A misspelt type would silently match nothing, so refuse it here.
+        for pattern in _check_patterns(value, "event_types") or ():
+            if not any(_matches_pattern([pattern], t) for t in EVENT_TYPES):
+                raise ValueError(f"event_types {pattern!r} matches no OJS event type")
+        return value
+
+    @field_validator("sources")
+    @classmethod
+    def _source_patterns(cls, value: list[str] | None) -> list[str] | None:
+        return _check_patterns(value, "sources")
+
+    def matches(self, event: Event) -> bool:
+        data = event.data
+        return (
+            _matches_pattern(self.event_types, event.type)
+            and (not self.queues or data.get("queue") in self.queues)
+            and (not self.job_types or data.get("job_type") in self.job_types)
+            and _matches_pattern(self.sources, event.source)
+        )
+
+
+class Subscription:
+    """A subscriber's registration; :meth:`cancel` ends delivery to it."""
+
+    __slots__ = ("_bus", "active", "callback", "filter", "id")
+
+    def __init__(self, bus: EventBus, callback: Callback, filter: EventFilter | None) -> None:
+        self._bus = bus
+        #: ``sub_`` + UUIDv7, as section 6.2's subscription ids.
+        self.id = "sub_" + new_job_id()
+        self.callback = callback
+        self.filter = filter
+        self.active = True
+
+    def cancel(self) -> None:
+        """Stop delivery (also of an event being published right now); idempotent."""
+        self._bus._remove(self)
+
+    def wants(self, event: Event) -> bool:
+        return self.active and (self.filter is None or self.filter.matches(event))
+
+    def __repr__(self) -> str:
+        return f"<Subscription {self.id} {self.callback!r} active={self.active}>"
+
+
+class EventBus:
+    """Synchronous in-process publish/subscribe; thread-safe.
+
+    Subscribing and cancelling swap an immutable tuple under a lock, so
+    :meth:`publish` reads a snapshot without locking and a callback may itself
+    subscribe or cancel.  Only :class:`Exception` is contained: ``KeyboardInterrupt``
+    and ``SystemExit`` still propagate.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._subscriptions: tuple[Subscription, ...] = ()
+        #: How many subscriber calls raised, over the bus's lifetime.
+        self.failures = 0
+
+    def subscribe(self, callback: Callback, filter: EventFilter | None = None) -> Subscription:
+        if not callable(callback):
+            raise TypeError(f"event subscriber must be callable, got {callback!r}")
+        subscription = Subscription(self, callback, filter)
+        with self._lock:
+            self._subscriptions = (*self._subscriptions, subscription)
+        return subscription
+
+    def _remove(self, subscription: Subscription) -> None:
+        with self._lock:
+            subscription.active = False
+            self._subscriptions = tuple(s for s in self._subscriptions if s is not subscription)
+
+    @property
+    def subscriptions(self) -> tuple[Subscription, ...]:
+        return self._subscriptions
+
+    def __len__(self) -> int:
+        return len(self._subscriptions)
+
+    def publish(self, event: Event) -> int:
+        """Call every matching subscriber in subscription order; return how many were called."""
+        called = 0
+        for subscription in self._subscriptions:
+            if not subscription.wants(event):
+                continue
+            called += 1
+            try:
+                subscription.callback(event)
+            except Exception:
+                with self._lock:
+                    self.failures += 1
+                logger.exception(
+                    "event subscriber %r failed on %s event %s",
+                    subscription.callback, event.type, event.id,
+                )
+        return called

@@ -13,7 +13,8 @@ from celery.exceptions import Reject
 import ojs_kombu
 
 #: Queues the session's in-process worker consumes.
-WORKER_QUEUES = ["default", "email", "malformed", "failing", "canvas", "errbacks", "retries"]
+WORKER_QUEUES = ["default", "email", "malformed", "failing", "canvas", "errbacks", "retries",
+                 "events"]
 #: Short delays so retry tests take seconds, not minutes.
 FAST_RETRY = {"initial_interval": "PT0.2S", "max_interval": "PT1S", "jitter": False}
 #: Switches the integration tests flip to make a job fail or succeed.
@@ -139,5 +140,8 @@ def register_tasks(app: Celery) -> None:
 
 def cli_app() -> Celery:
     """The app ``celery -A integration.cliapp worker`` runs (broker from the environment)."""
+    events_file = os.environ.get("OJS_TEST_EVENTS_FILE")
     return make_app("cli", os.environ["OJS_TEST_BROKER_URL"], "rpc://",
-                    worker_hijack_root_logger=False)
+                    worker_hijack_root_logger=False,
+                    ojs_event_sinks=[f"file:{events_file}"] if events_file else [],
+                    ojs_worker_heartbeat=1)

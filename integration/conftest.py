@@ -8,6 +8,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import amqp
@@ -52,10 +53,16 @@ def broker_url(vhost: str) -> str:
 
 
 @pytest.fixture(scope="session")
-def app(broker_url: str) -> Celery:
+def events_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("events") / "events.jsonl"
+
+
+@pytest.fixture(scope="session")
+def app(broker_url: str, events_file: Path) -> Celery:
     return make_app("integration", broker_url, "cache+memory://",
                     ojs_queue_arguments={"full": {"x-max-length": 0,
-                                                  "x-overflow": "reject-publish"}})
+                                                  "x-overflow": "reject-publish"}},
+                    ojs_event_sinks=["amqp", f"file:{events_file}"])
 
 
 @pytest.fixture(scope="session")

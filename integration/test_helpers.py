@@ -9,3 +9,7 @@ from tests.conftest import schema_validator
 
 def job_schema_validator() -> Draft202012Validator:
     return schema_validator("job")
+
+
+def event_schema_validator() -> Draft202012Validator:
+    return schema_validator("event")

@@ -43,6 +43,7 @@ from .celery_app import (  # noqa: E402  (needs the registrations)
     declare_topology,
     install,
 )
+from .celery_events import subscribe  # noqa: E402
 from .dead_letters import DeadLetter, DeadLetterNotFound, DeadLetterQueue  # noqa: E402
 from .worker import OJSTask  # noqa: E402
 
@@ -77,4 +78,5 @@ __all__ = [
     "declare_topology",
     "install",
     "new_job_id",
+    "subscribe",
 ]

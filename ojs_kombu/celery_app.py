@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from contextlib import AbstractContextManager
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -32,6 +33,7 @@ from celery.app.amqp import AMQP, Queues
 from kombu import Queue
 from kombu.utils.objects import cached_property
 
+from .celery_events import WorkerEvents, build_events
 from .codec import CELERY_JSON
 from .dead_letters import DeadLetterQueue, open_dead_letter_queue
 from .entities import JobQueue, extra_arguments, job_queue
@@ -105,8 +107,9 @@ class OJSAMQP(AMQP):
     @cached_property
     def binding(self) -> Binding:
         settings = OJSSettings.from_options(self.app.conf, source="Celery config (app.conf)")
-        return Binding.from_settings(settings, tasks=lambda: self.app.tasks,
-                                     retry_policy_for=self._retry_policy_for)
+        binding = Binding.from_settings(settings, tasks=lambda: self.app.tasks,
+                                        retry_policy_for=self._retry_policy_for)
+        return replace(binding, events=build_events(self.app, settings, binding.names))
 
     def _retry_policy_for(self, task_name: str) -> RetryPolicy | None:
         task = self.app.tasks.get(task_name)
@@ -146,6 +149,7 @@ def install(app: Celery) -> Celery:
     if app.configured:
         _configure(app)
     app.steps["worker"].add(OJSPreflight)
+    app.steps["consumer"].add(WorkerEvents)
     setattr(app, _INSTALLED_FLAG, True)
     return app
 

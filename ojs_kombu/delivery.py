@@ -8,6 +8,7 @@ from typing import Any
 from kombu.exceptions import MessageStateError
 from kombu.transport import pyamqp
 
+from .events.emitter import JobInfo
 from .failures import HANDLER_ERROR, JobFailure
 
 logger = logging.getLogger(__name__)
@@ -16,11 +17,13 @@ logger = logging.getLogger(__name__)
 class JobDelivery:
     """A consumed job as it came off the wire, kept for retries and dead-lettering."""
 
-    __slots__ = ("attempt", "body", "job_id", "properties", "queue")
+    __slots__ = ("attempt", "body", "job_id", "job_type", "properties", "queue")
 
-    def __init__(self, queue: str, job_id: str, body: bytes, properties: dict[str, Any]) -> None:
+    def __init__(self, queue: str, job_id: str, body: bytes, properties: dict[str, Any],
+                 job_type: str = "") -> None:
         self.queue = queue
         self.job_id = job_id
+        self.job_type = job_type or str(properties.get("type") or "")
         self.body = body
         self.properties = properties  # the original AMQP properties, headers included
         attempt = (properties.get("application_headers") or {}).get("x-ojs-attempt")
@@ -29,6 +32,10 @@ class JobDelivery:
     @property
     def headers(self) -> dict[str, Any]:
         return dict(self.properties.get("application_headers") or {})
+
+    def info(self) -> JobInfo:
+        """The job as its lifecycle events describe it."""
+        return JobInfo.from_headers(self.job_id, self.job_type, self.queue, self.headers)
 
 
 class JobAction:

@@ -16,6 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .envelope import RetryPolicy
 from .errors import OJSConfigurationError
+from .events.bus import EventBus
+from .events.emitter import JobEvents
 from .job_types import JobTypeRegistry, TaskLookup
 from .naming import DEFAULT_QUEUE_ALIASES, TopologyNames, check_queue_name
 
@@ -57,6 +59,15 @@ class OJSSettings(BaseModel):
     #: ``Queue.Declare`` arguments of the scheduling ladder's queues
     #: (``{"x-queue-type": "quorum"}`` for quorum queues).
     schedule_queue_arguments: dict[str, Any] = Field(default_factory=dict)
+    #: Where OJS events go: ``"amqp"``, ``"file:/path.jsonl"``,
+    #: ``{"webhook": url, "secret": ...}``, a callable, or a dict of these with a
+    #: ``"filter"`` (see :func:`ojs_kombu.celery_events.sink_from_spec`).
+    event_sinks: list[Any] = Field(default_factory=list)
+    #: ``{service}`` of event sources ``ojs://{service}/{component}/{instance}``
+    #: (default: the Celery app's name).
+    event_service: str | None = None
+    #: Seconds between ``worker.heartbeat`` events (0: none).
+    worker_heartbeat: float = Field(default=30.0, ge=0)
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any], *, source: str) -> OJSSettings:
@@ -91,15 +102,20 @@ class Binding:
     job_types: JobTypeRegistry
     #: Effective retry policy of a task name (set by the Celery wiring), or ``None``.
     retry_policy_for: RetryPolicyLookup | None = field(default=None, compare=False)
+    #: Lifecycle events of this process (silent until something subscribes).
+    events: JobEvents = field(default_factory=lambda: JobEvents(EventBus(), "ojs://ojs-kombu"),
+                              compare=False)
     #: ``Queue.Declare`` extras per OJS queue: ``ojs_queue_arguments`` plus those of
     #: the Celery queue definitions, so every declaration of a queue is the same.
     queue_arguments: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @classmethod
     def from_settings(cls, settings: OJSSettings, tasks: TaskLookup | None = None,
-                      retry_policy_for: RetryPolicyLookup | None = None) -> Binding:
+                      retry_policy_for: RetryPolicyLookup | None = None,
+                      events: JobEvents | None = None) -> Binding:
         names = TopologyNames(prefix=settings.prefix, queue_aliases=settings.queue_aliases)
         return cls(settings, names, JobTypeRegistry(settings.job_types, tasks), retry_policy_for,
+                   events or JobEvents(EventBus(), "ojs://ojs-kombu"),
                    {q: dict(a) for q, a in settings.queue_arguments.items()})
 
     def declare_arguments(self, queue: str) -> dict[str, Any]:

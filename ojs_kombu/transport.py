@@ -50,6 +50,7 @@ from .errors import (
     QueueNameError,
     UnroutableJobError,
 )
+from .events.emitter import trace_id_of
 from .failures import EXPIRED, JobFailure, record_failure, without_death_headers
 from .settings import Binding
 from .topology import (
@@ -155,12 +156,20 @@ class Channel(pyamqp.Channel):
         )
         self.connection.ensure_topology(queue)
         message = amqp.Message(job.body, **job.properties)
+        if ojs.events.active:
+            # Before the publish: a worker may start the job before the confirm arrives,
+            # and the job's events must come in lifecycle order.
+            headers = job.properties["application_headers"]
+            ojs.events.enqueued(job.job_id, job.job_type, queue,
+                                priority=job.properties.get("priority"),
+                                delay_s=job.delay_ms / 1000,
+                                trace_id=trace_id_of(headers.get("x-ojs-trace-id")))
         if job.delay_ms > 0:
             self.publish_scheduled(message, queue, job.delay_ms, job_id=job.job_id,
                                    timeout=timeout, confirm_timeout=confirm_timeout)
-            return
-        self.publish_confirmed(message, ojs.names.direct_exchange, queue, job_id=job.job_id,
-                               queue=queue, timeout=timeout, confirm_timeout=confirm_timeout)
+        else:
+            self.publish_confirmed(message, ojs.names.direct_exchange, queue, job_id=job.job_id,
+                                   queue=queue, timeout=timeout, confirm_timeout=confirm_timeout)
 
     def publish_scheduled(self, message: amqp.Message, queue: str, delay_ms: int, *,
                           job_id: str, timeout: float | None = None,
@@ -335,12 +344,15 @@ class Channel(pyamqp.Channel):
                                          argsrepr=_argsrepr)
             except JobRejected as rejected:
                 return self.dead_letter(raw, queue, rejected.code, rejected.message)
-            delivery = JobDelivery(queue, job.envelope.id, raw.body, dict(raw.properties))
+            delivery = JobDelivery(queue, job.envelope.id, raw.body, dict(raw.properties),
+                                   job.envelope.type)
             envelope, now = job.envelope, datetime.now(UTC)
             if envelope.expires_at is not None and envelope.expires_at <= now:
                 failure = JobFailure(EXPIRED, EXPIRED, "job expired at "
                                      f"{format_time(envelope.expires_at)} before it started")
-                return self.discard_job(delivery, raw.delivery_tag, failure)
+                self.discard_job(delivery, raw.delivery_tag, failure)
+                self.ojs.events.expired(delivery.info(), envelope.created_at, envelope.expires_at)
+                return None
             if envelope.scheduled_at is not None:
                 early = (envelope.scheduled_at - now).total_seconds()
                 if early > EARLY_TOLERANCE_S:

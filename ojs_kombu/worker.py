@@ -18,6 +18,7 @@ Nothing waits in the worker's memory.
 
 from __future__ import annotations
 
+import ast
 import logging
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -28,9 +29,11 @@ from celery import Task
 from celery.exceptions import Ignore, Reject, Retry, TimeLimitExceeded
 from celery.worker.request import Request
 
+from .celery_events import count_completed
 from .codec import RETRY_HEADER
 from .delivery import JobAction, JobMessage
 from .envelope import RetryPolicy
+from .events.emitter import JobEvents
 from .failures import HANDLER_ERROR, HANDLER_TIMEOUT, NON_RETRYABLE_ERROR, JobFailure
 from .retry import Backoff, matches, merge, policy_from
 
@@ -183,6 +186,20 @@ def _delivered_by_ojs(request: Any) -> bool:
     return getattr(request, _ATTEMPT_HEADER, None) is not None
 
 
+def _pool_result(retval: Any) -> Any:
+    """The task's return value from what the pool reports.
+
+    Celery's pool hands the worker a ``saferepr`` of the result, not the value;
+    a repr of JSON-like literals is read back, anything else stays its repr.
+    """
+    if not isinstance(retval, str):
+        return retval
+    try:
+        return ast.literal_eval(retval)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return {"repr": retval}
+
+
 def _unwrap(exc: Any) -> BaseException:
     """The task's exception, out of billiard's ``ExceptionWithTraceback`` wrapper."""
     return exc.exc if isinstance(exc, ExceptionWithTraceback) else exc
@@ -196,13 +213,47 @@ def _seconds_until(when: Any) -> float:
 
 
 class JobRequest(Request):
-    """Worker-side request of an OJS job: decides retry or dead letter for a failed attempt.
+    """Worker-side request of an OJS job: decides retry or dead letter for a failed attempt,
+    and emits the job's lifecycle events.
 
     The decision is made here (pure); the I/O runs where Celery runs its acks,
     in the event loop's thread, through :meth:`JobMessage.reject`.
     """
 
     _ojs_exc_info: Any = None
+
+    @property
+    def _ojs_events(self) -> JobEvents:
+        return self._app.amqp.binding.events
+
+    def on_accepted(self, pid: Any, time_accepted: float) -> None:
+        super().on_accepted(pid, time_accepted)
+        message = self._message
+        if isinstance(message, JobMessage) and self._ojs_events.active:
+            self._ojs_events.started(message.ojs.info(), self.hostname)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # Celery's worker builds a subclass per task whose on_success does not
+        # call ours (celery.worker.request.create_request_cls): wrap it.
+        super().__init_subclass__(**kwargs)
+        generated = cls.__dict__.get("on_success")
+        if generated is not None:
+            def on_success(self: JobRequest, failed__retval__runtime: Any, **kw: Any) -> Any:
+                self._ojs_succeeded(failed__retval__runtime)
+                return generated(self, failed__retval__runtime, **kw)
+            cls.on_success = on_success  # type: ignore[method-assign]
+
+    def on_success(self, failed__retval__runtime: Any, **kwargs: Any) -> None:
+        self._ojs_succeeded(failed__retval__runtime)
+        super().on_success(failed__retval__runtime, **kwargs)
+
+    def _ojs_succeeded(self, failed__retval__runtime: Any) -> None:
+        failed, retval, runtime = failed__retval__runtime
+        message = self._message
+        if not failed and isinstance(message, JobMessage):
+            count_completed()
+            if self._ojs_events.active:
+                self._ojs_events.completed(message.ojs.info(), runtime, _pool_result(retval))
 
     def on_retry(self, exc_info: Any) -> None:
         message = self._message
@@ -212,6 +263,7 @@ class JobRequest(Request):
             failure = JobFailure.from_exception(cause, HANDLER_ERROR, exc_info.traceback)
             delay = _seconds_until(getattr(retry, "when", None))
             message.ojs_action = JobAction(failure, retry=True, delay_s=delay)
+            self._emit_failure(message, message.ojs_action)
             self._on_reject(logger, self._connection_errors, False)
             self.acknowledged = True
         super().on_retry(exc_info)
@@ -226,9 +278,25 @@ class JobRequest(Request):
         if self.acknowledged or not isinstance(message, JobMessage):
             return super().reject(requeue)
         message.ojs_action = self._failed_attempt(message.ojs.attempt, requeue)
+        self._emit_failure(message, message.ojs_action)
         self._on_reject(logger, self._connection_errors, False)
         self.acknowledged = True
         self.send_event("task-rejected", requeue=False)
+
+    def _emit_failure(self, message: JobMessage, action: JobAction) -> None:
+        """``job.failed``, then ``job.retrying`` or ``job.discarded`` (lifecycle order)."""
+        events = self._ojs_events
+        if not events.active:
+            return
+        job, failure = message.ojs.info(), action.failure
+        events.failed(job, failure.code, failure.message, retryable=action.retry,
+                      stack_trace="\n".join(failure.backtrace) or None)
+        if action.retry:
+            policy = job_retry_policy(self.task, self._request_dict)
+            events.retrying(job, failure.code, failure.message,
+                            max_attempts=policy.max_attempts, delay_s=action.delay_s)
+        else:
+            events.discarded(job, failure.code, failure.message)
 
     def _failed_attempt(self, attempt: int, requeue: bool) -> JobAction:
         """Celery gave up on the attempt: retry it by the broker, or dead-letter it.

@@ -1,0 +1,175 @@
+"""OJS lifecycle events from a real worker, in lifecycle order, through every sink."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import amqp
+import pytest
+from celery import Celery
+
+import ojs_kombu
+from ojs_kombu.events import Event
+
+from .conftest import get_message, wait_until
+from .test_helpers import event_schema_validator
+
+ROOT = Path(__file__).resolve().parents[1]
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+class Collector:
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, event: Event) -> None:
+        with self._lock:
+            self.events.append(event)
+
+    def of(self, job_id: str) -> list[Event]:
+        with self._lock:
+            return [e for e in self.events if e.subject == job_id]
+
+    def types_of(self, job_id: str) -> list[str]:
+        return [e.type for e in self.of(job_id)]
+
+
+@pytest.fixture
+def collector(app: Celery) -> Iterator[Collector]:
+    collected = Collector()
+    subscription = ojs_kombu.subscribe(app, collected)
+    yield collected
+    subscription.cancel()
+
+
+def check(events: list[Event]) -> None:
+    validator = event_schema_validator()
+    for event in events:
+        validator.validate(event.to_dict())
+
+
+def test_retried_job_events_come_in_lifecycle_order(app: Celery, worker: Any,
+                                                    collector: Collector) -> None:
+    result = app.tasks["flaky.twice"].apply_async(queue="events",
+                                                  ojs_meta={"traceparent": TRACEPARENT})
+    assert result.get(timeout=30) == "done on attempt 3"
+    expected = ["job.enqueued"] + ["job.started", "job.failed", "job.retrying"] * 2 + [
+        "job.started", "job.completed"]
+    wait_until(lambda: collector.types_of(result.id) == expected, timeout=10,
+               what=f"events {expected}, got {collector.types_of(result.id)}")
+    events = collector.of(result.id)
+    check(events)
+    assert all(e.data["trace_id"] == "4bf92f3577b34da6a3ce929d0e0e4736" for e in events)
+    started = [e.data for e in events if e.type == "job.started"]
+    assert [d["attempt"] for d in started] == [1, 2, 3]
+    assert {d["worker_id"] for d in started} == {worker.hostname}
+    failed = [e.data for e in events if e.type == "job.failed"]
+    assert [d["error"]["retryable"] for d in failed] == [True, True]
+    assert failed[0]["error"]["code"] == "HANDLER_ERROR"
+    retrying = [e.data for e in events if e.type == "job.retrying"]
+    assert [(d["attempt"], d["max_attempts"]) for d in retrying] == [(1, 3), (2, 3)]
+    completed = events[-1].data
+    assert completed["attempt"] == 3 and completed["duration_ms"] >= 0
+    assert completed["result"] == {"value": "done on attempt 3"}
+    assert all(e.source.startswith("ojs://integration/") for e in events)
+
+
+def test_exhausted_job_ends_with_discarded(app: Celery, worker: Any,
+                                          collector: Collector) -> None:
+    result = app.tasks["reject.value"].apply_async(queue="events")
+    wait_until(lambda: collector.types_of(result.id)[-1:] == ["job.discarded"], timeout=30,
+               what="job.discarded")
+    assert collector.types_of(result.id) == ["job.enqueued", "job.started", "job.failed",
+                                            "job.discarded"]
+    events = collector.of(result.id)
+    check(events)
+    assert events[2].data["error"]["retryable"] is False
+    assert events[3].data["total_attempts"] == 1
+    assert events[3].data["last_error"]["code"] == "NON_RETRYABLE_ERROR"
+
+
+def test_scheduled_and_expired_jobs(app: Celery, worker: Any, collector: Collector) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    later = app.tasks["math.add"].apply_async((1, 2), queue="canvas", countdown=0.5)
+    assert later.get(timeout=20) == 3
+    assert collector.types_of(later.id)[:1] == ["job.scheduled"]
+    expired = app.tasks["math.add"].apply_async(
+        (1, 2), queue="canvas", countdown=1, expires=datetime.now(UTC) + timedelta(seconds=0.3))
+    wait_until(lambda: "job.expired" in collector.types_of(expired.id), timeout=20,
+               what="job.expired")
+    events = collector.of(expired.id)
+    check(events)
+    assert [e.type for e in events] == ["job.scheduled", "job.expired"]
+    assert events[1].data["ttl_ms"] >= 0
+
+
+def test_amqp_sink_publishes_to_a_topic_exchange(app: Celery, worker: Any,
+                                                 amqp_channel: amqp.Channel) -> None:
+    amqp_channel.queue_declare("events-tap", exclusive=True)
+    amqp_channel.queue_bind("events-tap", "ojs.exchange.events", "job.*")
+    result = app.tasks["math.add"].apply_async((2, 2), queue="canvas")
+    assert result.get(timeout=20) == 4
+    seen: list[dict[str, Any]] = []
+    while not any(e["type"] == "job.completed" and e["subject"] == result.id for e in seen):
+        message = get_message(amqp_channel, "events-tap", timeout=20)
+        seen.append(json.loads(message.body))
+        assert message.delivery_info["routing_key"] == seen[-1]["type"]
+    mine = [e for e in seen if e["subject"] == result.id]
+    assert [e["type"] for e in mine] == ["job.enqueued", "job.started", "job.completed"]
+    for event in mine:
+        event_schema_validator().validate(event)
+
+
+def test_file_sink_writes_json_lines(app: Celery, worker: Any, events_file: Path) -> None:
+    result = app.tasks["math.add"].apply_async((3, 3), queue="canvas")
+    assert result.get(timeout=20) == 6
+
+    def lines() -> list[dict[str, Any]]:
+        if not events_file.exists():
+            return []
+        return [json.loads(line) for line in events_file.read_text().splitlines()]
+
+    wait_until(lambda: any(e["type"] == "job.completed" and e["subject"] == result.id
+                           for e in lines()), timeout=20, what="the file sink")
+    assert any(e["type"] == "worker.started" for e in lines())
+
+
+def test_worker_lifecycle_events(broker_url: str, tmp_path: Path) -> None:
+    events_file = tmp_path / "worker-events.jsonl"
+    env = {**os.environ, "OJS_TEST_BROKER_URL": broker_url,
+           "OJS_TEST_EVENTS_FILE": str(events_file)}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "integration.cliapp", "worker", "-Q", "lifecycle",
+         "-n", "lifecycle@%h", "--pool", "threads", "-c", "3", "--without-mingle",
+         "--without-gossip"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL, start_new_session=True)
+
+    def types() -> list[str]:
+        if not events_file.exists():
+            return []
+        return [json.loads(line)["type"] for line in events_file.read_text().splitlines()]
+
+    try:
+        wait_until(lambda: "worker.heartbeat" in types(), timeout=60, what="a heartbeat")
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(60)
+    wait_until(lambda: "worker.stopped" in types(), timeout=10, what="worker.stopped")
+    events = [json.loads(line) for line in events_file.read_text().splitlines()]
+    assert events[0]["type"] == "worker.started"
+    started = events[0]["data"]
+    assert started["queues"] == ["lifecycle"] and started["concurrency"] == 3
+    assert started["worker_id"].startswith("lifecycle@")
+    assert events[-1]["type"] == "worker.stopped" and events[-1]["data"]["reason"] == "shutdown"
+    for event in events:
+        event_schema_validator().validate(event)

@@ -1,0 +1,170 @@
+"""Celery wiring of OJS events: sinks from config, worker lifecycle, subscriptions.
+
+Job events come from where the job's fate is decided (the transport on
+publish and consume, :class:`~ojs_kombu.worker.JobRequest` in the worker);
+worker events from the :class:`WorkerEvents` consumer bootstep.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from celery import Celery, bootsteps
+from celery.worker import state as worker_state
+
+from .errors import OJSConfigurationError
+from .events.bus import EventBus, EventFilter, Subscription
+from .events.emitter import JobEvents
+from .events.models import Event, event_source
+from .events.sinks import AMQPSink, BackgroundSink, FileSink, WebhookSink
+from .naming import TopologyNames
+from .settings import OJSSettings
+
+#: Topic exchange of the AMQP sink (routing key: the event type).
+EVENTS_EXCHANGE = "ojs.exchange.events"
+
+Sink = Callable[[Event], Any]
+
+
+def events_exchange(names: TopologyNames) -> str:
+    return f"{names.prefix}{EVENTS_EXCHANGE}"
+
+
+def sink_from_spec(spec: Any, app: Celery, names: TopologyNames
+                   ) -> tuple[Sink, EventFilter | None]:
+    """One ``ojs_event_sinks`` entry as a bus subscriber.
+
+    ``"amqp"``; ``"file:/var/log/ojs.jsonl"``; ``"webhook:https://..."``; a
+    callable; or a dict with one of the keys ``amqp`` (exchange name or
+    ``True``), ``file`` (path), ``webhook`` (URL, with ``secret``,
+    ``timeout``, ``max_retries``), ``callback``, and optionally ``filter``
+    (``event_types``, ``queues``, ``job_types``, ``sources``).
+    """
+    if callable(spec):
+        return spec, None
+    if isinstance(spec, str):
+        kind, _, value = spec.partition(":")
+        spec = {kind: value or True}
+    if not isinstance(spec, Mapping):
+        raise OJSConfigurationError(f"ojs_event_sinks entry {spec!r} is not a sink")
+    options = dict(spec)
+    event_filter = options.pop("filter", None)
+    flt = EventFilter(**event_filter) if event_filter else None
+    if "callback" in options:
+        return options["callback"], flt
+    if "amqp" in options:
+        exchange = options["amqp"] if isinstance(options["amqp"], str) else events_exchange(names)
+        return AMQPSink(app.connection_for_write, exchange), flt
+    if "file" in options:
+        return FileSink(options["file"]), flt
+    if "webhook" in options:
+        extra = {k: options[k] for k in ("secret", "timeout", "max_retries") if k in options}
+        return WebhookSink(options["webhook"], **extra), flt
+    raise OJSConfigurationError(
+        f"ojs_event_sinks entry {spec!r}: expected amqp, file, webhook or callback")
+
+
+def build_events(app: Celery, settings: OJSSettings, names: TopologyNames) -> JobEvents:
+    bus = EventBus()
+    for spec in settings.event_sinks:
+        sink, flt = sink_from_spec(spec, app, names)
+        bus.subscribe(sink, flt)
+    service = settings.event_service or app.main or "celery"
+    instance = f"{socket.gethostname()}-{os.getpid()}"
+    return JobEvents(bus, event_source(service, "producers", instance))
+
+
+def subscribe(app: Celery, callback: Sink, **event_filter: Any) -> Subscription:
+    """Call ``callback(event)`` for every OJS event of this process matching the filter.
+
+    Filter keys (section 6.1, AND across keys): ``event_types`` (``"job.*"``
+    prefixes), ``queues``, ``job_types``, ``sources``.
+    """
+    flt = EventFilter(**event_filter) if event_filter else None
+    return app.amqp.binding.events.bus.subscribe(callback, flt)
+
+
+def close_sinks(bus: EventBus, timeout: float = 5.0) -> None:
+    for subscription in bus.subscriptions:
+        if isinstance(subscription.callback, BackgroundSink):
+            subscription.callback.close(timeout)
+
+
+#: Jobs this worker process completed (``worker.stopped.jobs_completed``).
+completed_jobs = 0
+_completed_lock = threading.Lock()
+
+
+def count_completed() -> None:
+    global completed_jobs
+    with _completed_lock:
+        completed_jobs += 1
+
+
+class WorkerEvents(bootsteps.StartStopStep):
+    """Consumer bootstep: ``worker.started``, periodic ``worker.heartbeat``, ``worker.stopped``."""
+
+    name = "ojs_kombu.worker_events"
+    requires = ("celery.worker.consumer.tasks:Tasks",)
+
+    def __init__(self, parent: Any, **kwargs: Any) -> None:
+        super().__init__(parent, **kwargs)
+        self._timer: Any = None
+        self._started = time.monotonic()
+        self._cpu = (time.process_time(), time.monotonic())
+
+    def start(self, parent: Any) -> None:
+        events = parent.app.amqp.binding.events
+        service = parent.app.amqp.binding.settings.event_service or parent.app.main or "celery"
+        events.source = event_source(service, "workers", parent.hostname)
+        events.emit("worker.started", parent.hostname, worker_id=parent.hostname,
+                    queues=self._queues(parent), concurrency=max(self._concurrency(parent), 1))
+        interval = parent.app.amqp.binding.settings.worker_heartbeat
+        if interval and parent.timer is not None and self._timer is None:
+            self._timer = parent.timer.call_repeatedly(interval, self.heartbeat, (parent,),
+                                                       priority=10)
+
+    def heartbeat(self, parent: Any) -> None:
+        cpu, wall = time.process_time(), time.monotonic()
+        cpu_percent = 100 * (cpu - self._cpu[0]) / max(wall - self._cpu[1], 1e-6)
+        self._cpu = (cpu, wall)
+        parent.app.amqp.binding.events.emit(
+            "worker.heartbeat", parent.hostname, worker_id=parent.hostname,
+            active_jobs=len(worker_state.active_requests), queues=self._queues(parent),
+            memory_mb=_rss_mb(), cpu_percent=round(max(cpu_percent, 0.0), 1))
+
+    def shutdown(self, parent: Any) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        events = parent.app.amqp.binding.events
+        events.emit("worker.stopped", parent.hostname, worker_id=parent.hostname,
+                    reason="shutdown", jobs_completed=completed_jobs,
+                    uptime_ms=round((time.monotonic() - self._started) * 1000))
+        close_sinks(events.bus)
+
+    @staticmethod
+    def _queues(parent: Any) -> list[str]:
+        consume_from = parent.app.amqp.queues.consume_from or {}
+        return sorted(getattr(q, "ojs_queue", q.name) for q in consume_from.values())
+
+    @staticmethod
+    def _concurrency(parent: Any) -> int:
+        pool = getattr(parent, "pool", None)
+        return int(getattr(pool, "num_processes", None) or getattr(pool, "limit", None) or 1)
+
+
+def _rss_mb() -> float | None:
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        return None
+    return None

@@ -1,0 +1,158 @@
+"""Where ojs_kombu's code says "this happened": builds OJS events and hands them to the bus.
+
+Nothing is built while nobody subscribes, so events cost nothing when unused.
+An event that does not validate is a bug in ojs_kombu: it is logged and
+counted, never raised into a job's path.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from .bus import EventBus
+from .models import Event, InvalidEventData, make_event
+
+logger = logging.getLogger("ojs_kombu.events")
+
+_TRACEPARENT = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}$")
+
+
+def trace_id_of(traceparent: Any) -> str | None:
+    """The trace id of a W3C ``traceparent``, or ``None``."""
+    match = _TRACEPARENT.match(traceparent) if isinstance(traceparent, str) else None
+    return match.group(1) if match else None
+
+
+def json_result(value: Any) -> dict[str, Any] | None:
+    """A task's return value as ``job.completed.result`` (an object or null).
+
+    A non-object is wrapped as ``{"value": ...}``; one JSON cannot carry as
+    ``{"repr": "..."}``.
+    """
+    if value is None:
+        return None
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError):
+        return {"repr": repr(value)[:1024]}
+    return value if isinstance(value, dict) else {"value": value}
+
+
+class JobEvents:
+    """Emits the OJS lifecycle events of one process."""
+
+    def __init__(self, bus: EventBus, source: str) -> None:
+        self.bus = bus
+        self.source = source
+        self.invalid = 0
+
+    @property
+    def active(self) -> bool:
+        return len(self.bus) > 0
+
+    def emit(self, event_type: str, subject: str | None = None, /, **data: Any) -> Event | None:
+        """Publish one event; ``None`` values in ``data`` are left out."""
+        if not self.active:
+            return None
+        try:
+            event = make_event(event_type, {k: v for k, v in data.items() if v is not None},
+                               source=self.source, subject=subject)
+        except InvalidEventData:
+            self.invalid += 1
+            logger.exception("ojs_kombu built an invalid %s event; it was not emitted",
+                             event_type)
+            return None
+        self.bus.publish(event)
+        return event
+
+    # -- job lifecycle (section 4.1) ------------------------------------------
+
+    def enqueued(self, job_id: str, job_type: str, queue: str, *, priority: int | None = None,
+                 delay_s: float = 0.0, trace_id: str | None = None) -> None:
+        if delay_s > 0:
+            at = datetime.now(UTC) + timedelta(seconds=delay_s)
+            self.emit("job.scheduled", job_id, job_type=job_type, queue=queue, scheduled_at=at,
+                      trace_id=trace_id)
+        else:
+            self.emit("job.enqueued", job_id, job_type=job_type, queue=queue, priority=priority,
+                      trace_id=trace_id)
+
+    def started(self, job: JobInfo, worker_id: str) -> None:
+        self.emit("job.started", job.job_id, **job.data(), worker_id=worker_id,
+                  attempt=job.attempt)
+
+    def completed(self, job: JobInfo, duration_s: float, result: Any) -> None:
+        self.emit("job.completed", job.job_id, **job.data(), duration_ms=_ms(duration_s),
+                  attempt=job.attempt, result=json_result(result))
+
+    def failed(self, job: JobInfo, code: str, message: str, *, retryable: bool,
+               stack_trace: str | None = None, duration_s: float | None = None) -> None:
+        error = {"code": code, "message": message, "retryable": retryable,
+                 "stack_trace": stack_trace or None}
+        self.emit("job.failed", job.job_id, **job.data(), attempt=job.attempt,
+                  error={k: v for k, v in error.items() if v is not None},
+                  duration_ms=_ms(duration_s) if duration_s is not None else None)
+
+    def retrying(self, job: JobInfo, code: str, message: str, *, max_attempts: int,
+                 delay_s: float) -> None:
+        self.emit("job.retrying", job.job_id, **job.data(), attempt=job.attempt,
+                  max_attempts=max_attempts,
+                  next_retry_at=datetime.now(UTC) + timedelta(seconds=delay_s),
+                  error={"code": code, "message": message})
+
+    def discarded(self, job: JobInfo, code: str, message: str) -> None:
+        self.emit("job.discarded", job.job_id, **job.data(), total_attempts=job.attempt,
+                  last_error={"code": code, "message": message})
+
+    def expired(self, job: JobInfo, created_at: datetime | None, expired_at: datetime) -> None:
+        created = created_at or expired_at
+        self.emit("job.expired", job.job_id, **job.data(), created_at=created,
+                  expired_at=expired_at, ttl_ms=max(_ms((expired_at - created).total_seconds()), 0))
+
+    def progress(self, job: JobInfo, worker_id: str, percent: float,
+                 message: str | None = None) -> None:
+        self.emit("job.progress", job.job_id, **job.data(), worker_id=worker_id,
+                  attempt=job.attempt, progress_percent=percent, progress_message=message)
+
+    def cancelled(self, job: JobInfo, cancelled_by: str | None = None,
+                  reason: str | None = None) -> None:
+        self.emit("job.cancelled", job.job_id, **job.data(), cancelled_by=cancelled_by,
+                  reason=reason)
+
+    def heartbeat(self, job: JobInfo, worker_id: str, visible_until: datetime) -> None:
+        self.emit("job.heartbeat", job.job_id, **job.data(), worker_id=worker_id,
+                  attempt=job.attempt, visible_until=visible_until)
+
+
+class JobInfo:
+    """What every job event says about its job."""
+
+    __slots__ = ("attempt", "job_id", "job_type", "queue", "trace_id")
+
+    def __init__(self, job_id: str, job_type: str, queue: str, attempt: int,
+                 trace_id: str | None = None) -> None:
+        self.job_id = job_id
+        self.job_type = job_type
+        self.queue = queue
+        self.attempt = attempt
+        self.trace_id = trace_id
+
+    @classmethod
+    def from_headers(cls, job_id: str, job_type: str, queue: str,
+                     headers: Mapping[str, Any]) -> JobInfo:
+        attempt = headers.get("x-ojs-attempt")
+        traceparent = headers.get("x-ojs-trace-id") or headers.get("x-ojs-traceparent")
+        return cls(job_id, job_type, queue, attempt if isinstance(attempt, int) and attempt > 0
+                   else 1, trace_id_of(traceparent))
+
+    def data(self) -> dict[str, Any]:
+        return {"job_type": self.job_type, "queue": self.queue, "trace_id": self.trace_id}
+
+
+def _ms(seconds: float) -> int:
+    return max(round(seconds * 1000), 0)

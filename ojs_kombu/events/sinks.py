@@ -1,0 +1,224 @@
+"""Where events go: an AMQP topic exchange, a JSON Lines file, a webhook.
+
+Every sink delivers on a thread of its own from a bounded buffer, so a slow
+or failing sink never fails a job or holds it up: when the buffer is full the
+event is dropped, counted and logged.  Guarantee (events spec section 9.1):
+**best-effort**.  AMQP publishes are confirmed and webhook posts retried while
+the process runs, but a full buffer, a crash or a restart loses the events in
+flight.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import os
+import queue
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from .models import Event
+
+logger = logging.getLogger("ojs_kombu.events")
+
+_STOP = object()
+
+
+class BackgroundSink:
+    """Base of the sinks: hand-off in O(1), delivery on a daemon thread."""
+
+    name = "sink"
+
+    def __init__(self, capacity: int = 10_000) -> None:
+        self.capacity = capacity
+        self.delivered = 0
+        self.failed = 0
+        self.dropped = 0
+        self._lock = threading.Lock()
+        self._pid = -1
+        self._queue: queue.Queue[Any] = queue.Queue(capacity)
+        self._thread: threading.Thread | None = None
+
+    def __call__(self, event: Event) -> None:
+        self._ensure_thread()
+        try:
+            self._queue.put_nowait(event)
+        except queue.Full:
+            self.dropped += 1
+            if self.dropped == 1 or self.dropped % 1000 == 0:
+                logger.warning("%s: buffer of %d events is full; %d event(s) dropped",
+                               self.name, self.capacity, self.dropped)
+
+    def deliver(self, event: Event) -> None:
+        raise NotImplementedError
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Wait until every buffered event was handled; ``False`` on timeout."""
+        deadline = time.monotonic() + timeout
+        while self._queue.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return not self._queue.unfinished_tasks
+
+    def close(self, timeout: float = 10.0) -> None:
+        if self._thread is not None and self._thread.is_alive():
+            self.flush(timeout)
+            self._queue.put(_STOP)
+            self._thread.join(timeout)
+
+    def _ensure_thread(self) -> None:
+        if self._pid == os.getpid() and self._thread is not None:
+            return
+        with self._lock:
+            if self._pid != os.getpid():  # new process (fork): fresh buffer and thread
+                self._queue = queue.Queue(self.capacity)
+                self._pid = os.getpid()
+                self._thread = threading.Thread(target=self._run, name=f"ojs-{self.name}",
+                                                daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            event = self._queue.get()
+            try:
+                if event is _STOP:
+                    return
+                try:
+                    self.deliver(event)
+                    self.delivered += 1
+                except Exception:
+                    self.failed += 1
+                    logger.exception("%s could not deliver event %s (%s)", self.name,
+                                     event.id, event.type)
+            finally:
+                self._queue.task_done()
+
+
+class FileSink(BackgroundSink):
+    """One JSON object per line, appended to ``path``."""
+
+    name = "file sink"
+
+    def __init__(self, path: str | os.PathLike[str], capacity: int = 10_000) -> None:
+        super().__init__(capacity)
+        self.path = Path(path)
+        self._file: Any = None
+
+    def deliver(self, event: Event) -> None:
+        if self._file is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = self.path.open("ab")
+        self._file.write(event.to_json() + b"\n")
+        self._file.flush()
+
+
+class WebhookSink(BackgroundSink):
+    """HTTP POST of each event (events spec section 6.5).
+
+    ``Content-Type: application/json``; with a ``secret``,
+    ``X-OJS-Signature: sha256=<hex HMAC-SHA256 of the body>``.  A 5xx answer
+    or a network error is retried with exponential backoff (0.5 s, 1 s, 2 s ...)
+    up to ``max_retries`` times; a 4xx answer is not retried.
+    """
+
+    name = "webhook sink"
+
+    def __init__(self, url: str, secret: str | None = None, timeout: float = 30.0,
+                 max_retries: int = 5, backoff: float = 0.5, capacity: int = 10_000) -> None:
+        super().__init__(capacity)
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"webhook url must be http(s), not {url!r}")
+        self.url = url
+        self.secret = secret
+        self.timeout = timeout
+        self.max_retries = max_retries
+        self.backoff = backoff
+
+    def signature(self, body: bytes) -> str:
+        assert self.secret is not None
+        digest = hmac.new(self.secret.encode(), body, hashlib.sha256).hexdigest()
+        return f"sha256={digest}"
+
+    def deliver(self, event: Event) -> None:
+        body = event.to_json()
+        headers = {"Content-Type": "application/json", "User-Agent": "ojs-kombu"}
+        if self.secret:
+            headers["X-OJS-Signature"] = self.signature(body)
+        for attempt in range(self.max_retries + 1):
+            request = urllib.request.Request(self.url, data=body, headers=headers,
+                                             method="POST")
+            try:
+                with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                    response.read()
+                return
+            except urllib.error.HTTPError as exc:
+                if exc.code < 500 or attempt == self.max_retries:
+                    raise
+            except (urllib.error.URLError, TimeoutError, ConnectionError):
+                if attempt == self.max_retries:
+                    raise
+            time.sleep(self.backoff * 2**attempt)
+
+
+class AMQPSink(BackgroundSink):
+    """Publishes each event, confirmed, to a durable topic exchange (routing key: its type).
+
+    Bind a queue with ``job.*``, ``worker.#`` or an exact type to receive them.
+    """
+
+    name = "AMQP event sink"
+
+    def __init__(self, connect: Callable[[], Any], exchange: str, capacity: int = 10_000,
+                 max_retries: int = 3) -> None:
+        super().__init__(capacity)
+        self.connect = connect
+        self.exchange = exchange
+        self.max_retries = max_retries
+        self._connection: Any = None
+        self._channel: Any = None
+
+    def deliver(self, event: Event) -> None:
+        import amqp
+
+        message = amqp.Message(
+            event.to_json(), content_type="application/json", content_encoding="utf-8",
+            message_id=event.id, type=event.type, delivery_mode=2, app_id="ojs",
+            timestamp=int(time.time()),
+        )
+        for attempt in range(self.max_retries + 1):
+            try:
+                channel = self._open()
+                channel.publish_confirmed(message, self.exchange, event.type, job_id=event.id,
+                                          queue=self.exchange, mandatory=False)
+                return
+            except Exception:
+                self._reset()
+                if attempt == self.max_retries:
+                    raise
+                time.sleep(0.5 * 2**attempt)
+
+    def _open(self) -> Any:
+        if self._channel is None:
+            self._connection = self.connect()
+            self._connection.ensure_connection(max_retries=1)
+            channel = self._connection.connection.channel()
+            channel.exchange_declare(self.exchange, "topic", durable=True, auto_delete=False)
+            self._channel = channel
+        return self._channel
+
+    def _reset(self) -> None:
+        connection, self._connection, self._channel = self._connection, None, None
+        if connection is not None:
+            try:
+                connection.release()
+            except Exception:
+                logger.debug("closing the event connection failed", exc_info=True)
+
+    def close(self, timeout: float = 10.0) -> None:
+        super().close(timeout)
+        self._reset()

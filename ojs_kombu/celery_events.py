@@ -22,6 +22,7 @@ from .events.bus import EventBus, EventFilter, Subscription
 from .events.emitter import JobEvents
 from .events.models import Event, event_source
 from .events.sinks import AMQPSink, BackgroundSink, FileSink, WebhookSink
+from .metrics import OJSMetrics
 from .naming import TopologyNames
 from .settings import OJSSettings
 
@@ -76,7 +77,8 @@ def build_events(app: Celery, settings: OJSSettings, names: TopologyNames) -> Jo
         bus.subscribe(sink, flt)
     service = settings.event_service or app.main or "celery"
     instance = f"{socket.gethostname()}-{os.getpid()}"
-    return JobEvents(bus, event_source(service, "producers", instance))
+    return JobEvents(bus, event_source(service, "producers", instance),
+                     OJSMetrics(settings.meter_provider))
 
 
 def subscribe(app: Celery, callback: Sink, **event_filter: Any) -> Subscription:
@@ -120,6 +122,7 @@ class WorkerEvents(bootsteps.StartStopStep):
 
     def start(self, parent: Any) -> None:
         events = parent.app.amqp.binding.events
+        self._observe_queues(parent)
         service = parent.app.amqp.binding.settings.event_service or parent.app.main or "celery"
         events.source = event_source(service, "workers", parent.hostname)
         events.emit("worker.started", parent.hostname, worker_id=parent.hostname,
@@ -148,6 +151,30 @@ class WorkerEvents(bootsteps.StartStopStep):
                     uptime_ms=round((time.monotonic() - self._started) * 1000))
         close_sinks(events.bus)
 
+    _observed = False
+
+    def _observe_queues(self, parent: Any) -> None:
+        """The queue gauges of section 7.2, read when the metrics are collected."""
+        if WorkerEvents._observed:
+            return
+        WorkerEvents._observed = True
+        binding = parent.app.amqp.binding
+        reader = QueueDepths(parent.app)
+        queues = self._queues(parent)
+
+        def active() -> list[tuple[str, float]]:
+            counts = dict.fromkeys(queues, 0.0)
+            for request in list(worker_state.active_requests):
+                queue = (request.delivery_info or {}).get("routing_key")
+                if queue in counts:
+                    counts[queue] += 1
+            return list(counts.items())
+
+        binding.events.metrics.observe_queues(
+            depth=lambda: reader.depths(queues, binding.names.job_queue),
+            active=active,
+            dead_letters=lambda: reader.depths(queues, binding.names.dead_letter_queue))
+
     @staticmethod
     def _queues(parent: Any) -> list[str]:
         consume_from = parent.app.amqp.queues.consume_from or {}
@@ -157,6 +184,32 @@ class WorkerEvents(bootsteps.StartStopStep):
     def _concurrency(parent: Any) -> int:
         pool = getattr(parent, "pool", None)
         return int(getattr(pool, "num_processes", None) or getattr(pool, "limit", None) or 1)
+
+
+class QueueDepths:
+    """Message counts by passive ``Queue.Declare``, on a connection of its own (the metrics
+    exporter calls from its own thread)."""
+
+    def __init__(self, app: Celery) -> None:
+        self.app = app
+        self._connection: Any = None
+        self._lock = threading.Lock()
+
+    def depths(self, queues: list[str], amqp_name: Callable[[str], str]
+               ) -> list[tuple[str, float]]:
+        with self._lock:
+            try:
+                if self._connection is None:
+                    self._connection = self.app.connection_for_read()
+                    self._connection.ensure_connection(max_retries=1)
+                channel = self._connection.default_channel
+                return [(q, float(channel.queue_declare(amqp_name(q), passive=True)
+                                  .message_count)) for q in queues]
+            except Exception:
+                connection, self._connection = self._connection, None
+                if connection is not None:
+                    connection.release()
+                raise
 
 
 def _rss_mb() -> float | None:

@@ -191,13 +191,20 @@ def encode_task_message(
         "args": args,
     }
     meta = properties.get(META_OPTION)
+    if meta and not isinstance(meta, Mapping):
+        raise JobEncodeError(
+            f"{META_OPTION} must be a mapping, got {type(meta).__name__}",
+            job_id=job_id, queue=queue,
+        )
+    meta = dict(meta or {})
+    traceparent = headers.get("traceparent")  # W3C context Celery's instrumentation injected
+    if isinstance(traceparent, str) and "traceparent" not in meta:
+        meta["traceparent"] = traceparent
+        trace_id = traceparent.split("-")[1] if traceparent.count("-") == 3 else None
+        if trace_id and "trace_id" not in meta:
+            meta["trace_id"] = trace_id
     if meta:
-        if not isinstance(meta, Mapping):
-            raise JobEncodeError(
-                f"{META_OPTION} must be a mapping, got {type(meta).__name__}",
-                job_id=job_id, queue=queue,
-            )
-        job["meta"] = dict(meta)
+        job["meta"] = meta
     priority = properties.get("priority")
     if priority:
         job["priority"] = int(priority)
@@ -265,6 +272,9 @@ def encode_task_message(
         amqp_headers["x-ojs-scheduled-at"] = job["scheduled_at"]
     if meta:
         _meta_headers(job["meta"], amqp_headers)
+    tracestate = headers.get("tracestate")
+    if isinstance(tracestate, str) and tracestate and "x-ojs-trace-id" in amqp_headers:
+        amqp_headers["x-ojs-trace-state"] = tracestate
 
     props: dict[str, Any] = {
         "message_id": job_id,
@@ -402,6 +412,15 @@ def decode_job_message(
     elif X_CELERY not in extra and isinstance(amqp_headers.get("x-ojs-max-attempts"), int):
         # A foreign producer states its budget in the header only (section 6.2).
         headers[RETRY_HEADER] = {"max_attempts": amqp_headers["x-ojs-max-attempts"]}
+    if "traceparent" not in headers:  # continue a producer's trace (AMQP-023)
+        meta = envelope.meta or {}
+        traceparent = (amqp_headers.get("x-ojs-trace-id") or amqp_headers.get("x-ojs-traceparent")
+                       or meta.get("traceparent"))
+        if isinstance(traceparent, str):
+            headers["traceparent"] = traceparent
+            tracestate = amqp_headers.get("x-ojs-trace-state") or meta.get("tracestate")
+            if isinstance(tracestate, str):
+                headers["tracestate"] = tracestate
     headers["task"] = task_name
     headers["id"] = envelope.id
     headers["eta"] = envelope.scheduled_at.isoformat() if envelope.scheduled_at else None

@@ -68,6 +68,8 @@ class OJSSettings(BaseModel):
     event_service: str | None = None
     #: Seconds between ``worker.heartbeat`` events (0: none).
     worker_heartbeat: float = Field(default=30.0, ge=0)
+    #: OpenTelemetry ``MeterProvider`` for ojs_kombu's metrics (default: the global one).
+    meter_provider: Any = None
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any], *, source: str) -> OJSSettings:

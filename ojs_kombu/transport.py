@@ -61,6 +61,7 @@ from .topology import (
     declare_retry_queue,
     declare_schedule_ladder,
 )
+from .tracing import with_current_trace
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +97,8 @@ class Channel(pyamqp.Channel):
         self._ojs_confirming = False
         self._ojs_confirms = ConfirmTracker()
         self._ojs_qos_set = False
+        #: delivery tag -> OJS queue of job deliveries not yet settled (metrics labels)
+        self._ojs_unsettled: dict[int, str] = {}
 
     def _do_revive(self) -> None:
         self._ojs_reset()
@@ -145,6 +148,8 @@ class Channel(pyamqp.Channel):
         task = headers["task"]
         queue = self._job_queue_for(task, exchange, routing_key)
         ojs = self.ojs
+        if "traceparent" not in headers:
+            headers = with_current_trace(headers)
         job = encode_task_message(
             body=msg.body,
             content_type=msg.properties.get("content_type"),
@@ -170,6 +175,7 @@ class Channel(pyamqp.Channel):
         else:
             self.publish_confirmed(message, ojs.names.direct_exchange, queue, job_id=job.job_id,
                                    queue=queue, timeout=timeout, confirm_timeout=confirm_timeout)
+        ojs.events.metrics.published.add(1, {"queue": queue})
 
     def publish_scheduled(self, message: amqp.Message, queue: str, delay_ms: int, *,
                           job_id: str, timeout: float | None = None,
@@ -222,8 +228,10 @@ class Channel(pyamqp.Channel):
         confirm_timeout: float | None = None,
     ) -> None:
         """Publish with ``mandatory=True`` and wait for the broker's confirm (AMQP-014..016)."""
+        started = monotonic()
         pending = self._publish_tracked(message, exchange, routing_key, mandatory, timeout,
                                         confirm_timeout, job_id=job_id, queue=queue)
+        self.ojs.events.metrics.confirm_latency.record(monotonic() - started)
         if pending.returned is not None:
             self.connection.forget_topology(queue)  # the next publish re-declares it
             raise UnroutableJobError(
@@ -288,6 +296,7 @@ class Channel(pyamqp.Channel):
     def _on_return(self, exc: Exception, exchange: str, routing_key: str,
                    message: amqp.Message) -> None:
         message_id = message.properties.get("message_id")
+        self.ojs.events.metrics.returned.add(1, {"queue": routing_key})
         if not self._ojs_confirms.returned(message_id, str(exc)):
             logger.warning("message %s returned by the broker from exchange %r key %r: %s",
                            message_id, exchange, routing_key, exc)
@@ -339,6 +348,8 @@ class Channel(pyamqp.Channel):
         resolve_task = self.ojs.job_types.task_for
 
         def receive_job(raw: amqp.Message) -> Any:
+            self._ojs_unsettled[raw.delivery_tag] = queue
+            self.ojs.events.metrics.consumed.add(1, {"queue": queue})
             try:
                 job = decode_job_message(raw.body, raw.properties, resolve_task=resolve_task,
                                          argsrepr=_argsrepr)
@@ -465,6 +476,15 @@ class Channel(pyamqp.Channel):
     def basic_nack(self, delivery_tag: int, multiple: bool = False, requeue: bool = False) -> None:
         """``Basic.Nack`` (py-amqp only sends ``Basic.Reject``)."""
         self.send_method(spec.Basic.Nack, "Lbb", (delivery_tag, multiple, requeue))
+        queue = self._ojs_unsettled.pop(delivery_tag, None)
+        if queue is not None:
+            self.ojs.events.metrics.nacked.add(1, {"queue": queue})
+
+    def basic_ack(self, delivery_tag: int, multiple: bool = False, argsig: str = "Lb") -> None:
+        super().basic_ack(delivery_tag, multiple, argsig)
+        queue = self._ojs_unsettled.pop(delivery_tag, None)
+        if queue is not None:
+            self.ojs.events.metrics.acked.add(1, {"queue": queue})
 
     def basic_reject(self, delivery_tag: int, requeue: bool, argsig: str = "Lb") -> None:
         """Rejections go out as ``Basic.Nack(multiple=false)`` (AMQP-009)."""

@@ -244,3 +244,29 @@ def test_celery_defaults_do_not_travel_but_come_back() -> None:
     assert headers["retries"] == 0 and headers["ignore_result"] is False
     assert headers["root_id"] == headers["id"] and headers["kwargsrepr"] == "{}"
     assert headers["stamps"] == {} and headers["timelimit"] == [None, None]
+
+
+def test_trace_context_from_celery_instrumentation_reaches_the_wire() -> None:
+    traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    body, ct, headers, props = celery_message()
+    headers.update(traceparent=traceparent, tracestate="vendor=1")
+    job = encode_task_message(body=body, content_type=ct, properties=props, headers=headers,
+                              job_type="email.send", queue="email", now=NOW)
+    meta = json.loads(job.body)["meta"]
+    assert meta == {"traceparent": traceparent, "trace_id": "4bf92f3577b34da6a3ce929d0e0e4736"}
+    amqp_headers = job.properties["application_headers"]
+    assert amqp_headers["x-ojs-trace-id"] == traceparent
+    assert amqp_headers["x-ojs-trace-state"] == "vendor=1"
+    # a retried or replayed job keeps it: it is in the headers and in the envelope
+    incoming = decode_job_message(job.body, job.properties, resolve_task=lambda t: t)
+    assert incoming.headers["traceparent"] == traceparent
+
+
+@pytest.mark.parametrize("header", ["x-ojs-trace-id", "x-ojs-traceparent"])
+def test_consumer_continues_a_foreign_trace(header: str) -> None:
+    traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    body = json.dumps(VALID).encode()
+    incoming = decode_job_message(body, {"content_type": CONTENT_TYPE,
+                                         "application_headers": {header: traceparent}},
+                                  resolve_task=lambda t: t)
+    assert incoming.headers["traceparent"] == traceparent

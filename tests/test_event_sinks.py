@@ -172,3 +172,24 @@ def test_subscribe_filters_by_type_and_queue() -> None:
     events.enqueued("j2", "email.send", "other")
     events.emit("worker.quiet", "w", worker_id="w", active_jobs=0)
     assert [e.subject for e in seen] == ["j1"]
+
+
+def test_metrics_follow_events_with_bounded_labels() -> None:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from ojs_kombu.metrics import OJSMetrics
+
+    reader = InMemoryMetricReader()
+    metrics = OJSMetrics(MeterProvider(metric_readers=[reader]))
+    events = JobEvents(EventBus(), "ojs://t/p/1", metrics)
+    job = JobInfo("019461a8-1a2b-7c3d-8e4f-5a6b7c8d9e0f", "email.send", "email", 1)
+    events.enqueued(job.job_id, "email.send", "email")  # recorded even without subscribers
+    events.completed(job, 0.042, None)
+    events.discarded(job, "HANDLER_ERROR", "boom")
+    found = {m.name: m.data.data_points for r in reader.get_metrics_data().resource_metrics
+             for s in r.scope_metrics for m in s.metrics}
+    labels = {"job_type": "email.send", "queue": "email"}
+    for name in ("ojs.jobs.enqueued", "ojs.jobs.completed", "ojs.jobs.failed"):
+        assert [(dict(p.attributes), p.value) for p in found[name]] == [(labels, 1)]
+    assert found["ojs.jobs.duration_ms"][0].sum == pytest.approx(42)

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from ..metrics import OJSMetrics, labels
 from .bus import EventBus
 from .models import Event, InvalidEventData, make_event
 
@@ -44,11 +45,13 @@ def json_result(value: Any) -> dict[str, Any] | None:
 
 
 class JobEvents:
-    """Emits the OJS lifecycle events of one process."""
+    """Emits the OJS lifecycle events of one process, and records the metrics that go with
+    them (events spec section 7.4: every metric increment corresponds to an event)."""
 
-    def __init__(self, bus: EventBus, source: str) -> None:
+    def __init__(self, bus: EventBus, source: str, metrics: OJSMetrics | None = None) -> None:
         self.bus = bus
         self.source = source
+        self.metrics = metrics or OJSMetrics()
         self.invalid = 0
 
     @property
@@ -74,6 +77,9 @@ class JobEvents:
 
     def enqueued(self, job_id: str, job_type: str, queue: str, *, priority: int | None = None,
                  delay_s: float = 0.0, trace_id: str | None = None) -> None:
+        self.metrics.jobs_enqueued.add(1, labels(job_type, queue))
+        if not self.active:
+            return
         if delay_s > 0:
             at = datetime.now(UTC) + timedelta(seconds=delay_s)
             self.emit("job.scheduled", job_id, job_type=job_type, queue=queue, scheduled_at=at,
@@ -83,15 +89,22 @@ class JobEvents:
                       trace_id=trace_id)
 
     def started(self, job: JobInfo, worker_id: str) -> None:
+        if job.enqueued_at is not None:
+            waited = (datetime.now(UTC) - job.enqueued_at).total_seconds()
+            self.metrics.wait.record(max(waited * 1000, 0), job.labels())
         self.emit("job.started", job.job_id, **job.data(), worker_id=worker_id,
                   attempt=job.attempt)
 
     def completed(self, job: JobInfo, duration_s: float, result: Any) -> None:
+        self.metrics.jobs_completed.add(1, job.labels())
+        self.metrics.duration.record(duration_s * 1000, job.labels())
         self.emit("job.completed", job.job_id, **job.data(), duration_ms=_ms(duration_s),
                   attempt=job.attempt, result=json_result(result))
 
     def failed(self, job: JobInfo, code: str, message: str, *, retryable: bool,
                stack_trace: str | None = None, duration_s: float | None = None) -> None:
+        if duration_s is not None:
+            self.metrics.duration.record(duration_s * 1000, job.labels())
         error = {"code": code, "message": message, "retryable": retryable,
                  "stack_trace": stack_trace or None}
         self.emit("job.failed", job.job_id, **job.data(), attempt=job.attempt,
@@ -106,6 +119,7 @@ class JobEvents:
                   error={"code": code, "message": message})
 
     def discarded(self, job: JobInfo, code: str, message: str) -> None:
+        self.metrics.jobs_failed.add(1, job.labels())
         self.emit("job.discarded", job.job_id, **job.data(), total_attempts=job.attempt,
                   last_error={"code": code, "message": message})
 
@@ -132,15 +146,16 @@ class JobEvents:
 class JobInfo:
     """What every job event says about its job."""
 
-    __slots__ = ("attempt", "job_id", "job_type", "queue", "trace_id")
+    __slots__ = ("attempt", "enqueued_at", "job_id", "job_type", "queue", "trace_id")
 
     def __init__(self, job_id: str, job_type: str, queue: str, attempt: int,
-                 trace_id: str | None = None) -> None:
+                 trace_id: str | None = None, enqueued_at: datetime | None = None) -> None:
         self.job_id = job_id
         self.job_type = job_type
         self.queue = queue
         self.attempt = attempt
         self.trace_id = trace_id
+        self.enqueued_at = enqueued_at
 
     @classmethod
     def from_headers(cls, job_id: str, job_type: str, queue: str,
@@ -148,10 +163,23 @@ class JobInfo:
         attempt = headers.get("x-ojs-attempt")
         traceparent = headers.get("x-ojs-trace-id") or headers.get("x-ojs-traceparent")
         return cls(job_id, job_type, queue, attempt if isinstance(attempt, int) and attempt > 0
-                   else 1, trace_id_of(traceparent))
+                   else 1, trace_id_of(traceparent), _timestamp(headers.get("x-ojs-enqueued-at")))
 
     def data(self) -> dict[str, Any]:
         return {"job_type": self.job_type, "queue": self.queue, "trace_id": self.trace_id}
+
+    def labels(self) -> dict[str, str]:
+        return labels(self.job_type, self.queue)
+
+
+def _timestamp(value: Any) -> datetime | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
 def _ms(seconds: float) -> int:

@@ -1,0 +1,91 @@
+"""OJS metrics (events spec section 7, AMQP binding section 12.1) through OpenTelemetry.
+
+Instruments come from the OpenTelemetry metrics API: without an SDK (a
+``MeterProvider``) every call is a no-op.  Labels are ``job_type`` and
+``queue`` only, never a job id (section 7.3).  To expose them to Prometheus,
+install ``opentelemetry-exporter-prometheus`` and configure a provider::
+
+    from opentelemetry import metrics
+    from opentelemetry.exporter.prometheus import PrometheusMetricReader
+    from opentelemetry.sdk.metrics import MeterProvider
+    from prometheus_client import start_http_server
+
+    start_http_server(9464)
+    metrics.set_meter_provider(MeterProvider(metric_readers=[PrometheusMetricReader()]))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from opentelemetry import metrics
+
+DURATION_BUCKETS = [5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000, 300000]
+WAIT_BUCKETS = [10, 50, 100, 500, 1000, 5000, 10000, 30000, 60000, 300000, 600000]
+CONFIRM_BUCKETS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5]
+
+#: ``() -> [(queue, value), ...]`` for an observable gauge.
+QueueReadings = Callable[[], Iterable[tuple[str, float]]]
+
+
+class OJSMetrics:
+    """Every ojs_kombu instrument; one per process (or per meter provider)."""
+
+    def __init__(self, meter_provider: Any = None) -> None:
+        meter = (meter_provider or metrics.get_meter_provider()).get_meter("ojs_kombu")
+        self.meter = meter
+        self.jobs_enqueued = meter.create_counter(
+            "ojs.jobs.enqueued", unit="{job}", description="Jobs enqueued")
+        self.jobs_completed = meter.create_counter(
+            "ojs.jobs.completed", unit="{job}", description="Jobs completed successfully")
+        self.jobs_failed = meter.create_counter(
+            "ojs.jobs.failed", unit="{job}", description="Jobs that reached terminal failure")
+        self.duration = meter.create_histogram(
+            "ojs.jobs.duration_ms", unit="ms", description="Execution time per attempt",
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS)
+        self.wait = meter.create_histogram(
+            "ojs.jobs.wait_ms", unit="ms", description="Time from enqueued_at to started_at",
+            explicit_bucket_boundaries_advisory=WAIT_BUCKETS)
+        self.published = meter.create_counter(
+            "ojs_amqp_messages_published_total", description="Messages published")
+        self.consumed = meter.create_counter(
+            "ojs_amqp_messages_consumed_total", description="Messages consumed")
+        self.acked = meter.create_counter(
+            "ojs_amqp_messages_acked_total", description="Messages acknowledged")
+        self.nacked = meter.create_counter(
+            "ojs_amqp_messages_nacked_total", description="Messages negatively acknowledged")
+        self.returned = meter.create_counter(
+            "ojs_amqp_messages_returned_total", description="Messages returned (Basic.Return)")
+        self.reconnections = meter.create_counter(
+            "ojs_amqp_reconnections_total", description="Reconnection attempts")
+        self.confirm_latency = meter.create_histogram(
+            "ojs_amqp_publish_confirm_latency_seconds", unit="s",
+            description="Publisher confirm latency",
+            explicit_bucket_boundaries_advisory=CONFIRM_BUCKETS)
+
+    def observe_queues(self, depth: QueueReadings, active: QueueReadings,
+                       dead_letters: QueueReadings) -> None:
+        """Register the gauges ``ojs.queue.depth``, ``ojs.queue.active`` and
+        ``ojs.dead_letter.depth``."""
+        for name, read, description in (
+            ("ojs.queue.depth", depth, "Jobs available per queue"),
+            ("ojs.queue.active", active, "Jobs active per queue"),
+            ("ojs.dead_letter.depth", dead_letters, "Jobs in the dead-letter queue"),
+        ):
+            self.meter.create_observable_gauge(
+                name, callbacks=[_observer(read)], unit="{job}", description=description)
+
+
+def _observer(read: QueueReadings) -> Callable[[Any], Iterable[metrics.Observation]]:
+    def observe(_options: Any) -> Iterable[metrics.Observation]:
+        try:
+            readings = list(read())
+        except Exception:  # a broker that is down must not break the exporter
+            return []
+        return [metrics.Observation(value, {"queue": queue}) for queue, value in readings]
+    return observe
+
+
+def labels(job_type: str, queue: str) -> dict[str, str]:
+    return {"job_type": job_type, "queue": queue}

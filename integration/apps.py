@@ -131,6 +131,12 @@ def register_tasks(app: Celery) -> None:
             raise RuntimeError("switched off")
         return "ran"
 
+    @app.task(name="progress.report", bind=True, shared=False)
+    def progress_report(self: Any) -> str:
+        self.ojs.progress(50, "half way")
+        self.ojs.progress(100)
+        return "reported"
+
     @app.task(name="sleep.for", bind=True, shared=False)
     def sleep_for(self: Any, seconds: float) -> float:
         time.sleep(seconds)

@@ -171,5 +171,52 @@ def test_worker_lifecycle_events(broker_url: str, tmp_path: Path) -> None:
     assert started["queues"] == ["lifecycle"] and started["concurrency"] == 3
     assert started["worker_id"].startswith("lifecycle@")
     assert events[-1]["type"] == "worker.stopped" and events[-1]["data"]["reason"] == "shutdown"
+    assert events[-2]["type"] == "worker.quiet"  # stopped fetching, then stopped
     for event in events:
         event_schema_validator().validate(event)
+
+
+def test_progress_from_inside_a_task(app: Celery, worker: Any, collector: Collector) -> None:
+    result = app.tasks["progress.report"].apply_async(queue="events")
+    assert result.get(timeout=20) == "reported"
+    wait_until(lambda: "job.completed" in collector.types_of(result.id), timeout=10,
+               what="job.completed")
+    events = collector.of(result.id)
+    check(events)
+    progress = [e.data for e in events if e.type == "job.progress"]
+    assert [(p["progress_percent"], p.get("progress_message")) for p in progress] == [
+        (50, "half way"), (100, None)]
+    assert collector.types_of(result.id) == ["job.enqueued", "job.started", "job.progress",
+                                             "job.progress", "job.completed"]
+
+
+def test_beat_reports_triggered_and_skipped_entries(broker_url: str, tmp_path: Path,
+                                                   amqp_channel: amqp.Channel) -> None:
+    from celery.schedules import crontab
+
+    from ojs_kombu.beat import OJSScheduler
+
+    from .apps import make_app
+
+    beat_app = make_app("beat", broker_url, "cache+memory://", ojs_beat_skip_overlapping=True)
+    assert beat_app.conf.beat_scheduler == "ojs_kombu.beat:OJSScheduler"
+    collected = Collector()
+    ojs_kombu.subscribe(beat_app, collected, event_types=["cron.*"])
+    scheduler = OJSScheduler(beat_app, schedule_filename=str(tmp_path / "beat"), lazy=True)
+    scheduler.setup_schedule()
+    scheduler.merge_inplace({"nightly-sum": {"task": "math.add", "args": (1, 2),
+                                             "schedule": crontab(minute="*/5"),
+                                             "options": {"queue": "beat-only"}}})
+    entry = scheduler.schedule["nightly-sum"]
+    scheduler.apply_entry(entry)  # nobody consumes beat-only: the job stays pending
+    scheduler.apply_entry(entry)
+    cron = collected.events
+    check(cron)
+    assert [e.type for e in cron] == ["cron.triggered", "cron.skipped"]
+    assert {e.subject for e in cron} == {"nightly-sum"}
+    triggered, skipped = cron[0].data, cron[1].data
+    assert triggered["cron_expr"] == "*/5 * * * *" and triggered["job_type"] == "math.add"
+    assert skipped["existing_job_id"] == triggered["job_id"]
+    message = get_message(amqp_channel, "ojs.queue.beat-only")
+    assert message.properties["message_id"] == triggered["job_id"]
+    assert amqp_channel.basic_get("ojs.queue.beat-only") is None  # the second was not sent

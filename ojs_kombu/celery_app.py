@@ -156,6 +156,8 @@ def install(app: Celery) -> Celery:
 
 def _configure(sender: Celery, **_: Any) -> None:
     conf = sender.conf
+    if conf.beat_scheduler == "celery.beat:PersistentScheduler":
+        conf.beat_scheduler = "ojs_kombu.beat:OJSScheduler"
     conf.task_acks_late = True
     conf.task_acks_on_failure_or_timeout = False
     accept = list(conf.accept_content or [])

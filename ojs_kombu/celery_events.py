@@ -141,6 +141,12 @@ class WorkerEvents(bootsteps.StartStopStep):
             active_jobs=len(worker_state.active_requests), queues=self._queues(parent),
             memory_mb=_rss_mb(), cpu_percent=round(max(cpu_percent, 0.0), 1))
 
+    def stop(self, parent: Any) -> None:
+        """The consumer stops fetching; active jobs still finish: ``worker.quiet``."""
+        parent.app.amqp.binding.events.emit(
+            "worker.quiet", parent.hostname, worker_id=parent.hostname,
+            active_jobs=len(worker_state.active_requests))
+
     def shutdown(self, parent: Any) -> None:
         if self._timer is not None:
             self._timer.cancel()

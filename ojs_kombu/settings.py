@@ -70,6 +70,9 @@ class OJSSettings(BaseModel):
     worker_heartbeat: float = Field(default=30.0, ge=0)
     #: OpenTelemetry ``MeterProvider`` for ojs_kombu's metrics (default: the global one).
     meter_provider: Any = None
+    #: ``celery beat`` does not send an entry again while its previous job is unfinished
+    #: (needs a result backend); each skip is a ``cron.skipped`` event.
+    beat_skip_overlapping: bool = False
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any], *, source: str) -> OJSSettings:

@@ -33,7 +33,7 @@ from .celery_events import count_completed
 from .codec import RETRY_HEADER
 from .delivery import JobAction, JobMessage
 from .envelope import RetryPolicy
-from .events.emitter import JobEvents
+from .events.emitter import JobEvents, JobInfo
 from .failures import HANDLER_ERROR, HANDLER_TIMEOUT, NON_RETRYABLE_ERROR, JobFailure
 from .retry import Backoff, matches, merge, policy_from
 
@@ -125,12 +125,39 @@ def is_retryable(task: Task, exc: BaseException, policy: RetryPolicy) -> bool:
     return not (only and _explicit(task, "autoretry_for") and not isinstance(exc, only))
 
 
+class JobContext:
+    """``self.ojs`` inside a task: what the running job can tell the world."""
+
+    def __init__(self, task: Task) -> None:
+        self.task = task
+
+    def info(self) -> JobInfo:
+        request = self.task.request
+        queue = (request.delivery_info or {}).get("routing_key") or ""
+        binding = self.task.app.amqp.binding
+        return JobInfo.from_headers(request.id, binding.job_types.type_for(self.task.name),
+                                    queue, vars(request))
+
+    def progress(self, percent: float, message: str | None = None) -> None:
+        """Emit ``job.progress`` (0 to 100 percent, and an optional message)."""
+        if not 0 <= percent <= 100:
+            raise ValueError(f"progress must be between 0 and 100, not {percent}")
+        events = self.task.app.amqp.binding.events
+        if events.active:
+            events.progress(self.info(), self.task.request.hostname or "", percent, message)
+
+
 class OJSTask(Task):
     """Base of every task under ojs_kombu (``install()`` makes it the app's ``Task``)."""
 
     Request = "ojs_kombu.worker:JobRequest"
     #: Task option: an OJS retry-policy object merged over the Celery-derived one.
     ojs_retry: Mapping[str, Any] | None = None
+
+    @property
+    def ojs(self) -> JobContext:
+        """``self.ojs.progress(50, "halfway")`` in a bound task."""
+        return JobContext(self)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         request = self.request

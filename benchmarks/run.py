@@ -1,14 +1,16 @@
-"""Plain Celery vs ojs_kombu on one local RabbitMQ: publish rate and drain rate.
+"""Plain Celery vs ojs_kombu on one local RabbitMQ: publish, drain and scheduling.
 
 Run from the repository root::
 
-    python benchmarks/run.py [--jobs N] [--json PATH]
+    python benchmarks/run.py [--jobs N] [--json PATH] [--only throughput|schedule]
 
-Both sides run in this one process against the same broker, with the same
-task, arguments, pool and concurrency, so the ratio ojs/plain isolates what
-the OJS layer costs.  Missed targets are reported, never fatal: the exit code
-is 0 on success, 2 when RabbitMQ is unreachable and 1 on any other error.
-See benchmarks/README.rst for what each number means.
+The throughput part (publish, drain) runs both sides in this one process
+against the same broker, with the same task, arguments, pool and concurrency,
+so the ratio ojs/plain isolates what the OJS layer costs.  The scheduling part
+(``scheduling.py``) runs one worker subprocess per side, to measure where
+delayed jobs wait and how late they start.  Missed targets are reported, never
+fatal: the exit code is 0 on success, 2 when RabbitMQ is unreachable and 1 on
+any other error.  See benchmarks/README.rst for what each number means.
 """
 
 from __future__ import annotations
@@ -40,6 +42,9 @@ from kombu.utils.url import parse_url
 
 import ojs_kombu
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # also when imported, not run
+import scheduling
+
 DEFAULT_BROKER = "amqp://guest:guest@127.0.0.1:5672//"
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "latest.json"
 TASK_NAME = "bench.noop"  # fits the OJS job type grammar
@@ -49,6 +54,7 @@ POOL = "threads"
 CONCURRENCY = 4
 #: Informational targets from the spec (ratio ojs/plain of jobs per second).
 TARGETS = {"publish": 1.0, "drain": 0.9}
+PARTS = ("throughput", "schedule")
 
 
 # -- broker administration (plain py-amqp, outside both Celery apps) -------
@@ -327,13 +333,24 @@ def compare(scenario: str, pairs: list[tuple[Result, Result]]) -> dict[str, Any]
 
 
 def render(results: dict[str, dict[str, Any]]) -> str:
+    """The throughput table and publish latencies, then the scheduling table (parts run)."""
+    tables: list[list[str]] = []
+    if "publish" in results:
+        tables.append(render_throughput(results))
+    if "schedule" in results:
+        tables.append(scheduling.render(results["schedule"]))
+    return "\n\n".join("\n".join(table) for table in tables)
+
+
+def render_throughput(results: dict[str, dict[str, Any]]) -> list[str]:
     """The side-by-side table, then publish latencies."""
+    throughput = {k: results[k] for k in ("publish", "drain")}
     header = ("scenario", "plain Celery jobs/s", "ojs_kombu jobs/s", "ratio (ojs/plain)",
               "target", "status")
     rows = [header] + [
         (name, f"{r['plain']['jobs_per_s']:.0f}", f"{r['ojs']['jobs_per_s']:.0f}",
          f"{r['ratio']:.2f}", f">= {r['target']:.1f}", "met" if r["met"] else "not met")
-        for name, r in results.items()
+        for name, r in throughput.items()
     ]
     lines = _grid(rows)
     pub = results["publish"]
@@ -342,7 +359,7 @@ def render(results: dict[str, dict[str, Any]]) -> str:
         ("p50 ms", f"{pub['plain']['p50_ms']:.3f}", f"{pub['ojs']['p50_ms']:.3f}"),
         ("p99 ms", f"{pub['plain']['p99_ms']:.3f}", f"{pub['ojs']['p99_ms']:.3f}"),
     ])]
-    return "\n".join(lines)
+    return lines
 
 
 def _grid(rows: list[tuple[str, ...]]) -> list[str]:
@@ -400,6 +417,24 @@ def sides(broker: Broker, broker_url: str) -> Iterator[tuple[Side, Side]]:
 
 
 def run(broker: Broker, args: argparse.Namespace) -> dict[str, Any]:
+    """The selected parts, throughput first; the results keyed by scenario."""
+    results: dict[str, Any] = {}
+    if "throughput" in args.parts:
+        results.update(run_throughput(broker, args))
+    if "schedule" in args.parts:
+        settings = scheduling.Settings(
+            memory_jobs=args.schedule_jobs, settle_s=args.settle,
+            lateness_jobs=args.lateness_jobs, grace_s=args.lateness_grace)
+        results["schedule"] = scheduling.run(broker, args.broker, _ojs_url(args.broker),
+                                             settings, log=_progress)
+    return results
+
+
+def _progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def run_throughput(broker: Broker, args: argparse.Namespace) -> dict[str, Any]:
     with sides(broker, args.broker) as (plain, ojs):
         for side in (plain, ojs):
             warm_up(side, broker)
@@ -420,9 +455,29 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--broker", default=DEFAULT_BROKER, help="amqp:// URL of RabbitMQ")
     parser.add_argument("--timeout", type=float, default=300.0,
                         help="seconds a drain may take before it counts as an error")
+    part = parser.add_mutually_exclusive_group()
+    part.add_argument("--only", choices=PARTS,
+                      help="run one part: throughput (publish, drain) or schedule")
+    part.add_argument("--skip-schedule", action="store_true",
+                      help="run the throughput part only (same as --only throughput)")
+    parser.add_argument("--schedule-jobs", type=int, default=10_000,
+                        help="scheduling: jobs due in 60 s to 1 h, for the memory numbers")
+    parser.add_argument("--lateness-jobs", type=int, default=1_000,
+                        help="scheduling: jobs due within 30 s, for the lateness numbers")
+    parser.add_argument("--settle", type=float, default=15.0,
+                        help="scheduling: seconds between publishing and measuring RSS")
+    parser.add_argument("--lateness-grace", type=float, default=30.0,
+                        help="scheduling: seconds after the last due time before jobs that "
+                        "have not run count as missing")
     args = parser.parse_args(argv)
     if args.jobs < 2 or args.rounds < 1:
         parser.error("--jobs must be at least 2 and --rounds at least 1")
+    if (args.schedule_jobs < 1 or args.lateness_jobs < 2 or args.settle < 0
+            or args.lateness_grace < 0):
+        parser.error("--schedule-jobs must be at least 1, --lateness-jobs at least 2, "
+                     "--settle and --lateness-grace not negative")
+    args.parts = ((args.only,) if args.only else
+                  ("throughput",) if args.skip_schedule else PARTS)
     return args
 
 
@@ -444,8 +499,8 @@ def main(argv: list[str] | None = None) -> int:
     print(render(results))
     write_json(args.json, {
         "timestamp": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "jobs": args.jobs, "rounds": args.rounds, "warmup": WARMUP, "pool": POOL,
-        "concurrency": CONCURRENCY,
+        "parts": list(args.parts), "jobs": args.jobs, "rounds": args.rounds, "warmup": WARMUP,
+        "pool": POOL, "concurrency": CONCURRENCY,
         "machine": machine, "results": results,
     })
     print(f"\nresults written to {args.json}")

@@ -1,0 +1,463 @@
+"""Scheduling scenario: where delayed jobs wait (worker memory vs broker) and how late they run.
+
+Plain Celery hands an ``eta``/``countdown`` task to a worker at once and the
+worker keeps it in memory until it is due; ojs_kombu parks it in the broker's
+TTL ladder (``{prefix}.ojs.queue.schedule.{k}``) and the worker only sees it
+when it is due.  So each side gets one real worker *subprocess* (its RSS is
+measured apart from the publisher), is loaded with long delays (memory), then
+with short ones (lateness).  Called by ``run.py``; see benchmarks/README.rst.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import random
+import secrets
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from celery import Celery
+from celery.app.task import Task
+from kombu.utils.url import parse_url
+
+from ojs_kombu import TopologyNames
+from ojs_kombu.delays import SCHEDULE_LEVELS
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # the worker subprocess imports it the same way (PYTHONPATH)
+from scheduling_app import IDLE, TASK_NAME, make_app  # noqa: E402
+
+POOL = "threads"
+CONCURRENCY = 4
+QUEUE_OJS = "sched"
+COUNTDOWN_RANGE = (60.0, 3600.0)
+WARMUP = 20
+#: A scheduled job may start this much before its due time (clock resolution).
+EARLY_TOLERANCE_S = 0.001
+#: Informational targets from the spec, for the ojs_kombu side.
+TARGET_GROWTH_MB = 5.0
+TARGET_P99_MS = 250.0
+WORKER_READY_TIMEOUT = 60.0
+WORKER_STOP_TIMEOUT = 20.0
+MB = 1024 * 1024
+
+
+@dataclass
+class Settings:
+    """What the scenario loads each side with (``run.py`` flags)."""
+
+    memory_jobs: int = 10_000
+    settle_s: float = 15.0
+    lateness_jobs: int = 1_000
+    window_s: float = 30.0
+    #: Extra seconds, after the last due time, the lateness jobs may take to run.
+    grace_s: float = 30.0
+
+
+class Admin(Protocol):
+    """The part of ``run.Broker`` used here (deleting what a side declared)."""
+
+    def delete(self, queues: list[str], exchanges: list[str]) -> None: ...
+
+
+@dataclass
+class SchedSide:
+    """Names of one side; every entity it creates contains ``marker``, unique to the run."""
+
+    key: str  # "plain" | "ojs"
+    label: str
+    marker: str
+    broker_url: str
+    queue: str  # the Celery queue name (``-Q``)
+    ojs_prefix: str | None = None
+
+    @property
+    def control_exchange(self) -> str:
+        return f"{self.marker}-ctl"
+
+    @property
+    def nodename(self) -> str:
+        return f"{self.marker}@localhost"
+
+    def owns_queue(self, name: str) -> bool:
+        """A queue of this side's job topology (pidbox queues are Celery's, on both sides)."""
+        if self.ojs_prefix is None:
+            return name == self.queue
+        return name.startswith(f"{self.ojs_prefix}.")
+
+    def known_entities(self) -> tuple[list[str], list[str]]:
+        """Every queue and exchange this side may create, listed without the broker's help."""
+        ctl = self.control_exchange
+        queues = [f"{self.nodename}.{ctl}.pidbox"]
+        exchanges = [f"{ctl}.pidbox", f"reply.{ctl}.pidbox"]
+        if self.ojs_prefix is None:
+            return [self.queue, *queues], [self.queue, *exchanges]
+        names = TopologyNames(prefix=self.ojs_prefix)
+        queues += [names.job_queue(self.queue), names.dead_letter_queue(self.queue),
+                   names.schedule_unroutable_queue,
+                   *(names.schedule_queue(k) for k in range(SCHEDULE_LEVELS))]
+        exchanges += [names.direct_exchange, names.dlx_exchange, names.retry_exchange,
+                      names.delayed_exchange, names.schedule_ready_exchange,
+                      names.schedule_unroutable_exchange,
+                      *(names.schedule_exchange(k) for k in range(SCHEDULE_LEVELS))]
+        return queues, exchanges
+
+    def make_app(self) -> Celery:
+        return make_app(self.broker_url, self.queue, self.control_exchange,
+                        ojs_prefix=self.ojs_prefix)
+
+
+@dataclass
+class SideResult:
+    rss_before_mb: float
+    rss_after_mb: float
+    rss_growth_mb: float
+    #: RSS and jobs held at the end of the lateness part (memory jobs still waiting).
+    rss_end_mb: float
+    held_by_worker_end: int | None
+    #: Seconds to publish the memory jobs (each confirmed), and the rate.
+    publish_s: float
+    publish_jobs_per_s: float
+    #: At the "after" measurement: messages delivered to the worker and not
+    #: acked (held in its memory) and messages ready in the broker.
+    held_by_worker: int | None
+    waiting_in_broker: int | None
+    broker_queues: int | None
+    broker_queue_memory_mb: float | None
+    lateness_jobs: int
+    lateness_ran: int
+    p50_ms: float | None
+    p99_ms: float | None
+    max_ms: float | None
+    min_ms: float | None
+    early: int
+
+
+# -- the worker subprocess ------------------------------------------------
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident memory of ``pid`` plus all its descendants (prefork children would count)."""
+    try:
+        import psutil
+    except ImportError:
+        return sum(_proc_rss(p) for p in _proc_tree(pid))
+    with suppress(psutil.NoSuchProcess):
+        root = psutil.Process(pid)
+        total = root.memory_info().rss
+        for child in root.children(recursive=True):
+            with suppress(psutil.NoSuchProcess):
+                total += child.memory_info().rss
+        return total
+    return 0
+
+
+def _proc_tree(pid: int) -> list[int]:
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        for children in Path(f"/proc/{current}/task").glob("*/children"):
+            with suppress(OSError):
+                todo += [int(c) for c in children.read_text().split()]
+    return found
+
+
+def _proc_rss(pid: int) -> int:
+    with suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+class Worker:
+    """``python -m celery -A scheduling_app worker`` for one side, logging into ``workdir``."""
+
+    def __init__(self, side: SchedSide, workdir: Path) -> None:
+        self.side = side
+        self.record = workdir / f"{side.key}.record"
+        self.log = workdir / f"{side.key}.log"
+        env = dict(os.environ)
+        env.update({
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), env.get("PYTHONPATH")])),
+            "BENCH_SCHED_BROKER": side.broker_url,
+            "BENCH_SCHED_QUEUE": side.queue,
+            "BENCH_SCHED_CONTROL": side.control_exchange,
+            "BENCH_SCHED_OJS_PREFIX": side.ojs_prefix or "",
+            "BENCH_SCHED_RECORD": str(self.record),
+        })
+        self.record.touch()
+        with self.log.open("wb") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "celery", "-A", "scheduling_app", "worker",
+                 "--pool", POOL, "-c", str(CONCURRENCY), "-Q", side.queue,
+                 "--without-mingle", "--without-gossip", "--loglevel", "WARNING",
+                 "-n", side.nodename],
+                env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            )
+
+    def check_alive(self) -> None:
+        code = self.process.poll()
+        if code is not None:
+            raise RuntimeError(f"{self.side.label} worker exited with status {code}:\n"
+                               f"{self.log_tail()}")
+
+    def log_tail(self, lines: int = 20) -> str:
+        with suppress(OSError):
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        return ""
+
+    def rss_mb(self) -> float:
+        self.check_alive()
+        return rss_bytes(self.process.pid) / MB
+
+    def recorded(self, tag: str) -> list[float]:
+        """Lateness in seconds of every ``tag`` job the worker ran so far."""
+        values = []
+        for line in self.record.read_text().splitlines():
+            got, _, value = line.partition(" ")
+            if got == tag:
+                values.append(float(value))
+        return values
+
+    def stop(self) -> None:
+        """Warm shutdown (SIGTERM), then SIGKILL: the run must not leave a worker behind."""
+        if self.process.poll() is not None:
+            return
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(WORKER_STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+def wait_ready(app: Celery, worker: Worker) -> None:
+    """Until the worker answers ``ping`` (remote control is on for this reason only)."""
+    deadline = time.monotonic() + WORKER_READY_TIMEOUT
+    while time.monotonic() < deadline:
+        worker.check_alive()
+        if app.control.ping(destination=[worker.side.nodename], timeout=1.0):
+            return
+    raise RuntimeError(f"{worker.side.label} worker did not answer ping within "
+                       f"{WORKER_READY_TIMEOUT:.0f}s:\n{worker.log_tail()}")
+
+
+def wait_recorded(worker: Worker, tag: str, n: int, timeout: float) -> list[float]:
+    """Poll the record file until ``n`` ``tag`` jobs ran or ``timeout`` passed."""
+    deadline = time.monotonic() + timeout
+    while True:
+        worker.check_alive()
+        values = worker.recorded(tag)
+        if len(values) >= n or time.monotonic() >= deadline:
+            return values
+        time.sleep(0.5)
+
+
+# -- broker inspection ----------------------------------------------------
+
+
+def list_broker(kind: str, columns: list[str], vhost: str) -> list[list[str]] | None:
+    """``rabbitmqctl list_<kind>`` rows, or ``None`` when rabbitmqctl is unavailable."""
+    try:
+        done = subprocess.run(
+            ["rabbitmqctl", "-q", f"list_{kind}", "-p", vhost, "--no-table-headers", *columns],
+            capture_output=True, text=True, timeout=60, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return [line.split("\t") for line in done.stdout.splitlines() if line.strip()]
+
+
+def _vhost(broker_url: str) -> str:
+    return parse_url(broker_url).get("virtual_host") or "/"
+
+
+def queue_stats(side: SchedSide) -> dict[str, Any]:
+    """Queues of the side's job topology: count, ready and unacked messages, memory."""
+    rows = list_broker("queues", ["name", "messages_ready", "messages_unacknowledged", "memory"],
+                       _vhost(side.broker_url))
+    if rows is None:
+        return {"held_by_worker": None, "waiting_in_broker": None, "broker_queues": None,
+                "broker_queue_memory_mb": None}
+    mine = [row for row in rows if len(row) == 4 and side.owns_queue(row[0])]
+    return {
+        "held_by_worker": sum(int(row[2]) for row in mine),
+        "waiting_in_broker": sum(int(row[1]) for row in mine),
+        "broker_queues": len(mine),
+        "broker_queue_memory_mb": sum(int(row[3]) for row in mine) / MB,
+    }
+
+
+def delete_side(side: SchedSide, admin: Admin) -> None:
+    """Delete what the side declared: the known names, then anything else with its marker."""
+    queues, exchanges = side.known_entities()
+    vhost = _vhost(side.broker_url)
+    listed_queues = list_broker("queues", ["name"], vhost) or []
+    listed_exchanges = list_broker("exchanges", ["name"], vhost) or []
+    queues += [row[0] for row in listed_queues if side.marker in row[0] and row[0] not in queues]
+    exchanges += [row[0] for row in listed_exchanges
+                  if side.marker in row[0] and row[0] not in exchanges]
+    admin.delete(queues, exchanges)
+
+
+# -- the measurement -------------------------------------------------------
+
+
+def publish_memory_jobs(task: Task, n: int, rng: random.Random) -> float:
+    """``n`` jobs due in 60 s to 1 h; returns the seconds publishing took."""
+    low, high = COUNTDOWN_RANGE
+    started = time.perf_counter()
+    for _ in range(n):
+        countdown = rng.uniform(low, high)
+        task.apply_async((IDLE, time.time() + countdown), countdown=countdown)
+    return time.perf_counter() - started
+
+
+def publish_lateness_jobs(task: Task, n: int, window_s: float, rng: random.Random) -> float:
+    """``n`` jobs each due at a random moment of the next ``window_s``; returns the last due."""
+    last = 0.0
+    for _ in range(n):
+        due = time.time() + rng.uniform(0, window_s)
+        task.apply_async(("late", due), eta=dt.datetime.fromtimestamp(due, dt.UTC))
+        last = max(last, due)
+    return last
+
+
+def measure_side(side: SchedSide, settings: Settings, workdir: Path, seed: int) -> SideResult:
+    """Start the worker, then the memory part, then the lateness part; always stop it."""
+    app = side.make_app()
+    task = app.tasks[TASK_NAME]
+    rng = random.Random(seed)
+    worker = Worker(side, workdir)
+    try:
+        wait_ready(app, worker)
+        for _ in range(WARMUP):  # connections, imports and the first deliveries on both ends
+            task.apply_async(("warm", time.time()))
+        if len(wait_recorded(worker, "warm", WARMUP, 60)) < WARMUP:
+            raise RuntimeError(f"{side.label}: warm-up jobs did not run\n{worker.log_tail()}")
+        time.sleep(2)
+        before = worker.rss_mb()
+        publish_s = publish_memory_jobs(task, settings.memory_jobs, rng)
+        time.sleep(settings.settle_s)
+        after = worker.rss_mb()
+        stats = queue_stats(side)
+        last_due = publish_lateness_jobs(task, settings.lateness_jobs, settings.window_s, rng)
+        timeout = last_due - time.time() + settings.grace_s
+        lateness = wait_recorded(worker, "late", settings.lateness_jobs, timeout)
+        end = worker.rss_mb()
+        held_end = queue_stats(side)["held_by_worker"]
+    finally:
+        worker.stop()
+        app.close()
+    return SideResult(
+        rss_before_mb=before, rss_after_mb=after, rss_growth_mb=after - before, rss_end_mb=end,
+        held_by_worker_end=held_end,
+        publish_s=publish_s, publish_jobs_per_s=settings.memory_jobs / publish_s, **stats,
+        lateness_jobs=settings.lateness_jobs, lateness_ran=len(lateness),
+        early=sum(1 for value in lateness if value < -EARLY_TOLERANCE_S),
+        **_percentiles_ms(lateness),
+    )
+
+
+def _percentiles_ms(values: list[float]) -> dict[str, float | None]:
+    if len(values) < 2:
+        return {"p50_ms": None, "p99_ms": None, "max_ms": None, "min_ms": None}
+    cuts = statistics.quantiles(values, n=100, method="inclusive")
+    return {"p50_ms": cuts[49] * 1e3, "p99_ms": cuts[98] * 1e3, "max_ms": max(values) * 1e3,
+            "min_ms": min(values) * 1e3}
+
+
+@contextmanager
+def _workdir() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="ojs-bench-sched-"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def make_sides(broker_url: str, ojs_url: str) -> list[SchedSide]:
+    """Both sides, named after this run (pid and a random suffix), so nothing is shared."""
+    tag = f"{os.getpid()}-{secrets.token_hex(3)}"
+    plain = f"bench-sched-plain-{tag}"
+    ojs = f"bench-sched-ojs-{tag}"
+    return [SchedSide("plain", "plain Celery", plain, broker_url, plain),
+            SchedSide("ojs", "ojs_kombu", ojs, ojs_url, QUEUE_OJS, ojs_prefix=ojs)]
+
+
+def run(admin: Admin, broker_url: str, ojs_url: str, settings: Settings,
+        log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Both sides one after the other (they would share 2 cores otherwise), then targets."""
+    results: dict[str, SideResult] = {}
+    sides = make_sides(broker_url, ojs_url)
+    seed = secrets.randbits(32)
+    with _workdir() as workdir:
+        for side in sides:
+            log(f"scheduling: {side.label} ...")
+            try:
+                results[side.key] = measure_side(side, settings, workdir, seed)
+            finally:
+                delete_side(side, admin)
+    ojs = results["ojs"]
+    checks = {
+        "rss_growth_mb": {"target": f"< {TARGET_GROWTH_MB:g}",
+                          "met": ojs.rss_growth_mb < TARGET_GROWTH_MB},
+        "p99_ms": {"target": f"< {TARGET_P99_MS:g}",
+                   "met": ojs.p99_ms is not None and ojs.p99_ms < TARGET_P99_MS
+                   and ojs.lateness_ran == ojs.lateness_jobs},
+        "early": {"target": "= 0", "met": ojs.early == 0 and ojs.lateness_ran > 0},
+    }
+    return {"plain": asdict(results["plain"]), "ojs": asdict(ojs), "targets": checks,
+            "settings": {**asdict(settings), "countdown_range_s": list(COUNTDOWN_RANGE),
+                         "pool": POOL, "concurrency": CONCURRENCY, "warmup": WARMUP,
+                         "seed": seed}}
+
+
+def render(result: dict[str, Any]) -> list[str]:
+    """Table lines: one row per number, plain and ojs side by side, ojs targets at the end."""
+    plain, ojs, targets = result["plain"], result["ojs"], result["targets"]
+
+    def cell(value: Any, fmt: str) -> str:
+        return "-" if value is None else format(value, fmt)
+
+    def row(title: str, key: str, fmt: str, target: str | None = None) -> tuple[str, ...]:
+        check = targets.get(target or "")
+        return (title, cell(plain[key], fmt), cell(ojs[key], fmt),
+                check["target"] if check else "",
+                ("met" if check["met"] else "not met") if check else "")
+
+    settings = result["settings"]
+    rows = [
+        ("scheduling", "plain Celery", "ojs_kombu", "target (ojs)", "status"),
+        row("worker RSS before MB", "rss_before_mb", ".1f"),
+        row(f"worker RSS after MB ({settings['memory_jobs']} delayed)", "rss_after_mb", ".1f"),
+        row("worker RSS growth MB", "rss_growth_mb", ".1f", "rss_growth_mb"),
+        row("jobs held by the worker", "held_by_worker", "d"),
+        row("jobs waiting in the broker", "waiting_in_broker", "d"),
+        row("broker queues used", "broker_queues", "d"),
+        row("broker queue memory MB", "broker_queue_memory_mb", ".1f"),
+        row("delayed publish jobs/s", "publish_jobs_per_s", ".0f"),
+        row("worker RSS at end MB", "rss_end_mb", ".1f"),
+        row("jobs held by the worker at end", "held_by_worker_end", "d"),
+        row(f"lateness jobs run (of {settings['lateness_jobs']})", "lateness_ran", "d"),
+        row("lateness p50 ms", "p50_ms", ".1f"),
+        row("lateness p99 ms", "p99_ms", ".1f", "p99_ms"),
+        row("lateness max ms", "max_ms", ".1f"),
+        row("started early (< -1 ms)", "early", "d", "early"),
+    ]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    text = [" | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+            for r in rows]
+    return [text[0], "-+-".join("-" * w for w in widths), *text[1:]]

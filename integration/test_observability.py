@@ -129,3 +129,18 @@ def test_a_foreign_producers_trace_is_continued(app: Celery, worker: Any,
     consumer = next(s for s in spans.get_finished_spans() if s.kind == SpanKind.CONSUMER)
     assert f"{consumer.context.trace_id:032x}" == trace_id
     assert consumer.parent is not None and f"{consumer.parent.span_id:016x}" == "b7ad6b7169203331"
+
+
+def test_queue_depths_are_read_from_the_broker(app: Celery, amqp_channel: amqp.Channel) -> None:
+    from ojs_kombu.celery_events import QueueDepths
+
+    add = app.tasks["math.add"]
+    for _ in range(3):
+        add.apply_async((1, 1), queue="gauge-depth")
+    names = app.amqp.binding.names
+    reader = QueueDepths(app)
+    assert reader.depths(["gauge-depth"], names.job_queue) == [("gauge-depth", 3.0)]
+    assert reader.depths(["gauge-depth"], names.dead_letter_queue) == [("gauge-depth", 0.0)]
+    with pytest.raises(amqp.exceptions.NotFound):  # fails the reading, not the process
+        reader.depths(["no-such-queue"], names.job_queue)
+    assert reader.depths(["gauge-depth"], names.job_queue) == [("gauge-depth", 3.0)]

@@ -193,3 +193,43 @@ def test_metrics_follow_events_with_bounded_labels() -> None:
     for name in ("ojs.jobs.enqueued", "ojs.jobs.completed", "ojs.jobs.failed"):
         assert [(dict(p.attributes), p.value) for p in found[name]] == [(labels, 1)]
     assert found["ojs.jobs.duration_ms"][0].sum == pytest.approx(42)
+
+
+def test_queue_gauges_report_per_queue_and_survive_a_failing_reader() -> None:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from ojs_kombu.metrics import OJSMetrics
+
+    reader = InMemoryMetricReader()
+    metrics = OJSMetrics(MeterProvider(metric_readers=[reader]))
+
+    def broken() -> list[tuple[str, float]]:
+        raise ConnectionError("broker down")
+
+    metrics.observe_queues(depth=lambda: [("email", 7.0), ("default", 0.0)],
+                           active=lambda: [("email", 2.0)], dead_letters=broken)
+    found = {m.name: m.data.data_points for r in reader.get_metrics_data().resource_metrics
+             for s in r.scope_metrics for m in s.metrics}
+    assert {p.attributes["queue"]: p.value for p in found["ojs.queue.depth"]} == {
+        "email": 7.0, "default": 0.0}
+    assert [p.value for p in found["ojs.queue.active"]] == [2.0]
+    assert not found.get("ojs.dead_letter.depth")
+
+
+def test_cancel_and_heartbeat_hooks_build_valid_events() -> None:
+    from datetime import UTC, datetime
+
+    from .conftest import schema_validator
+
+    bus, seen = EventBus(), []
+    bus.subscribe(seen.append)
+    events = JobEvents(bus, "ojs://t/workers/w1")
+    job = JobInfo("019461a8-1a2b-7c3d-8e4f-5a6b7c8d9e0f", "email.send", "email", 2)
+    events.cancelled(job, cancelled_by="user:ops", reason="superseded")
+    events.heartbeat(job, "w1", datetime.now(UTC))
+    events.progress(job, "w1", 40, "copying")
+    assert [e.type for e in seen] == ["job.cancelled", "job.heartbeat", "job.progress"]
+    validator = schema_validator("event")
+    for event in seen:
+        validator.validate(event.to_dict())

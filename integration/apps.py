@@ -137,6 +137,16 @@ def register_tasks(app: Celery) -> None:
         self.ojs.progress(100)
         return "reported"
 
+    @app.task(name="loop.until_cancelled", bind=True, shared=False)
+    def loop_until_cancelled(self: Any, seconds: float) -> str:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if self.ojs.cancelled:
+                calls.add(id=self.request.id, task="loop.until_cancelled", args=["cancelled"])
+                return "stopped early"
+            time.sleep(0.05)
+        return "ran to the end"
+
     @app.task(name="sleep.for", bind=True, shared=False)
     def sleep_for(self: Any, seconds: float) -> float:
         time.sleep(seconds)
@@ -150,4 +160,5 @@ def cli_app() -> Celery:
     return make_app("cli", os.environ["OJS_TEST_BROKER_URL"], "rpc://",
                     worker_hijack_root_logger=False,
                     ojs_event_sinks=[f"file:{events_file}"] if events_file else [],
-                    ojs_worker_heartbeat=1)
+                    ojs_worker_heartbeat=1, ojs_job_heartbeat=1,
+                    ojs_control_queues=not os.environ.get("OJS_TEST_NO_CONTROL"))

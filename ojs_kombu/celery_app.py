@@ -33,6 +33,7 @@ from celery.app.amqp import AMQP, Queues
 from kombu import Queue
 from kombu.utils.objects import cached_property
 
+from .celery_control import ControlQueues
 from .celery_events import WorkerEvents, build_events
 from .codec import CELERY_JSON
 from .dead_letters import DeadLetterQueue, open_dead_letter_queue
@@ -150,6 +151,7 @@ def install(app: Celery) -> Celery:
         _configure(app)
     app.steps["worker"].add(OJSPreflight)
     app.steps["consumer"].add(WorkerEvents)
+    app.steps["consumer"].add(ControlQueues)
     setattr(app, _INSTALLED_FLAG, True)
     return app
 

@@ -50,6 +50,8 @@ def check_queue_name(name: str) -> str:
             name, "OJS queue names use lowercase letters, digits, '-' and '.', "
             "starting with a letter or digit"
         )
+    if "ojs.queue." in name or "ojs.exchange." in name:
+        raise QueueNameError(name, "it would collide with the routing keys of control queues")
     if name.startswith(RESERVED_QUEUE_PREFIXES):
         raise QueueNameError(
             name, f"names starting with {', '.join(RESERVED_QUEUE_PREFIXES)} collide "

@@ -68,6 +68,11 @@ class OJSSettings(BaseModel):
     event_service: str | None = None
     #: Seconds between ``worker.heartbeat`` events (0: none).
     worker_heartbeat: float = Field(default=30.0, ge=0)
+    #: A job running longer than this many seconds gets an ``ojs.control.heartbeat``
+    #: (and a ``job.heartbeat`` event) every as many seconds (0: none).
+    job_heartbeat: float = Field(default=30.0, ge=0)
+    #: Whether workers consume the control queues of their queues (CANCEL, INFO).
+    control_queues: bool = True
     #: OpenTelemetry ``MeterProvider`` for ojs_kombu's metrics (default: the global one).
     meter_provider: Any = None
     #: ``celery beat`` does not send an entry again while its previous job is unfinished

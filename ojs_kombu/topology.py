@@ -59,12 +59,16 @@ def declare_queue_topology(
     queue: str,
     arguments: Mapping[str, Any] | None = None,
 ) -> None:
-    """Declare both exchanges, ``ojs.queue.{q}``, ``ojs.queue.dlx.{q}`` and their bindings."""
+    """Declare both exchanges, ``ojs.queue.{q}``, ``ojs.queue.dlx.{q}``,
+    ``ojs.queue.control.{q}`` (routing key: its own name, section 5.6) and their bindings."""
     job_args = job_queue_arguments(names, queue, arguments)
     _exchange(channel, names.direct_exchange)
     _exchange(channel, names.dlx_exchange)
     _queue(channel, names.job_queue(queue), job_args)
     _queue(channel, names.dead_letter_queue(queue), {})
+    _queue(channel, names.control_queue(queue), {})
+    channel.queue_bind(names.control_queue(queue), names.direct_exchange,
+                       routing_key=names.control_queue(queue))
     channel.queue_bind(names.job_queue(queue), names.direct_exchange, routing_key=queue)
     channel.queue_bind(names.dead_letter_queue(queue), names.dlx_exchange, routing_key=queue)
 

@@ -27,8 +27,10 @@ from typing import Any
 from billiard.einfo import ExceptionWithTraceback
 from celery import Task
 from celery.exceptions import Ignore, Reject, Retry, TimeLimitExceeded
+from celery.worker import state as worker_state
 from celery.worker.request import Request
 
+from .celery_control import cancellations, outcomes
 from .celery_events import count_completed
 from .codec import RETRY_HEADER
 from .delivery import JobAction, JobMessage
@@ -137,6 +139,13 @@ class JobContext:
         binding = self.task.app.amqp.binding
         return JobInfo.from_headers(request.id, binding.job_types.type_for(self.task.name),
                                     queue, vars(request))
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether a CANCEL reached this worker for the running job (cooperative cancelling:
+        check it in long loops; seen by solo, threads and gevent pools, not prefork
+        children, which ``terminate=True`` stops instead)."""
+        return self.task.request.id in worker_state.revoked
 
     def progress(self, percent: float, message: str | None = None) -> None:
         """Emit ``job.progress`` (0 to 100 percent, and an optional message)."""
@@ -279,6 +288,7 @@ class JobRequest(Request):
         message = self._message
         if not failed and isinstance(message, JobMessage):
             count_completed()
+            self._remember("completed", message)
             if self._ojs_events.active:
                 self._ojs_events.completed(message.ojs.info(), runtime, _pool_result(retval))
 
@@ -310,8 +320,23 @@ class JobRequest(Request):
         self.acknowledged = True
         self.send_event("task-rejected", requeue=False)
 
+    def _remember(self, state: str, message: JobMessage) -> None:
+        outcomes.remember(self.id, {"state": state, "attempt": message.ojs.attempt,
+                                    "worker_id": self.hostname})
+
+    def _announce_revoked(self, reason: Any, terminated: Any, signum: Any, expired: Any) -> None:
+        """A cancelled job is acked, not dead-lettered, and emits ``job.cancelled``."""
+        super()._announce_revoked(reason, terminated, signum, expired)
+        message = self._message
+        if isinstance(message, JobMessage) and not expired:
+            self._remember("cancelled", message)
+            why, by = cancellations.get(self.id, (None, None))
+            self._ojs_events.cancelled(message.ojs.info(), cancelled_by=by,
+                                       reason=why or f"{reason} by Celery")
+
     def _emit_failure(self, message: JobMessage, action: JobAction) -> None:
         """``job.failed``, then ``job.retrying`` or ``job.discarded`` (lifecycle order)."""
+        self._remember("retryable" if action.retry else "discarded", message)
         events = self._ojs_events
         if not events.active:
             return

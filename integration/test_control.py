@@ -1,0 +1,173 @@
+"""CANCEL, BEAT and INFO over OJS control queues, with real workers."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import amqp
+import pytest
+from celery import Celery
+from celery.exceptions import TaskRevokedError
+
+from ojs_kombu.control import ControlClient, ControlError, ControlTimeout
+from ojs_kombu.job_ids import new_job_id
+
+from .apps import make_app
+from .conftest import queue_depth, rabbitmqctl, wait_until
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_control_queues_are_part_of_the_topology(app: Celery, worker: Any, vhost: str) -> None:
+    bindings = rabbitmqctl("list_bindings", "--no-table-headers", "-p", vhost, "source_name",
+                           "destination_name", "routing_key")
+    assert ("ojs.exchange.direct\tojs.queue.control.email\tojs.queue.control.email"
+            in bindings)
+    consumers = rabbitmqctl("list_queues", "--no-table-headers", "-p", vhost, "name",
+                            "consumers")
+    assert "ojs.queue.control.email\t1" in consumers  # the worker consumes it
+
+
+def test_cancel_before_start_means_never_start(app: Celery, worker: Any, broker_url: str,
+                                              amqp_channel: amqp.Channel) -> None:
+    result = app.tasks["email.send"].apply_async(("a@b.c", "never"), queue="email",
+                                                 countdown=1.5)
+    with ControlClient(app) as client:
+        client.cancel(result.id, "email", reason="customer unsubscribed",
+                      cancelled_by="user:ops")
+    with pytest.raises(TaskRevokedError):
+        result.get(timeout=20)
+    assert app.calls.count(result.id) == 0
+    assert queue_depth(amqp_channel, "ojs.queue.dlx.email") == 0  # cancelled, not failed
+
+
+def test_raw_amqp_cancel_from_the_spec_text(app: Celery, worker: Any,
+                                            amqp_channel: amqp.Channel) -> None:
+    """Section 5.6: type ojs.control.cancel, body {"job_id": ...}, to ojs.queue.control.{q}."""
+    result = app.tasks["email.send"].apply_async(("a@b.c", "raw"), queue="email", countdown=1.5)
+    amqp_channel.basic_publish(
+        amqp.Message(json.dumps({"job_id": result.id}), type="ojs.control.cancel"),
+        exchange="", routing_key="ojs.queue.control.email")
+    with pytest.raises(TaskRevokedError):
+        result.get(timeout=20)
+    assert app.calls.count(result.id) == 0
+
+
+def test_a_running_job_stops_cooperatively(app: Celery, worker: Any) -> None:
+    result = app.tasks["loop.until_cancelled"].apply_async((30,), queue="email")
+    with ControlClient(app) as client:
+        wait_until(lambda: client.info(result.id, "email")["state"] == "active", timeout=20,
+                   what="the job running")
+        client.cancel(result.id, "email")
+    assert result.get(timeout=20) == "stopped early"
+
+
+def test_cancelling_unknown_or_finished_jobs_is_a_no_op(app: Celery, worker: Any) -> None:
+    done = app.tasks["math.add"].apply_async((1, 1), queue="email")
+    assert done.get(timeout=20) == 2
+    with ControlClient(app) as client:
+        client.cancel(new_job_id(), "email")
+        client.cancel(done.id, "email")
+        assert client.info(done.id, "email")["state"] == "completed"
+    assert app.tasks["math.add"].apply_async((2, 2), queue="email").get(timeout=20) == 4
+
+
+def test_info_answers_active_completed_and_not_found_by_correlation(app: Celery,
+                                                                   worker: Any) -> None:
+    running = app.tasks["loop.until_cancelled"].apply_async((3,), queue="email")
+    finished = app.tasks["math.add"].apply_async((3, 4), queue="email")
+    assert finished.get(timeout=20) == 7
+    unknown = new_job_id()
+    with ControlClient(app) as client:
+        wait_until(lambda: client.info(running.id, "email")["state"] == "active", timeout=20,
+                   what="the job running")
+        answers = client.info_many([(unknown, "email"), (running.id, "email"),
+                                    (finished.id, "email")], timeout=10)
+    assert answers[unknown] == {"job_id": unknown, "state": "not_found"}
+    assert answers[running.id]["state"] == "active"
+    assert answers[running.id]["worker_id"] == worker.hostname
+    assert answers[running.id]["attempt"] == 1
+    assert answers[finished.id]["state"] == "completed"
+    assert running.get(timeout=20) == "ran to the end"
+
+
+def test_client_errors_are_clear(broker_url: str) -> None:
+    with pytest.raises(ControlError, match="cannot reach the broker"):
+        ControlClient("ojs://guest:guest@127.0.0.1:5999//", connect_timeout=1)
+    with ControlClient(broker_url) as client:
+        with pytest.raises(ControlTimeout, match="no INFO answer"):
+            client.info(new_job_id(), "nobody-consumes-this", timeout=1)
+        with pytest.raises(ControlError, match="UUIDv7"):
+            client.cancel("not-a-job-id", "email")
+
+
+def _start(broker_url: str, name: str, log: Path, events: Path, *, control: bool
+           ) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "OJS_TEST_BROKER_URL": broker_url,
+           "OJS_TEST_EVENTS_FILE": str(events)}
+    if not control:
+        env["OJS_TEST_NO_CONTROL"] = "1"
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "integration.cliapp", "worker", "-Q", "ctl",
+             "-n", f"{name}@%h", "--pool", "prefork", "-c", "1", "--loglevel", "INFO",
+             "--without-mingle", "--without-gossip"],
+            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def test_cancel_reaches_the_worker_that_holds_the_job(broker_url: str, tmp_path: Path,
+                                                      amqp_channel: amqp.Channel) -> None:
+    """``holder`` runs the job but does not consume the control queue; ``relay``, started
+    once the job runs, receives the CANCEL and must get it to ``holder``."""
+    events_file, log = tmp_path / "events.jsonl", tmp_path / "workers.log"
+    client_app = make_app("ctl-client", broker_url, "rpc://")
+
+    def events() -> list[dict[str, Any]]:
+        if not events_file.exists():
+            return []
+        return [json.loads(line) for line in events_file.read_text().splitlines()]
+
+    workers = [_start(broker_url, "holder", log, events_file, control=False)]
+    try:
+        wait_until(lambda: client_app.control.inspect(timeout=1).ping(), timeout=60,
+                   what="the holder worker")
+        result = client_app.tasks["sleep.for"].apply_async((30,), queue="ctl")
+        started = wait_until(lambda: [e for e in events() if e["type"] == "job.started"
+                                      and e["subject"] == result.id], timeout=30, what="start")
+        assert started[0]["data"]["worker_id"].startswith("holder@")
+        workers.append(_start(broker_url, "relay", log, events_file, control=True))
+        wait_until(lambda: len(client_app.control.inspect(timeout=1).ping() or {}) == 2,
+                   timeout=60, what="the relay worker")
+        # BEAT: the running job gets heartbeats (ojs_job_heartbeat=1 in this app)
+        wait_until(lambda: any(e["type"] == "job.heartbeat" and e["subject"] == result.id
+                               for e in events()), timeout=20, what="a job.heartbeat")
+        with ControlClient(client_app) as client:
+            client.cancel(result.id, "ctl", reason="stop it", cancelled_by="test",
+                          terminate=True)
+        with pytest.raises(TaskRevokedError):
+            result.get(timeout=30)
+        cancelled = wait_until(lambda: [e for e in events() if e["type"] == "job.cancelled"
+                                        and e["subject"] == result.id], timeout=20,
+                               what="job.cancelled")
+    finally:
+        for process in workers:
+            os.killpg(process.pid, signal.SIGTERM)
+        for process in workers:
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+    assert cancelled[0]["data"]["reason"] == "stop it"
+    assert cancelled[0]["data"]["cancelled_by"] == "test"
+    assert "holder" in cancelled[0]["source"]
+    assert queue_depth(amqp_channel, "ojs.queue.dlx.ctl") == 0  # cancelled, not failed
+    heartbeat = next(e for e in events() if e["type"] == "job.heartbeat")
+    assert heartbeat["data"]["worker_id"].startswith("holder@")
+    # only the relay consumes the control queue; the broadcast reached both workers
+    assert f"cancel of job {result.id}: not on this worker now" in log.read_text()

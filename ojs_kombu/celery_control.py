@@ -1,0 +1,222 @@
+"""The worker side of CANCEL, BEAT and INFO (AMQP binding sections 5.6 to 5.8).
+
+Each worker consumes ``ojs.queue.control.{q}`` for every queue it consumes.
+Control queues are consumed competitively, so the worker that receives a
+CANCEL broadcasts it to every worker (a Celery remote-control command built
+on ``revoke``); the one holding the job stops it, and no worker starts it
+later.  INFO is answered from what the workers know (asked by broadcast),
+then from the result backend.  While a job runs longer than
+``ojs_job_heartbeat`` seconds, its worker publishes ``ojs.control.heartbeat``
+and emits ``job.heartbeat``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections import OrderedDict
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import amqp
+from celery import Celery, bootsteps
+from celery.worker import state as worker_state
+from celery.worker.control import control_command
+
+from .control import CANCEL, HEARTBEAT, INFO, control_message, parse_control
+from .delivery import JobMessage
+
+logger = logging.getLogger(__name__)
+
+#: Celery result states -> OJS states (what INFO answers from the result backend).
+BACKEND_STATES = {"SUCCESS": "completed", "FAILURE": "discarded", "RETRY": "retryable",
+                  "REVOKED": "cancelled", "STARTED": "active"}
+
+
+class _Recent(OrderedDict[str, Any]):
+    """A small LRU of what this worker knows about jobs it no longer holds."""
+
+    def __init__(self, size: int = 10_000) -> None:
+        super().__init__()
+        self.size = size
+        self._lock = threading.Lock()
+
+    def remember(self, key: str, value: Any) -> None:
+        with self._lock:
+            self[key] = value
+            self.move_to_end(key)
+            while len(self) > self.size:
+                self.popitem(last=False)
+
+
+#: job id -> (reason, cancelled_by) of cancellations seen by this worker
+cancellations = _Recent()
+#: job id -> {"state", "attempt", "worker_id"} of jobs this worker finished
+outcomes = _Recent()
+
+
+@control_command(args=[("job_id", str), ("reason", str), ("cancelled_by", str),
+                       ("terminate", bool)])
+def ojs_cancel(state: Any, job_id: str, reason: str | None = None,
+               cancelled_by: str | None = None, terminate: bool = False) -> dict[str, Any]:
+    """Cancel ``job_id`` on this worker (and keep it from starting here later)."""
+    from celery.worker.control import revoke
+
+    cancellations.remember(job_id, (reason, cancelled_by))
+    held = _held(job_id)
+    revoke(state, job_id, terminate=terminate, signal="SIGTERM")
+    if held is None:
+        logger.info("cancel of job %s: not on this worker now; it will not start here", job_id)
+    return {"ok": f"job {job_id} cancelled", "held": held}
+
+
+@control_command(args=[("job_id", str)])
+def ojs_job_info(state: Any, job_id: str) -> dict[str, Any] | None:
+    """What this worker knows of ``job_id``: held now, or finished recently."""
+    held = _held(job_id)
+    if held is not None:
+        request = held[1]
+        message = getattr(request, "_message", None)
+        attempt = message.ojs.attempt if isinstance(message, JobMessage) else None
+        return {"state": "active" if held[0] == "active" else "available",
+                "worker_id": state.consumer.hostname, "attempt": attempt}
+    return outcomes.get(job_id)
+
+
+def _held(job_id: str) -> tuple[str, Any] | None:
+    for request in list(worker_state.active_requests):
+        if request.id == job_id:
+            return "active", request
+    for request in list(worker_state.reserved_requests):
+        if request.id == job_id:
+            return "reserved", request
+    return None
+
+
+def job_info(app: Celery, job_id: str, timeout: float = 1.0) -> dict[str, Any]:
+    """The OJS state of ``job_id``: from the workers, then the result backend."""
+    replies = app.control.broadcast("ojs_job_info", arguments={"job_id": job_id}, reply=True,
+                                    timeout=timeout) or []
+    known = [answer for reply in replies for answer in reply.values() if answer]
+    for wanted in ("active", "available", "completed", "discarded", "cancelled", "retryable"):
+        for answer in known:
+            if answer.get("state") == wanted:
+                return {"job_id": job_id, **answer}
+    try:
+        state = app.AsyncResult(job_id).state
+    except NotImplementedError:  # no result backend
+        state = "PENDING"
+    if state in BACKEND_STATES:
+        return {"job_id": job_id, "state": BACKEND_STATES[state]}
+    return {"job_id": job_id, "state": "not_found"}
+
+
+class ControlQueues(bootsteps.StartStopStep):
+    """Consumer bootstep: consume the control queues and publish job heartbeats."""
+
+    name = "ojs_kombu.control_queues"
+    requires = ("celery.worker.consumer.tasks:Tasks",)
+
+    def __init__(self, parent: Any, **kwargs: Any) -> None:
+        super().__init__(parent, **kwargs)
+        self._channel: Any = None
+        self._timer: Any = None
+
+    def start(self, parent: Any) -> None:
+        binding = parent.app.amqp.binding
+        channel = parent.connection.channel()
+        if binding.settings.control_queues:
+            channel.basic_qos(0, 16, False)
+            for queue in self._queues(parent):
+                parent.connection.connection.ensure_topology(queue)
+                channel.basic_consume(
+                    binding.names.control_queue(queue),
+                    callback=lambda message, p=parent: self.on_message(p, message))
+        self._channel = channel
+        interval = binding.settings.job_heartbeat
+        if interval and parent.timer is not None:
+            self._timer = parent.timer.call_repeatedly(interval, self.beat, (parent, interval),
+                                                       priority=10)
+
+    def stop(self, parent: Any) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        channel, self._channel = self._channel, None
+        if channel is not None:
+            try:
+                channel.close()
+            except Exception:
+                logger.debug("closing the control channel failed", exc_info=True)
+
+    shutdown = stop
+
+    def on_message(self, parent: Any, message: amqp.Message) -> None:
+        try:
+            kind, body = parse_control(message)
+        except ValueError as exc:
+            logger.warning("ignoring control message %s: %s",
+                           message.properties.get("message_id"), exc)
+        else:
+            if kind == CANCEL:
+                parent.app.control.broadcast("ojs_cancel", arguments={
+                    "job_id": body["job_id"], "reason": body.get("reason"),
+                    "cancelled_by": body.get("cancelled_by"),
+                    "terminate": bool(body.get("terminate"))})
+            elif kind == INFO:
+                reply_to = message.properties.get("reply_to")
+                if reply_to:
+                    threading.Thread(target=self.answer, daemon=True, args=(
+                        parent.app, body["job_id"], reply_to,
+                        message.properties.get("correlation_id"))).start()
+            elif kind == HEARTBEAT:
+                logger.debug("heartbeat of job %s from %s", body["job_id"],
+                             body.get("worker_id"))
+        message.channel.basic_ack(message.delivery_tag)
+
+    @staticmethod
+    def answer(app: Celery, job_id: str, reply_to: str, correlation_id: str | None) -> None:
+        """INFO reply (its own thread and connection: it waits for the workers' answers)."""
+        try:
+            answer = job_info(app, job_id)
+        except Exception as exc:
+            logger.exception("INFO for job %s failed", job_id)
+            answer = {"job_id": job_id, "state": "error", "error": str(exc)}
+        with app.producer_or_acquire() as producer:
+            producer.publish(json.dumps(answer), exchange="", routing_key=reply_to,
+                             correlation_id=correlation_id, content_type="application/json",
+                             content_encoding="utf-8", serializer=None, retry=True)
+
+    def beat(self, parent: Any, interval: float) -> None:
+        """BEAT (section 5.7) for every job running longer than ``interval`` seconds."""
+        channel = self._channel
+        if channel is None:
+            return
+        binding = parent.app.amqp.binding
+        now = time.time()
+        visible_until = datetime.now(UTC) + timedelta(seconds=2 * interval)
+        for request in list(worker_state.active_requests):
+            message = getattr(request, "_message", None)
+            started = getattr(request, "time_start", None)
+            if not isinstance(message, JobMessage) or not started or now - started < interval:
+                continue
+            delivery = message.ojs
+            beat = control_message(HEARTBEAT, {
+                "job_id": delivery.job_id, "worker_id": parent.hostname,
+                "attempt": delivery.attempt, "visible_until": visible_until.isoformat()})
+            try:
+                channel.publish_confirmed(beat, binding.names.direct_exchange,
+                                          binding.names.control_queue(delivery.queue),
+                                          job_id=beat.properties["message_id"],
+                                          queue=delivery.queue)
+            except Exception:
+                logger.exception("could not publish the heartbeat of job %s", delivery.job_id)
+            binding.events.heartbeat(delivery.info(), parent.hostname, visible_until)
+
+    @staticmethod
+    def _queues(parent: Any) -> list[str]:
+        consume_from = parent.app.amqp.queues.consume_from or {}
+        return sorted(getattr(q, "ojs_queue", None) or q.name for q in consume_from.values()
+                      if getattr(q, "ojs_queue", None))

@@ -158,6 +158,8 @@ def install(app: Celery) -> Celery:
 
 def _configure(sender: Celery, **_: Any) -> None:
     conf = sender.conf
+    if conf.broker_heartbeat == 120:  # Celery's default; the binding recommends 60 s (11.1)
+        conf.broker_heartbeat = 60
     if conf.beat_scheduler == "celery.beat:PersistentScheduler":
         conf.beat_scheduler = "ojs_kombu.beat:OJSScheduler"
     conf.task_acks_late = True

@@ -151,3 +151,11 @@ def test_unknown_ojs_setting_is_reported() -> None:
     app = make_app(ojs_prefx="oops")
     with pytest.raises(OJSConfigurationError, match="ojs_prefx"):
         _ = app.amqp.binding
+
+
+def test_connection_heartbeat_is_60_seconds_and_a_beat_scheduler_reports_cron_events() -> None:
+    app = make_app()
+    assert app.conf.broker_heartbeat == 60
+    assert app.conf.beat_scheduler == "ojs_kombu.beat:OJSScheduler"
+    explicit = make_app(broker_heartbeat=10)
+    assert explicit.conf.broker_heartbeat == 10

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 from celery import Celery
@@ -73,7 +74,8 @@ def register_tasks(app: Celery) -> None:
     @app.task(name="email.send", bind=True, shared=False)
     def send_email(self: Any, to: str, template: str) -> str:
         calls.add(id=self.request.id, task="email.send", args=[to, template],
-                  eta=self.request.eta, retries=self.request.retries)
+                  scheduled_at=getattr(self.request, "x-ojs-scheduled-at", None),
+                  started=datetime.now(UTC), retries=self.request.retries)
         return f"sent {template} to {to}"
 
     @app.task(name="math.add", bind=True, shared=False)
@@ -122,6 +124,13 @@ def register_tasks(app: Celery) -> None:
         if self.request.retries == 0:
             raise self.retry(countdown=0.5, exc=TimeoutError("upstream busy"))
         return "done"
+
+    @app.task(name="retry.new_args", bind=True, shared=False)
+    def retry_new_args(self: Any, value: int) -> int:
+        calls.add(id=self.request.id, task="retry.new_args", args=[value])
+        if value == 1:
+            raise self.retry(args=[2], countdown=0.2)
+        return value
 
     @app.task(name="toggle.fail", bind=True, shared=False, ojs_retry={"max_attempts": 1})
     def toggle_fail(self: Any) -> str:

@@ -39,6 +39,17 @@ def test_retries_wait_in_retry_queues(app: Celery, worker: Any, vhost: str) -> N
     assert "ojs.exchange.retry\tojs.queue.retry.retries.512\tretries.512" in bindings
 
 
+def test_retry_with_new_args_publishes_one_new_job_only(app: Celery, worker: Any) -> None:
+    """Celery publishes the new message itself; the old delivery is only acked."""
+    result = app.tasks["retry.new_args"].apply_async((1,), queue="retries")
+    assert result.get(timeout=30) == 2
+    import time
+
+    time.sleep(1.0)  # a duplicate would have arrived by now
+    runs = [c["args"] for c in app.calls.all() if c["id"] == result.id]
+    assert runs == [[1], [2]]
+
+
 def test_non_retryable_error_goes_straight_to_the_dlq(app: Celery, worker: Any,
                                                       amqp_channel: amqp.Channel) -> None:
     result = app.tasks["reject.value"].apply_async(queue="retries")

@@ -189,12 +189,35 @@ def check_app(app: Celery) -> dict[str, str]:
     types = binding.job_types.validate()
     for name, task in app.tasks.items():
         task_retry_policy(task)  # raises RetryPolicyError for an invalid ojs_retry
+        _check_acks(name, task)
         if not isinstance(task, OJSTask) and not name.startswith("celery."):
             logger.warning(
                 "task %r does not derive from the app's Task (ojs_kombu.OJSTask): its "
                 "failures are dead-lettered without OJS retries; derive its base class "
                 "from app.Task", name)
     return types
+
+
+def _check_acks(name: str, task: Any) -> None:
+    """Per-task ack options that would ack a job before it succeeded lose it."""
+    if getattr(task, "acks_late", True) is False:
+        raise OJSConfigurationError(
+            f"task {name!r} sets acks_late=False: an OJS job is acked only after it ran "
+            "(a failed one is retried or dead-lettered); remove the option")
+    for option in ("acks_on_failure_or_timeout", "acks_on_failure", "acks_on_timeout"):
+        if getattr(task, option, None) is True and option in _own_options(task):
+            raise OJSConfigurationError(
+                f"task {name!r} sets {option}=True: a failed OJS job is retried or "
+                "dead-lettered, never acked and dropped; remove the option")
+
+
+def _own_options(task: Any) -> set[str]:
+    names: set[str] = set()
+    for cls in task.__class__.__mro__:
+        if cls.__module__.startswith(("celery.", "ojs_kombu.")):
+            break
+        names.update(vars(cls))
+    return names
 
 
 class OJSPreflight(bootsteps.Step):

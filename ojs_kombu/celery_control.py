@@ -155,6 +155,14 @@ class ControlQueues(bootsteps.StartStopStep):
 
     def on_message(self, parent: Any, message: amqp.Message) -> None:
         try:
+            self.handle(parent, message)
+        except Exception:  # a control message must never stop the worker
+            logger.exception("control message %s could not be handled",
+                             message.properties.get("message_id"))
+        message.channel.basic_ack(message.delivery_tag)
+
+    def handle(self, parent: Any, message: amqp.Message) -> None:
+        try:
             kind, body = parse_control(message)
         except ValueError as exc:
             logger.warning("ignoring control message %s: %s",
@@ -174,7 +182,6 @@ class ControlQueues(bootsteps.StartStopStep):
             elif kind == HEARTBEAT:
                 logger.debug("heartbeat of job %s from %s", body["job_id"],
                              body.get("worker_id"))
-        message.channel.basic_ack(message.delivery_tag)
 
     @staticmethod
     def answer(app: Celery, job_id: str, reply_to: str, correlation_id: str | None) -> None:

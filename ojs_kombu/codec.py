@@ -406,12 +406,15 @@ def decode_job_message(
     headers.update(
         (k, v) for k, v in amqp_headers.items() if isinstance(k, str) and k.startswith("x-ojs-")
     )
+    own_retry: dict[str, Any] = {}
+    if X_CELERY not in extra and isinstance(amqp_headers.get("x-ojs-max-attempts"), int):
+        # A foreign producer may state its budget in the header only (section 6.2).
+        own_retry["max_attempts"] = amqp_headers["x-ojs-max-attempts"]
     if envelope.retry is not None:
-        headers[RETRY_HEADER] = envelope.retry.model_dump(mode="json",
-                                                          include=envelope.retry.model_fields_set)
-    elif X_CELERY not in extra and isinstance(amqp_headers.get("x-ojs-max-attempts"), int):
-        # A foreign producer states its budget in the header only (section 6.2).
-        headers[RETRY_HEADER] = {"max_attempts": amqp_headers["x-ojs-max-attempts"]}
+        own_retry.update(envelope.retry.model_dump(mode="json",
+                                                   include=envelope.retry.model_fields_set))
+    if own_retry:
+        headers[RETRY_HEADER] = own_retry
     if "traceparent" not in headers:  # continue a producer's trace (AMQP-023)
         meta = envelope.meta or {}
         traceparent = (amqp_headers.get("x-ojs-trace-id") or amqp_headers.get("x-ojs-traceparent")
@@ -423,7 +426,10 @@ def decode_job_message(
                 headers["tracestate"] = tracestate
     headers["task"] = task_name
     headers["id"] = envelope.id
-    headers["eta"] = envelope.scheduled_at.isoformat() if envelope.scheduled_at else None
+    # Only a job still due later keeps an eta (the transport sends back any job
+    # more than a moment early); a past scheduled_at would just cost Celery's ETA path.
+    due = envelope.scheduled_at
+    headers["eta"] = due.isoformat() if due is not None and due > datetime.now(UTC) else None
     headers["expires"] = envelope.expires_at.isoformat() if envelope.expires_at else None
     embed = {key: x_celery.get(key) for key in EMBED_KEYS}
     return IncomingJob(envelope=envelope, task_name=task_name, headers=headers,

@@ -74,6 +74,17 @@ class RetryPolicy(_Strict):
         lambda v: _unique(v, "non_retryable_errors")
     )
 
+    @model_validator(mode="after")
+    def _intervals(self) -> RetryPolicy:
+        # The schema's descriptions: initial_interval MUST be > 0 and
+        # max_interval MUST be >= initial_interval.
+        initial = parse_duration(self.initial_interval)
+        if initial.total_seconds() <= 0:
+            raise ValueError("retry.initial_interval must be greater than zero")
+        if parse_duration(self.max_interval) < initial:
+            raise ValueError("retry.max_interval must be >= retry.initial_interval")
+        return self
+
 
 class UniquePolicy(_Strict):
     """``unique-policy.schema.json``."""

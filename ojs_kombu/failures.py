@@ -23,7 +23,6 @@ from .codec import format_time
 HANDLER_ERROR = "HANDLER_ERROR"
 HANDLER_TIMEOUT = "HANDLER_TIMEOUT"
 NON_RETRYABLE_ERROR = "NON_RETRYABLE_ERROR"
-MAX_ATTEMPTS_EXCEEDED = "MAX_ATTEMPTS_EXCEEDED"
 EXPIRED = "EXPIRED"
 
 #: Error-history entries kept in the envelope (the spec asks for at least 10).

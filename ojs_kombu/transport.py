@@ -30,7 +30,7 @@ from amqp import spec
 from amqp.exceptions import RecoverableConnectionError
 from kombu.transport import pyamqp
 
-from .codec import decode_job_message, encode_task_message, format_time
+from .codec import INVALID_ENVELOPE, decode_job_message, encode_task_message, format_time
 from .confirms import ConfirmTracker, PendingPublish
 from .delays import (
     MAX_SCHEDULE_DELAY_MS,
@@ -358,16 +358,23 @@ class Channel(pyamqp.Channel):
             delivery = JobDelivery(queue, job.envelope.id, raw.body, dict(raw.properties),
                                    job.envelope.type)
             envelope, now = job.envelope, datetime.now(UTC)
-            if envelope.expires_at is not None and envelope.expires_at <= now:
-                failure = JobFailure(EXPIRED, EXPIRED, "job expired at "
-                                     f"{format_time(envelope.expires_at)} before it started")
-                self.discard_job(delivery, raw.delivery_tag, failure)
-                self.ojs.events.expired(delivery.info(), envelope.created_at, envelope.expires_at)
-                return None
-            if envelope.scheduled_at is not None:
-                early = (envelope.scheduled_at - now).total_seconds()
-                if early > EARLY_TOLERANCE_S:
-                    return self._wait_again(delivery, raw.delivery_tag, early)
+            try:
+                if envelope.expires_at is not None and envelope.expires_at <= now:
+                    failure = JobFailure(EXPIRED, EXPIRED, "job expired at "
+                                         f"{format_time(envelope.expires_at)} before it started")
+                    self.discard_job(delivery, raw.delivery_tag, failure)
+                    self.ojs.events.expired(delivery.info(), envelope.created_at,
+                                            envelope.expires_at)
+                    return None
+                if envelope.scheduled_at is not None:
+                    early = (envelope.scheduled_at - now).total_seconds()
+                    if early > EARLY_TOLERANCE_S:
+                        return self._wait_again(delivery, raw.delivery_tag, early)
+            except self.connection.connection_errors:
+                raise
+            except Exception as exc:  # never let one message stop the worker
+                logger.exception("job %s: could not expire or reschedule it", delivery.job_id)
+                return self.dead_letter(raw, queue, INVALID_ENVELOPE, f"unprocessable: {exc}")
             # Scheduled and retried jobs arrive through other exchanges; Celery
             # routes follow-up messages by delivery_info, so show it the OJS route.
             raw.delivery_info["exchange"] = self.ojs.names.direct_exchange
@@ -430,7 +437,8 @@ class Channel(pyamqp.Channel):
 
     def _wait_again(self, delivery: JobDelivery, delivery_tag: int, seconds: float) -> None:
         """A job that arrived before its ``scheduled_at`` goes back to the broker to wait."""
-        delay_ms = max(1, round(seconds * 1000))
+        # beyond the ladder's reach the job waits as long as it can, then again
+        delay_ms = min(max(1, round(seconds * 1000)), MAX_SCHEDULE_DELAY_MS)
         message = self._copy(delivery, delivery.body, without_death_headers(delivery.headers))
         self.publish_scheduled(message, delivery.queue, delay_ms, job_id=delivery.job_id)
         self.basic_ack(delivery_tag)
@@ -439,6 +447,7 @@ class Channel(pyamqp.Channel):
     def _copy(delivery: JobDelivery, body: bytes, headers: dict[str, Any]) -> amqp.Message:
         properties = dict(delivery.properties)
         properties["application_headers"] = headers
+        properties["message_id"] = delivery.job_id  # returns are matched by it
         return amqp.Message(body, **properties)
 
     def dead_letter(self, raw: amqp.Message, queue: str, code: str, text: str) -> None:
@@ -587,6 +596,8 @@ class Connection(pyamqp.Connection):
         else:
             self._ojs_declared.discard(queue)
             self._ojs_scheduled.discard(queue)
+            for key in [k for k in self._ojs_retry_declared if k[0] == queue]:
+                del self._ojs_retry_declared[key]
 
 
 class Transport(pyamqp.Transport):

@@ -26,7 +26,7 @@ from typing import Any
 
 from billiard.einfo import ExceptionWithTraceback
 from celery import Task
-from celery.exceptions import Ignore, Reject, Retry, TimeLimitExceeded
+from celery.exceptions import Ignore, Reject, Retry, TimeLimitExceeded, WorkerLostError
 from celery.worker import state as worker_state
 from celery.worker.request import Request
 
@@ -36,11 +36,13 @@ from .codec import RETRY_HEADER
 from .delivery import JobAction, JobMessage
 from .envelope import RetryPolicy
 from .events.emitter import JobEvents, JobInfo
-from .failures import HANDLER_ERROR, HANDLER_TIMEOUT, NON_RETRYABLE_ERROR, JobFailure
+from .failures import EXPIRED, HANDLER_ERROR, HANDLER_TIMEOUT, NON_RETRYABLE_ERROR, JobFailure
 from .retry import Backoff, matches, merge, policy_from
 
 logger = logging.getLogger(__name__)
 
+#: ``Retry.message`` of a retry whose new message Celery already published.
+REPUBLISHED = "ojs_kombu: published by Celery's retry"
 #: ``max_retries=None`` (retry forever) as an OJS ``max_attempts``: the largest
 #: value an ``x-ojs-max-attempts`` header (int32) can carry.
 UNBOUNDED_ATTEMPTS = 2**31 - 1
@@ -191,10 +193,18 @@ class OJSTask(Task):
         Celery's own ``retry`` publishes (the broker still holds it until due).
         """
         request = self.request
-        if (request.called_directly or not _delivered_by_ojs(request) or args is not None
-                or kwargs is not None or options):
+        if request.called_directly or not _delivered_by_ojs(request):
             return super().retry(args, kwargs, exc, throw, eta, countdown, max_retries,
                                  **options)
+        if args is not None or kwargs is not None or options:
+            # Celery publishes the new message itself; mark the Retry so the worker
+            # only acks this delivery instead of republishing it too.
+            try:
+                ret = super().retry(args, kwargs, exc, throw, eta, countdown, max_retries,
+                                    **options)
+            except Retry as retry:
+                raise Retry(REPUBLISHED, retry.exc, retry.when) from exc
+            return Retry(REPUBLISHED, ret.exc, ret.when)
         policy = job_retry_policy(self, vars(request))
         if max_retries is not None:
             policy = policy.model_copy(update={"max_attempts": max_retries + 1})
@@ -294,13 +304,20 @@ class JobRequest(Request):
 
     def on_retry(self, exc_info: Any) -> None:
         message = self._message
-        if isinstance(message, JobMessage) and not self.acknowledged:
-            retry = _unwrap(exc_info.exception)
-            cause = retry.exc if isinstance(retry, Retry) and retry.exc is not None else retry
-            failure = JobFailure.from_exception(cause, HANDLER_ERROR, exc_info.traceback)
-            delay = _seconds_until(getattr(retry, "when", None))
-            message.ojs_action = JobAction(failure, retry=True, delay_s=delay)
-            self._emit_failure(message, message.ojs_action)
+        retry = _unwrap(exc_info.exception)
+        republished = isinstance(retry, Retry) and retry.message == REPUBLISHED
+        if isinstance(message, JobMessage) and not self.acknowledged and not republished:
+            try:
+                cause = retry.exc if isinstance(retry, Retry) and retry.exc is not None else retry
+                failure = JobFailure.from_exception(cause, HANDLER_ERROR, exc_info.traceback)
+                action = JobAction(failure, retry=True,
+                                   delay_s=_seconds_until(getattr(retry, "when", None)))
+            except Exception:
+                logger.exception("job %s: could not describe its retry", self.id)
+                action = JobAction(JobFailure(HANDLER_ERROR, "Retry", "retry requested"),
+                                   retry=True, delay_s=1.0)
+            message.ojs_action = action
+            self._emit_failure(message, action)
             self._on_reject(logger, self._connection_errors, False)
             self.acknowledged = True
         super().on_retry(exc_info)
@@ -314,7 +331,11 @@ class JobRequest(Request):
         message = self._message
         if self.acknowledged or not isinstance(message, JobMessage):
             return super().reject(requeue)
-        message.ojs_action = self._failed_attempt(message.ojs.attempt, requeue)
+        try:
+            message.ojs_action = self._failed_attempt(message.ojs.attempt, requeue)
+        except Exception as exc:  # never leave the delivery unsettled
+            logger.exception("job %s: could not decide its retry; dead-lettering it", self.id)
+            message.ojs_action = JobAction(JobFailure.from_exception(exc, HANDLER_ERROR))
         self._emit_failure(message, message.ojs_action)
         self._on_reject(logger, self._connection_errors, False)
         self.acknowledged = True
@@ -324,15 +345,34 @@ class JobRequest(Request):
         outcomes.remember(self.id, {"state": state, "attempt": message.ojs.attempt,
                                     "worker_id": self.hostname})
 
+    _ojs_expired = False
+
     def _announce_revoked(self, reason: Any, terminated: Any, signum: Any, expired: Any) -> None:
-        """A cancelled job is acked, not dead-lettered, and emits ``job.cancelled``."""
-        super()._announce_revoked(reason, terminated, signum, expired)
+        """A cancelled job is acked, not dead-lettered, and emits ``job.cancelled``; one that
+        expired while prefetched is dead-lettered as ``EXPIRED`` (see :meth:`acknowledge`)."""
         message = self._message
+        self._ojs_expired = bool(expired) and isinstance(message, JobMessage)
+        super()._announce_revoked(reason, terminated, signum, expired)
         if isinstance(message, JobMessage) and not expired:
             self._remember("cancelled", message)
             why, by = cancellations.get(self.id, (None, None))
             self._ojs_events.cancelled(message.ojs.info(), cancelled_by=by,
                                        reason=why or f"{reason} by Celery")
+
+    def acknowledge(self) -> None:
+        message = self._message
+        if self._ojs_expired and not self.acknowledged and isinstance(message, JobMessage):
+            failure = JobFailure(EXPIRED, EXPIRED, "job expired before it started")
+            message.ojs_action = JobAction(failure)
+            self._on_reject(logger, self._connection_errors, False)
+            self.acknowledged = True
+            self._remember("discarded", message)
+            expires = self.expires
+            self._ojs_events.expired(message.ojs.info(), None,
+                                     expires if isinstance(expires, datetime) else
+                                     datetime.now(UTC))
+            return
+        super().acknowledge()
 
     def _emit_failure(self, message: JobMessage, action: JobAction) -> None:
         """``job.failed``, then ``job.retrying`` or ``job.discarded`` (lifecycle order)."""
@@ -361,6 +401,7 @@ class JobRequest(Request):
         exc = _unwrap(exc_info.exception) if exc_info is not None else None
         # on_timeout() rejects with requeue=True before any exception is known
         timed_out = isinstance(exc, TimeLimitExceeded) or (requeue and exc is None)
+        lost = isinstance(exc, WorkerLostError)  # OOM kill, SIGKILL of the pool process
         if exc is None:
             exc = (TimeLimitExceeded(self.time_limits[0]) if timed_out
                    else RuntimeError("rejected by Celery"))
@@ -370,6 +411,6 @@ class JobRequest(Request):
                 else HANDLER_TIMEOUT if timed_out else HANDLER_ERROR)
         failure = JobFailure.from_exception(exc, code, exc_info.traceback if exc_info else None)
         backoff = Backoff.of(policy)
-        if requeue and retryable and backoff.allows_retry_after(attempt):
+        if (requeue or lost) and retryable and backoff.allows_retry_after(attempt):
             return JobAction(failure, retry=True, delay_s=backoff.delay(attempt))
         return JobAction(failure)

@@ -159,3 +159,15 @@ def test_connection_heartbeat_is_60_seconds_and_a_beat_scheduler_reports_cron_ev
     assert app.conf.beat_scheduler == "ojs_kombu.beat:OJSScheduler"
     explicit = make_app(broker_heartbeat=10)
     assert explicit.conf.broker_heartbeat == 10
+
+
+@pytest.mark.parametrize("option", [{"acks_late": False}, {"acks_on_failure_or_timeout": True},
+                                    {"acks_on_failure": True}])
+def test_per_task_ack_options_that_would_lose_jobs_are_refused(option: dict[str, bool]) -> None:
+    app = make_app()
+
+    @app.task(name="proj.careless", shared=False, **option)
+    def careless() -> None: ...
+
+    with pytest.raises(OJSConfigurationError, match="proj.careless"):
+        ojs_kombu.check_app(app)

@@ -130,11 +130,20 @@ def test_round_trip_keeps_kwargs_canvas_and_celery_headers() -> None:
 
 
 def test_round_trip_of_eta_and_expires_is_exact() -> None:
-    eta = datetime(2026, 11, 21, 12, 0, 0, 5, tzinfo=UTC)
+    eta = (datetime.now(UTC) + timedelta(days=1)).replace(microsecond=5)
     job = encode(eta=eta, expires=eta + timedelta(minutes=5))
     incoming = decode_job_message(job.body, job.properties, resolve_task=lambda t: t)
     assert datetime.fromisoformat(incoming.headers["eta"]) == eta
     assert datetime.fromisoformat(incoming.headers["expires"]) == eta + timedelta(minutes=5)
+
+
+def test_a_past_scheduled_at_gives_celery_no_eta() -> None:
+    """Retried jobs keep their old scheduled_at; Celery must not route them through its
+    ETA timer (the transport already holds early jobs back)."""
+    job = encode(eta=datetime.now(UTC) - timedelta(minutes=1))
+    incoming = decode_job_message(job.body, job.properties, resolve_task=lambda t: t)
+    assert incoming.headers["eta"] is None
+    assert incoming.envelope.scheduled_at is not None
 
 
 def test_foreign_job_runs_with_positional_args() -> None:
@@ -217,6 +226,7 @@ VALID = {"specversion": "1.0", "id": "019461a8-1a2b-7c3d-8e4f-5a6b7c8d9e0f",
     ({**VALID, "args": {"to": "x"}}, CONTENT_TYPE, True, INVALID_ENVELOPE),
     ([1, 2, 3], CONTENT_TYPE, True, INVALID_ENVELOPE),
     ({**VALID, "x_celery": [1]}, CONTENT_TYPE, True, INVALID_ENVELOPE),
+    ({**VALID, "retry": {"initial_interval": "PT0S"}}, CONTENT_TYPE, True, INVALID_ENVELOPE),
     (VALID, CONTENT_TYPE, False, UNKNOWN_JOB_TYPE),
     (VALID, "application/json", True, UNSUPPORTED_CONTENT_TYPE),
     (VALID, "application/x-python-serialize", True, UNSUPPORTED_CONTENT_TYPE),

@@ -57,9 +57,13 @@ def test_invalid_policies_are_named(policy: dict[str, object], problem: str) -> 
     assert "task 'x'" in str(info.value)
 
 
-def test_max_interval_below_initial_is_refused() -> None:
-    with pytest.raises(RetryPolicyError, match="max_interval"):
-        Backoff.of(RetryPolicy(initial_interval="PT1M", max_interval="PT1S"))
+@pytest.mark.parametrize("policy, problem", [
+    ({"initial_interval": "PT1M", "max_interval": "PT1S"}, "max_interval"),
+    ({"initial_interval": "PT0S"}, "greater than zero"),
+])
+def test_intervals_the_spec_forbids_are_refused(policy: dict[str, str], problem: str) -> None:
+    with pytest.raises(RetryPolicyError, match=problem):
+        policy_from(policy, source="t")
 
 
 def test_non_retryable_errors_match_exactly_or_by_prefix() -> None:

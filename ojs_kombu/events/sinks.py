@@ -58,6 +58,9 @@ class BackgroundSink:
     def deliver(self, event: Event) -> None:
         raise NotImplementedError
 
+    def forked(self) -> None:
+        """In a forked child: forget what belongs to the parent (never close it)."""
+
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until every buffered event was handled; ``False`` on timeout."""
         deadline = time.monotonic() + timeout
@@ -76,6 +79,8 @@ class BackgroundSink:
             return
         with self._lock:
             if self._pid != os.getpid():  # new process (fork): fresh buffer and thread
+                if self._pid != -1:
+                    self.forked()
                 self._queue = queue.Queue(self.capacity)
                 self._pid = os.getpid()
                 self._thread = threading.Thread(target=self._run, name=f"ojs-{self.name}",
@@ -108,6 +113,9 @@ class FileSink(BackgroundSink):
         super().__init__(capacity)
         self.path = Path(path)
         self._file: Any = None
+
+    def forked(self) -> None:
+        self._file = None
 
     def deliver(self, event: Event) -> None:
         if self._file is None:
@@ -201,6 +209,9 @@ class AMQPSink(BackgroundSink):
                 if attempt == self.max_retries:
                     raise
                 time.sleep(0.5 * 2**attempt)
+
+    def forked(self) -> None:
+        self._connection = self._channel = None
 
     def _open(self) -> Any:
         if self._channel is None:

@@ -121,6 +121,24 @@ def _start(broker_url: str, name: str, log: Path, events: Path, *, control: bool
             cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
 
+def test_cooperative_cancel_reaches_a_prefork_pool_process(broker_url: str,
+                                                           tmp_path: Path) -> None:
+    client_app = make_app("coop-client", broker_url, "rpc://")
+    worker = _start(broker_url, "coop", tmp_path / "w.log", tmp_path / "e.jsonl", control=True)
+    try:
+        wait_until(lambda: client_app.control.inspect(timeout=1).ping(), timeout=60,
+                   what="the worker")
+        result = client_app.tasks["loop.until_cancelled"].apply_async((30,), queue="ctl")
+        with ControlClient(client_app) as client:
+            wait_until(lambda: client.info(result.id, "ctl")["state"] == "active", timeout=30,
+                       what="the job running")
+            client.cancel(result.id, "ctl")  # cooperative: no terminate
+        assert result.get(timeout=20) == "stopped early"
+    finally:
+        os.killpg(worker.pid, signal.SIGTERM)
+        worker.wait(30)
+
+
 def test_cancel_reaches_the_worker_that_holds_the_job(broker_url: str, tmp_path: Path,
                                                       amqp_channel: amqp.Channel) -> None:
     """``holder`` runs the job but does not consume the control queue; ``relay``, started

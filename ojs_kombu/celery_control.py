@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import signal
 import threading
 import time
 from collections import OrderedDict
@@ -22,6 +24,7 @@ from typing import Any
 
 import amqp
 from celery import Celery, bootsteps
+from celery.signals import task_prerun, worker_process_init
 from celery.worker import state as worker_state
 from celery.worker.control import control_command
 
@@ -67,6 +70,8 @@ def ojs_cancel(state: Any, job_id: str, reason: str | None = None,
     cancellations.remember(job_id, (reason, cancelled_by))
     held = _held(job_id)
     revoke(state, job_id, terminate=terminate, signal="SIGTERM")
+    if held is not None and held[0] == "active" and not terminate:
+        _ask_to_stop(held[1])
     if held is None:
         logger.info("cancel of job %s: not on this worker now; it will not start here", job_id)
     return {"ok": f"job {job_id} cancelled", "held": held}
@@ -83,6 +88,32 @@ def ojs_job_info(state: Any, job_id: str) -> dict[str, Any] | None:
         return {"state": "active" if held[0] == "active" else "available",
                 "worker_id": state.consumer.hostname, "attempt": attempt}
     return outcomes.get(job_id)
+
+
+#: Set in a prefork pool process when its running job was cancelled (cooperatively).
+cancel_requested = threading.Event()
+COOPERATIVE_SIGNAL = signal.SIGUSR2
+
+
+def _ask_to_stop(request: Any) -> None:
+    """Cooperative cancel of a job running in a prefork pool process: signal the process,
+    whose handler sets :data:`cancel_requested` for ``self.ojs.cancelled`` to see."""
+    pid = getattr(request, "worker_pid", None)
+    if pid and pid != os.getpid():
+        try:
+            os.kill(pid, COOPERATIVE_SIGNAL)
+        except OSError:
+            logger.debug("pool process %s is gone", pid)
+
+
+@worker_process_init.connect(weak=False)
+def _install_cancel_handler(**_: Any) -> None:
+    signal.signal(COOPERATIVE_SIGNAL, lambda *_: cancel_requested.set())
+
+
+@task_prerun.connect(weak=False)
+def _clear_cancel_request(**_: Any) -> None:
+    cancel_requested.clear()
 
 
 def _held(job_id: str) -> tuple[str, Any] | None:

@@ -30,7 +30,7 @@ from celery.exceptions import Ignore, Reject, Retry, TimeLimitExceeded, WorkerLo
 from celery.worker import state as worker_state
 from celery.worker.request import Request
 
-from .celery_control import cancellations, outcomes
+from .celery_control import cancel_requested, cancellations, outcomes
 from .celery_events import count_completed
 from .codec import RETRY_HEADER
 from .delivery import JobAction, JobMessage
@@ -144,10 +144,9 @@ class JobContext:
 
     @property
     def cancelled(self) -> bool:
-        """Whether a CANCEL reached this worker for the running job (cooperative cancelling:
-        check it in long loops; seen by solo, threads and gevent pools, not prefork
-        children, which ``terminate=True`` stops instead)."""
-        return self.task.request.id in worker_state.revoked
+        """Whether a CANCEL reached the running job (cooperative cancelling: check it in
+        long loops and return early; any pool: prefork processes are signalled)."""
+        return self.task.request.id in worker_state.revoked or cancel_requested.is_set()
 
     def progress(self, percent: float, message: str | None = None) -> None:
         """Emit ``job.progress`` (0 to 100 percent, and an optional message)."""

@@ -28,6 +28,7 @@ from celery.signals import task_prerun, worker_process_init
 from celery.worker import state as worker_state
 from celery.worker.control import control_command
 
+from .celery_events import consumed_queues
 from .control import CANCEL, HEARTBEAT, INFO, control_message, parse_control
 from .delivery import JobMessage
 
@@ -160,7 +161,7 @@ class ControlQueues(bootsteps.StartStopStep):
         channel = parent.connection.channel()
         if binding.settings.control_queues:
             channel.basic_qos(0, 16, False)
-            for queue in self._queues(parent):
+            for queue in consumed_queues(parent.app):
                 parent.connection.connection.ensure_topology(queue)
                 channel.basic_consume(
                     binding.names.control_queue(queue),
@@ -252,9 +253,3 @@ class ControlQueues(bootsteps.StartStopStep):
             except Exception:
                 logger.exception("could not publish the heartbeat of job %s", delivery.job_id)
             binding.events.heartbeat(delivery.info(), parent.hostname, visible_until)
-
-    @staticmethod
-    def _queues(parent: Any) -> list[str]:
-        consume_from = parent.app.amqp.queues.consume_from or {}
-        return sorted(getattr(q, "ojs_queue", None) or q.name for q in consume_from.values()
-                      if getattr(q, "ojs_queue", None))

@@ -183,8 +183,7 @@ class WorkerEvents(bootsteps.StartStopStep):
 
     @staticmethod
     def _queues(parent: Any) -> list[str]:
-        consume_from = parent.app.amqp.queues.consume_from or {}
-        return sorted(getattr(q, "ojs_queue", q.name) for q in consume_from.values())
+        return consumed_queues(parent.app)
 
     @staticmethod
     def _concurrency(parent: Any) -> int:
@@ -216,6 +215,12 @@ class QueueDepths:
                 if connection is not None:
                     connection.release()
                 raise
+
+
+def consumed_queues(app: Celery) -> list[str]:
+    """The OJS queues this worker consumes."""
+    consume_from = app.amqp.queues.consume_from or {}
+    return sorted(q.ojs_queue for q in consume_from.values() if getattr(q, "ojs_queue", None))
 
 
 def _rss_mb() -> float | None:

@@ -52,9 +52,11 @@ def collector(app: Celery) -> Iterator[Collector]:
 
 
 def check(events: list[Event]) -> None:
+    """Schema and data model: ojs_kombu builds events without validating them."""
     validator = event_schema_validator()
     for event in events:
         validator.validate(event.to_dict())
+        Event.model_validate(event.to_dict())
 
 
 def test_retried_job_events_come_in_lifecycle_order(app: Celery, worker: Any,
@@ -128,6 +130,7 @@ def test_amqp_sink_publishes_to_a_topic_exchange(app: Celery, worker: Any,
     assert [e["type"] for e in mine] == ["job.enqueued", "job.started", "job.completed"]
     for event in mine:
         event_schema_validator().validate(event)
+        Event.model_validate(event)
 
 
 def test_file_sink_writes_json_lines(app: Celery, worker: Any, events_file: Path) -> None:
@@ -174,6 +177,7 @@ def test_worker_lifecycle_events(broker_url: str, tmp_path: Path) -> None:
     assert events[-2]["type"] == "worker.quiet"  # stopped fetching, then stopped
     for event in events:
         event_schema_validator().validate(event)
+        Event.model_validate(event)
 
 
 def test_progress_from_inside_a_task(app: Celery, worker: Any, collector: Collector) -> None:

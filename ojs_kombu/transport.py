@@ -161,14 +161,12 @@ class Channel(pyamqp.Channel):
         )
         self.connection.ensure_topology(queue)
         message = amqp.Message(job.body, **job.properties)
-        if ojs.events.active:
-            # Before the publish: a worker may start the job before the confirm arrives,
-            # and the job's events must come in lifecycle order.
-            headers = job.properties["application_headers"]
-            ojs.events.enqueued(job.job_id, job.job_type, queue,
-                                priority=job.properties.get("priority"),
-                                delay_s=job.delay_ms / 1000,
-                                trace_id=trace_id_of(headers.get("x-ojs-trace-id")))
+        # Before the publish: a worker may start the job before the confirm arrives,
+        # and the job's events must come in lifecycle order.
+        ojs.events.enqueued(job.job_id, job.job_type, queue,
+                            priority=job.properties.get("priority"), delay_s=job.delay_ms / 1000,
+                            trace_id=trace_id_of(
+                                job.properties["application_headers"].get("x-ojs-trace-id")))
         if job.delay_ms > 0:
             self.publish_scheduled(message, queue, job.delay_ms, job_id=job.job_id,
                                    timeout=timeout, confirm_timeout=confirm_timeout)
@@ -226,12 +224,14 @@ class Channel(pyamqp.Channel):
         mandatory: bool = True,
         timeout: float | None = None,
         confirm_timeout: float | None = None,
+        measure: bool = True,
     ) -> None:
         """Publish with ``mandatory=True`` and wait for the broker's confirm (AMQP-014..016)."""
         started = monotonic()
         pending = self._publish_tracked(message, exchange, routing_key, mandatory, timeout,
                                         confirm_timeout, job_id=job_id, queue=queue)
-        self.ojs.events.metrics.confirm_latency.record(monotonic() - started)
+        if measure:
+            self.ojs.events.metrics.confirm_latency.record(monotonic() - started)
         if pending.returned is not None:
             self.connection.forget_topology(queue)  # the next publish re-declares it
             raise UnroutableJobError(
@@ -258,6 +258,24 @@ class Channel(pyamqp.Channel):
         finally:
             self._ojs_confirms.forget(tag, pending)
         return pending
+
+    def publish_many_confirmed(self, messages: list[tuple[amqp.Message, str, str]],
+                               confirm_timeout: float | None = None) -> list[bool]:
+        """Pipelined publishes (not mandatory) and one wait for all their confirms;
+        ``True`` for each message the broker accepted."""
+        self._confirm_mode()
+        tracked = []
+        try:
+            for message, exchange, routing_key in messages:
+                tag, pending = self._ojs_confirms.track("", exchange)
+                tracked.append((tag, pending))
+                self._send_publish(message, exchange, routing_key, False, None)
+            for _, pending in tracked:
+                self._wait_settled(pending, confirm_timeout)
+        finally:
+            for tag, pending in tracked:
+                self._ojs_confirms.forget(tag, pending)
+        return [not pending.nacked for _, pending in tracked]
 
     def _send_publish(self, message: amqp.Message, exchange: str, routing_key: str,
                       mandatory: bool, timeout: float | None) -> None:

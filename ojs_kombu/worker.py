@@ -274,7 +274,7 @@ class JobRequest(Request):
     def on_accepted(self, pid: Any, time_accepted: float) -> None:
         super().on_accepted(pid, time_accepted)
         message = self._message
-        if isinstance(message, JobMessage) and self._ojs_events.active:
+        if isinstance(message, JobMessage):
             self._ojs_events.started(message.ojs.info(), self.hostname)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -298,8 +298,8 @@ class JobRequest(Request):
         if not failed and isinstance(message, JobMessage):
             count_completed()
             self._remember("completed", message)
-            if self._ojs_events.active:
-                self._ojs_events.completed(message.ojs.info(), runtime, _pool_result(retval))
+            self._ojs_events.completed(message.ojs.info(), runtime,
+                                       _pool_result(retval) if self._ojs_events.active else None)
 
     def on_retry(self, exc_info: Any) -> None:
         message = self._message
@@ -377,8 +377,6 @@ class JobRequest(Request):
         """``job.failed``, then ``job.retrying`` or ``job.discarded`` (lifecycle order)."""
         self._remember("retryable" if action.retry else "discarded", message)
         events = self._ojs_events
-        if not events.active:
-            return
         job, failure = message.ojs.info(), action.failure
         events.failed(job, failure.code, failure.message, retryable=action.retry,
                       stack_trace="\n".join(failure.backtrace) or None)

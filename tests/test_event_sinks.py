@@ -18,7 +18,7 @@ from celery import Celery
 import ojs_kombu
 from ojs_kombu.celery_events import sink_from_spec
 from ojs_kombu.errors import OJSConfigurationError
-from ojs_kombu.events import EventBus, make_event
+from ojs_kombu.events import Event, EventBus, make_event
 from ojs_kombu.events.emitter import JobEvents, JobInfo, json_result, trace_id_of
 from ojs_kombu.events.sinks import BackgroundSink, FileSink, WebhookSink
 from ojs_kombu.naming import TopologyNames
@@ -129,6 +129,7 @@ def test_invalid_events_are_counted_not_raised() -> None:
     bus, seen = EventBus(), []
     bus.subscribe(seen.append)
     events = JobEvents(bus, "ojs://t/p/1")
+    events.validate = True
     events.emit("job.started", "x", job_type="a.b", queue="q")  # no worker_id, no attempt
     assert events.invalid == 1 and seen == []
     events.started(JobInfo("x", "a.b", "q", 1), "w1")
@@ -233,3 +234,4 @@ def test_cancel_and_heartbeat_hooks_build_valid_events() -> None:
     validator = schema_validator("event")
     for event in seen:
         validator.validate(event.to_dict())
+        Event.model_validate(event.to_dict())  # the data model, too (built unvalidated)

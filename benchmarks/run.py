@@ -1,16 +1,19 @@
-"""Plain Celery vs ojs_kombu on one local RabbitMQ: publish, drain and scheduling.
+"""Plain Celery vs ojs_kombu on one local RabbitMQ: publish, drain, events and scheduling.
 
 Run from the repository root::
 
-    python benchmarks/run.py [--jobs N] [--json PATH] [--only throughput|schedule]
+    python benchmarks/run.py [--jobs N] [--json PATH] [--only throughput|events|schedule]
 
 The throughput part (publish, drain) runs both sides in this one process
 against the same broker, with the same task, arguments, pool and concurrency,
-so the ratio ojs/plain isolates what the OJS layer costs.  The scheduling part
-(``scheduling.py``) runs one worker subprocess per side, to measure where
-delayed jobs wait and how late they start.  Missed targets are reported, never
-fatal: the exit code is 0 on success, 2 when RabbitMQ is unreachable and 1 on
-any other error.  See benchmarks/README.rst for what each number means.
+so the ratio ojs/plain isolates what the OJS layer costs.  The events part
+(``events_scenario.py``) measures the same two numbers for ojs_kombu with OJS
+events (AMQP sink) and OpenTelemetry metrics off and on, and counts the events
+that reached the events exchange.  The scheduling part (``scheduling.py``)
+runs one worker subprocess per side, to measure where delayed jobs wait and
+how late they start.  Missed targets are reported, never fatal: the exit code
+is 0 on success, 2 when RabbitMQ is unreachable and 1 on any other error.  See
+benchmarks/README.rst for what each number means.
 """
 
 from __future__ import annotations
@@ -41,8 +44,10 @@ from celery.contrib.testing.worker import start_worker
 from kombu.utils.url import parse_url
 
 import ojs_kombu
+from ojs_kombu.celery_events import events_exchange
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # also when imported, not run
+import events_scenario
 import scheduling
 
 DEFAULT_BROKER = "amqp://guest:guest@127.0.0.1:5672//"
@@ -54,7 +59,7 @@ POOL = "threads"
 CONCURRENCY = 4
 #: Informational targets from the spec (ratio ojs/plain of jobs per second).
 TARGETS = {"publish": 1.0, "drain": 0.9}
-PARTS = ("throughput", "schedule")
+PARTS = ("throughput", "events", "schedule")
 
 
 # -- broker administration (plain py-amqp, outside both Celery apps) -------
@@ -70,6 +75,7 @@ class Broker:
     def __init__(self, url: str) -> None:
         parts = parse_url(url)
         self.host = _host(url)
+        self.vhost = parts.get("virtual_host") or "/"
         self.connection = amqp.Connection(
             host=self.host, userid=parts.get("userid") or "guest",
             password=parts.get("password") or "guest",
@@ -100,10 +106,22 @@ class Broker:
         return None if declared is None else int(declared.message_count)
 
     def delete(self, queues: list[str], exchanges: list[str]) -> None:
+        """Delete the given entities (those that do not exist are skipped)."""
         for queue in queues:
             self._retry(lambda ch, q=queue: ch.queue_delete(q))
         for exchange in exchanges:
             self._retry(lambda ch, e=exchange: ch.exchange_delete(e))
+
+    def delete_side(self, side: Side) -> None:
+        """What ``side`` declared: the names it knows, plus (with ``rabbitmqctl``) every queue
+        and exchange under its OJS prefix, e.g. queues a worker declared on its own."""
+        queues, exchanges = list(side.queues), list(side.exchanges)
+        if side.sweep_prefix:
+            for kind, names in (("queues", queues), ("exchanges", exchanges)):
+                rows = scheduling.list_broker(kind, ["name"], self.vhost) or []
+                names += [row[0] for row in rows
+                          if row[0].startswith(side.sweep_prefix) and row[0] not in names]
+        self.delete(queues, exchanges)
 
     def close(self) -> None:
         with suppress(Exception):
@@ -158,6 +176,8 @@ class Side:
     dead_letter_queue: str | None = None
     queues: list[str] = field(default_factory=list)
     exchanges: list[str] = field(default_factory=list)
+    #: Every queue and exchange whose name starts with it is the side's (OJS prefix).
+    sweep_prefix: str | None = None
 
 
 def _common_conf(app: Celery, queue: str) -> None:
@@ -198,20 +218,24 @@ def make_plain_side(broker_url: str, pid: int) -> Side:
                 declare, queues=[queue], exchanges=[queue])
 
 
-def make_ojs_side(broker_url: str, pid: int) -> Side:
+def make_ojs_side(broker_url: str, pid: int, *, prefix: str | None = None,
+                  label: str = "ojs_kombu", conf: dict[str, Any] | None = None) -> Side:
+    """The ojs_kombu side; ``conf`` adds settings (read when ``app.amqp.binding`` is built,
+    just below)."""
     app = Celery("bench_ojs", broker=_ojs_url(broker_url), set_as_current=False)
     ojs_kombu.install(app)
     queue = "bench"
     _common_conf(app, queue)
-    app.conf.ojs_prefix = f"bench{pid}"
+    app.conf.ojs_prefix = prefix or f"bench{pid}"
+    app.conf.update(conf or {})
     recorder = DrainRecorder()
     names = app.amqp.binding.names
     return Side(
-        "ojs_kombu", app, _register_noop(app, recorder), recorder, queue,
+        label, app, _register_noop(app, recorder), recorder, queue,
         names.job_queue(queue), lambda: ojs_kombu.declare_topology(app, [queue]),
         dead_letter_queue=names.dead_letter_queue(queue),
         queues=[names.job_queue(queue), names.dead_letter_queue(queue)],
-        exchanges=[names.direct_exchange, names.dlx_exchange],
+        exchanges=[names.direct_exchange, names.dlx_exchange], sweep_prefix=names.prefix,
     )
 
 
@@ -282,20 +306,35 @@ def measure_publish(side: Side, broker: Broker, n: int) -> PublishResult:
     return PublishResult(n / seconds, seconds, cuts[49] * 1e3, cuts[98] * 1e3)
 
 
-def measure_drain(side: Side, broker: Broker, n: int, timeout: float) -> DrainResult:
-    """Fill the queue with no worker, then time one worker from first start to last end."""
+def measure_drain(side: Side, broker: Broker, n: int, timeout: float, *,
+                  job_ids: list[str] | None = None,
+                  before_start: Callable[[], None] | None = None,
+                  when_done: Callable[[], None] | None = None) -> DrainResult:
+    """Fill the queue with no worker, then time one worker from first start to last end.
+
+    The events part passes ``job_ids`` (filled with the prefilled jobs' ids),
+    ``before_start`` (called before the worker starts) and ``when_done`` (called
+    after the last job ran, the worker still running); none of them is timed.
+    """
     broker.purge(side.amqp_queue)
-    publish(side, n)
+    if job_ids is None:
+        publish(side, n)
+    else:
+        job_ids.extend(side.task.apply_async(TASK_ARGS).id for _ in range(n))
     queued = broker.depth(side.amqp_queue)
     if queued != n:
         raise RuntimeError(f"{side.label}: expected {n} messages in {side.amqp_queue}, "
                            f"found {queued}")
+    if before_start is not None:
+        before_start()
     side.recorder.reset(n)
     with start_worker(side.app, pool=POOL, concurrency=CONCURRENCY, perform_ping_check=False,
                       queues=[side.celery_queue], shutdown_timeout=30):
         if not side.recorder.done.wait(timeout):
             raise RuntimeError(f"{side.label}: only {side.recorder.count}/{n} jobs ran "
                                f"within {timeout:.0f}s")
+        if when_done is not None:
+            when_done()
     seconds = side.recorder.elapsed()
     dead = broker.depth(side.dead_letter_queue) if side.dead_letter_queue else None
     return DrainResult(n / seconds, seconds, broker.depth(side.amqp_queue), dead)
@@ -315,9 +354,9 @@ def alternate(measure: Callable[[Side], Result], plain: Side, ojs: Side,
     return pairs
 
 
-def summarize(results: list[Result]) -> dict[str, float]:
+def summarize(results: list[Result] | list[dict[str, Any]]) -> dict[str, float]:
     """Median of every float field over the rounds (counters stay in the per-round data)."""
-    rows = [asdict(r) for r in results]
+    rows = [r if isinstance(r, dict) else asdict(r) for r in results]
     return {k: statistics.median(row[k] for row in rows)
             for k, v in rows[0].items() if isinstance(v, float)}
 
@@ -333,10 +372,13 @@ def compare(scenario: str, pairs: list[tuple[Result, Result]]) -> dict[str, Any]
 
 
 def render(results: dict[str, dict[str, Any]]) -> str:
-    """The throughput table and publish latencies, then the scheduling table (parts run)."""
+    """The throughput table and publish latencies, the events tables, then the scheduling
+    table (of the parts run)."""
     tables: list[list[str]] = []
     if "publish" in results:
         tables.append(render_throughput(results))
+    if "events" in results:
+        tables.append(events_scenario.render(results["events"]))
     if "schedule" in results:
         tables.append(scheduling.render(results["schedule"]))
     return "\n\n".join("\n".join(table) for table in tables)
@@ -413,7 +455,7 @@ def sides(broker: Broker, broker_url: str) -> Iterator[tuple[Side, Side]]:
     finally:
         for side in made:
             side.app.close()
-            broker.delete(side.queues, side.exchanges)
+            broker.delete_side(side)
 
 
 def run(broker: Broker, args: argparse.Namespace) -> dict[str, Any]:
@@ -421,6 +463,8 @@ def run(broker: Broker, args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {}
     if "throughput" in args.parts:
         results.update(run_throughput(broker, args))
+    if "events" in args.parts:
+        results["events"] = run_events(broker, args)
     if "schedule" in args.parts:
         settings = scheduling.Settings(
             memory_jobs=args.schedule_jobs, settle_s=args.settle,
@@ -445,21 +489,106 @@ def run_throughput(broker: Broker, args: argparse.Namespace) -> dict[str, Any]:
     return {"publish": compare("publish", published), "drain": compare("drain", drained)}
 
 
+@contextmanager
+def events_side(broker: Broker, broker_url: str, on: bool
+                ) -> Iterator[tuple[Side, events_scenario.Probe | None]]:
+    """A fresh ojs_kombu side, events off or on, and (on) its probe with a tap queue.
+
+    Fresh per round: an in-process worker's shutdown closes the app's event
+    sinks for good (see README), so an app is not reused after its worker ran.
+    On exit its connections close and everything it (or the tap) declared is deleted.
+    """
+    pid = os.getpid()
+    prefix = f"bench{pid}-ev{'on' if on else 'off'}"
+    conf: dict[str, Any] = {}
+    provider = reader = None
+    if on:
+        provider, reader = events_scenario.meter_provider()
+        conf = {"ojs_event_sinks": ["amqp"], "ojs_meter_provider": provider}
+    side = make_ojs_side(broker_url, pid, prefix=prefix, conf=conf,
+                         label=f"ojs_kombu events {'on' if on else 'off'}")
+    tap = None
+    try:
+        probe = None
+        if on:
+            assert reader is not None
+            exchange = events_exchange(side.app.amqp.binding.names)
+            side.exchanges.append(exchange)
+            side.queues.append(f"{prefix}-events-tap")
+            tap = events_scenario.Tap(broker.connection, exchange, side.queues[-1])
+            probe = events_scenario.Probe(side.app, tap, reader)
+        yield side, probe
+    finally:
+        side.app.close()
+        if provider is not None:
+            provider.shutdown()
+        if tap is not None:
+            tap.close()
+        broker.delete_side(side)
+
+
+def measure_events_side(broker: Broker, args: argparse.Namespace, on: bool) -> dict[str, Any]:
+    """Warm-up, publish, drain of one side; with events on, also what the tap received."""
+    with events_side(broker, args.broker, on) as (side, probe):
+        warm_up(side, broker)
+        if probe is None:
+            return {"publish": measure_publish(side, broker, args.jobs),
+                    "drain": measure_drain(side, broker, args.jobs, args.timeout)}
+        probe.reset(args.timeout)
+        published = measure_publish(side, broker, args.jobs)
+        publish_events = probe.after_publish(args.jobs, args.timeout)
+        job_ids: list[str] = []
+        lag: list[float | None] = []
+        drained = measure_drain(
+            side, broker, args.jobs, args.timeout, job_ids=job_ids,
+            before_start=lambda: probe.before_worker(args.timeout),
+            when_done=lambda: lag.append(
+                probe.wait_drain_events(side.recorder, args.jobs, args.timeout)))
+        return {"publish": published, "drain": drained, "publish_events": publish_events,
+                "drain_events_lag_s": lag[0] if lag else None,
+                "events": probe.collect(job_ids, args.timeout)}
+
+
+def run_events(broker: Broker, args: argparse.Namespace) -> dict[str, Any]:
+    """Events off vs on, alternating which goes first; a fresh app per side and round."""
+    rounds: list[dict[str, Any]] = []
+    for i in range(args.rounds):
+        order = (False, True) if i % 2 == 0 else (True, False)
+        got: dict[str, Any] = {"order": ["on" if on else "off" for on in order]}
+        for on in order:
+            _progress(f"events: round {i + 1}/{args.rounds}, events {'on' if on else 'off'} ...")
+            got["on" if on else "off"] = measure_events_side(broker, args, on)
+        rounds.append(_plain(got))
+    result = events_scenario.summarize(rounds, summarize)
+    result["settings"] = {"event_sinks": ["amqp"], "metric_reader": "InMemoryMetricReader",
+                          "pool": POOL, "concurrency": CONCURRENCY, "warmup": WARMUP}
+    return result
+
+
+def _plain(value: Any) -> Any:
+    """Results (dataclasses inside dicts) as JSON-ready dicts; ``summarize`` takes these."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return asdict(value) if isinstance(value, (PublishResult, DrainResult)) else value
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=2000, help="jobs per side and scenario")
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON, help="results file")
     parser.add_argument("--rounds", type=int, default=1,
-                        help="repeat both scenarios, alternating which side goes first, "
-                        "and report medians (steadier ratios on a noisy machine)")
+                        help="repeat the throughput and events scenarios, alternating which "
+                        "side goes first, and report medians (steadier ratios on a noisy "
+                        "machine)")
     parser.add_argument("--broker", default=DEFAULT_BROKER, help="amqp:// URL of RabbitMQ")
     parser.add_argument("--timeout", type=float, default=300.0,
                         help="seconds a drain may take before it counts as an error")
-    part = parser.add_mutually_exclusive_group()
-    part.add_argument("--only", choices=PARTS,
-                      help="run one part: throughput (publish, drain) or schedule")
-    part.add_argument("--skip-schedule", action="store_true",
-                      help="run the throughput part only (same as --only throughput)")
+    parser.add_argument("--only", choices=PARTS,
+                        help="run one part: throughput (publish, drain), events (ojs_kombu "
+                        "with events off vs on) or schedule")
+    parser.add_argument("--skip-events", action="store_true", help="leave out the events part")
+    parser.add_argument("--skip-schedule", action="store_true",
+                        help="leave out the scheduling part")
     parser.add_argument("--schedule-jobs", type=int, default=10_000,
                         help="scheduling: jobs due in 60 s to 1 h, for the memory numbers")
     parser.add_argument("--lateness-jobs", type=int, default=1_000,
@@ -476,8 +605,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             or args.lateness_grace < 0):
         parser.error("--schedule-jobs must be at least 1, --lateness-jobs at least 2, "
                      "--settle and --lateness-grace not negative")
-    args.parts = ((args.only,) if args.only else
-                  ("throughput",) if args.skip_schedule else PARTS)
+    if args.only and (args.skip_events or args.skip_schedule):
+        parser.error("--only cannot be combined with --skip-events or --skip-schedule")
+    skipped = {"events"} if args.skip_events else set()
+    skipped |= {"schedule"} if args.skip_schedule else set()
+    args.parts = (args.only,) if args.only else tuple(p for p in PARTS if p not in skipped)
     return args
 
 

@@ -125,8 +125,11 @@ class WorkerEvents(bootsteps.StartStopStep):
         self._observe_queues(parent)
         service = parent.app.amqp.binding.settings.event_service or parent.app.main or "celery"
         events.source = event_source(service, "workers", parent.hostname)
-        events.emit("worker.started", parent.hostname, worker_id=parent.hostname,
-                    queues=self._queues(parent), concurrency=max(self._concurrency(parent), 1))
+        if not self._announced:  # the consumer restarts on reconnection: announce once
+            self._announced = True
+            events.emit("worker.started", parent.hostname, worker_id=parent.hostname,
+                        queues=self._queues(parent),
+                        concurrency=max(self._concurrency(parent), 1))
         interval = parent.app.amqp.binding.settings.worker_heartbeat
         if interval and parent.timer is not None and self._timer is None:
             self._timer = parent.timer.call_repeatedly(interval, self.heartbeat, (parent,),
@@ -141,8 +144,14 @@ class WorkerEvents(bootsteps.StartStopStep):
             active_jobs=len(worker_state.active_requests), queues=self._queues(parent),
             memory_mb=_rss_mb(), cpu_percent=round(max(cpu_percent, 0.0), 1))
 
+    _announced = False
+
     def stop(self, parent: Any) -> None:
-        """The consumer stops fetching; active jobs still finish: ``worker.quiet``."""
+        """The worker shuts down: it stops fetching, active jobs still finish (``worker.quiet``).
+
+        Not on a reconnection, which stops and restarts the consumer too."""
+        if worker_state.should_stop is None and worker_state.should_terminate is None:
+            return
         parent.app.amqp.binding.events.emit(
             "worker.quiet", parent.hostname, worker_id=parent.hostname,
             active_jobs=len(worker_state.active_requests))

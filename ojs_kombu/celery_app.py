@@ -44,7 +44,7 @@ from .job_ids import use_uuid7_task_ids
 from .serialization import SERIALIZER_NAME
 from .settings import BINDING_OPTION, Binding, OJSSettings
 from .topology import OWNED_ARGUMENTS
-from .worker import OJSTask, task_retry_policy
+from .worker import OJSTask, task_retry_policy, task_sets
 
 logger = logging.getLogger(__name__)
 
@@ -205,19 +205,10 @@ def _check_acks(name: str, task: Any) -> None:
             f"task {name!r} sets acks_late=False: an OJS job is acked only after it ran "
             "(a failed one is retried or dead-lettered); remove the option")
     for option in ("acks_on_failure_or_timeout", "acks_on_failure", "acks_on_timeout"):
-        if getattr(task, option, None) is True and option in _own_options(task):
+        if getattr(task, option, None) is True and task_sets(task, option):
             raise OJSConfigurationError(
                 f"task {name!r} sets {option}=True: a failed OJS job is retried or "
                 "dead-lettered, never acked and dropped; remove the option")
-
-
-def _own_options(task: Any) -> set[str]:
-    names: set[str] = set()
-    for cls in task.__class__.__mro__:
-        if cls.__module__.startswith(("celery.", "ojs_kombu.")):
-            break
-        names.update(vars(cls))
-    return names
 
 
 class OJSPreflight(bootsteps.Step):

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import amqp
 
 from .errors import OJSConfigurationError, OJSError
-from .failures import reset_for_replay
+from .failures import reset_for_replay, without_failure_headers
 
 T = TypeVar("T")
 
@@ -141,9 +141,7 @@ class DeadLetterQueue:
         if dead.envelope is not None:
             body, headers = reset_for_replay(dead.body, dead.headers)
         else:  # not an OJS job (dead-lettered as malformed): replay it as it came
-            body, headers = dead.body, {k: v for k, v in dead.headers.items()
-                                        if not k.startswith(("x-death", "x-first-death",
-                                                             "x-last-death", "x-ojs-error"))}
+            body, headers = dead.body, without_failure_headers(dead.headers)
         properties = dict(message.properties)
         properties["application_headers"] = headers
         self._amqp.ensure_topology(self.queue)

@@ -17,13 +17,14 @@ logger = logging.getLogger(__name__)
 class JobDelivery:
     """A consumed job as it came off the wire, kept for retries and dead-lettering."""
 
-    __slots__ = ("attempt", "body", "job_id", "job_type", "properties", "queue")
+    __slots__ = ("_info", "attempt", "body", "job_id", "job_type", "properties", "queue")
 
     def __init__(self, queue: str, job_id: str, body: bytes, properties: dict[str, Any],
                  job_type: str = "") -> None:
         self.queue = queue
         self.job_id = job_id
         self.job_type = job_type or str(properties.get("type") or "")
+        self._info: JobInfo | None = None
         self.body = body
         self.properties = properties  # the original AMQP properties, headers included
         attempt = (properties.get("application_headers") or {}).get("x-ojs-attempt")
@@ -34,8 +35,11 @@ class JobDelivery:
         return dict(self.properties.get("application_headers") or {})
 
     def info(self) -> JobInfo:
-        """The job as its lifecycle events describe it."""
-        return JobInfo.from_headers(self.job_id, self.job_type, self.queue, self.headers)
+        """The job as its lifecycle events describe it (parsed once per delivery)."""
+        if self._info is None:
+            self._info = JobInfo.from_headers(self.job_id, self.job_type, self.queue,
+                                              self.headers)
+        return self._info
 
 
 class JobAction:

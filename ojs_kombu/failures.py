@@ -55,8 +55,24 @@ class JobFailure:
         return cls(code, name, message[:MAX_MESSAGE], frames[-MAX_BACKTRACE_FRAMES:])
 
 
+ERROR_HEADERS = ("x-ojs-error-code", "x-ojs-error-message", "x-ojs-error-details")
+
+
 def without_death_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in headers.items() if not str(k).startswith(DEATH_HEADERS)}
+
+
+def with_error_headers(headers: Mapping[str, Any], code: str, message: str) -> dict[str, Any]:
+    """``headers`` without dead-letter bookkeeping, carrying ``x-ojs-error-*``."""
+    out = without_death_headers(headers)
+    out["x-ojs-error-code"] = code
+    out["x-ojs-error-message"] = message[:MAX_MESSAGE]
+    return out
+
+
+def without_failure_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
+    """``headers`` without dead-letter bookkeeping and without ``x-ojs-error-*``."""
+    return {k: v for k, v in without_death_headers(headers).items() if k not in ERROR_HEADERS}
 
 
 def record_failure(
@@ -86,9 +102,7 @@ def record_failure(
     job["error"] = error
     job["state"] = state
     job["attempt"] = max(attempt, 1)
-    out = without_death_headers(headers)
-    out["x-ojs-error-code"] = failure.code
-    out["x-ojs-error-message"] = (failure.message or failure.type)[:MAX_MESSAGE]
+    out = with_error_headers(headers, failure.code, failure.message or failure.type)
     return json.dumps(job, separators=(",", ":"), ensure_ascii=False).encode(), out
 
 
@@ -98,7 +112,6 @@ def reset_for_replay(body: bytes, headers: Mapping[str, Any]) -> tuple[bytes, di
     job["state"] = "available"
     job["attempt"] = 0
     job.pop("error", None)
-    out = {k: v for k, v in without_death_headers(headers).items()
-           if k not in ("x-ojs-error-code", "x-ojs-error-message", "x-ojs-error-details")}
+    out = without_failure_headers(headers)
     out["x-ojs-attempt"] = 1
     return json.dumps(job, separators=(",", ":"), ensure_ascii=False).encode(), out

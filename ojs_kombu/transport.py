@@ -51,7 +51,13 @@ from .errors import (
     UnroutableJobError,
 )
 from .events.emitter import trace_id_of
-from .failures import EXPIRED, JobFailure, record_failure, without_death_headers
+from .failures import (
+    EXPIRED,
+    JobFailure,
+    record_failure,
+    with_error_headers,
+    without_death_headers,
+)
 from .settings import Binding
 from .topology import (
     RETRY_QUEUE_IDLE_MS,
@@ -69,7 +75,7 @@ logger = logging.getLogger(__name__)
 #: consume hook to :meth:`Channel.message_to_python` (popped there).
 _PAYLOAD_KEY = "_ojs_payload"
 _DELIVERY_KEY = "_ojs_delivery"
-_MAX_ERROR_MESSAGE = 1024
+_MAX_ARGSREPR = 1024
 #: A consumed job due later than this is sent back to the broker to wait
 #: rather than held in the worker's memory.
 EARLY_TOLERANCE_S = 0.05
@@ -81,7 +87,7 @@ def _argsrepr(args: Any) -> str:
     from kombu.utils.encoding import safe_repr
 
     text = safe_repr(args)
-    return text if len(text) <= _MAX_ERROR_MESSAGE else text[:_MAX_ERROR_MESSAGE] + "..."
+    return text if len(text) <= _MAX_ARGSREPR else text[:_MAX_ARGSREPR] + "..."
 
 
 class Channel(pyamqp.Channel):
@@ -476,9 +482,7 @@ class Channel(pyamqp.Channel):
         the delivery is nacked without requeue, which the queue's own
         dead-letter arguments route to the same DLQ (without the headers).
         """
-        headers = without_death_headers(raw.properties.get("application_headers") or {})
-        headers["x-ojs-error-code"] = code
-        headers["x-ojs-error-message"] = text[:_MAX_ERROR_MESSAGE]
+        headers = with_error_headers(raw.properties.get("application_headers") or {}, code, text)
         properties = dict(raw.properties)
         properties["application_headers"] = headers
         message_id = str(properties.get("message_id") or f"delivery-{raw.delivery_tag}")

@@ -49,7 +49,7 @@ UNBOUNDED_ATTEMPTS = 2**31 - 1
 _ATTEMPT_HEADER = "x-ojs-attempt"
 
 
-def _explicit(task: Task, name: str) -> bool:
+def task_sets(task: Task, name: str) -> bool:
     """Whether ``name`` was set on this task (decorator option or subclass), not inherited
     from Celery's ``Task``."""
     for cls in task.__class__.__mro__:  # __class__: a task proxy reports the task's class
@@ -79,17 +79,17 @@ def task_retry_policy(task: Task) -> RetryPolicy:
     if cached is not None:
         return cached
     fields: dict[str, Any] = {}
-    if _explicit(task, "max_retries"):
+    if task_sets(task, "max_retries"):
         fields["max_attempts"] = (UNBOUNDED_ATTEMPTS if task.max_retries is None
                                   else task.max_retries + 1)
     backoff = getattr(task, "retry_backoff", False)
-    if _explicit(task, "retry_backoff") and backoff:
+    if task_sets(task, "retry_backoff") and backoff:
         maximum = float(getattr(task, "retry_backoff_max", 600))
         factor = max(1.0, float(backoff))
         fields.update(initial_interval=_duration(factor), backoff_coefficient=2.0,
                       max_interval=_duration(max(maximum, factor)),
                       jitter=bool(getattr(task, "retry_jitter", True)))
-    elif _explicit(task, "default_retry_delay"):
+    elif task_sets(task, "default_retry_delay"):
         delay = max(float(task.default_retry_delay), 0.001)
         fields.update(initial_interval=_duration(delay), backoff_coefficient=1.0,
                       max_interval=_duration(delay))
@@ -126,7 +126,7 @@ def is_retryable(task: Task, exc: BaseException, policy: RetryPolicy) -> bool:
     if dont and isinstance(exc, dont):
         return False
     only = tuple(getattr(task, "autoretry_for", ()) or ())
-    return not (only and _explicit(task, "autoretry_for") and not isinstance(exc, only))
+    return not (only and task_sets(task, "autoretry_for") and not isinstance(exc, only))
 
 
 class JobContext:

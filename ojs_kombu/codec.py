@@ -72,6 +72,7 @@ UNKNOWN_JOB_TYPE = "UNKNOWN_JOB_TYPE"
 UNSUPPORTED_CONTENT_TYPE = "UNSUPPORTED_CONTENT_TYPE"
 
 _datetime = TypeAdapter(datetime)
+_DEFAULT_POLICY = RetryPolicy()
 
 
 def format_time(value: datetime) -> str:
@@ -185,56 +186,11 @@ def encode_task_message(
         ) from None
 
     now = now or datetime.now(UTC)
-    created = format_time(now)
-    job: dict[str, Any] = {
-        "specversion": SPEC_VERSION, "id": job_id, "type": job_type, "queue": queue,
-        "args": args,
-    }
     meta = properties.get(META_OPTION)
-    if meta and not isinstance(meta, Mapping):
-        raise JobEncodeError(
-            f"{META_OPTION} must be a mapping, got {type(meta).__name__}",
-            job_id=job_id, queue=queue,
-        )
-    meta = dict(meta or {})
     traceparent = headers.get("traceparent")  # W3C context Celery's instrumentation injected
-    if isinstance(traceparent, str) and "traceparent" not in meta:
-        meta["traceparent"] = traceparent
-        trace_id = traceparent.split("-")[1] if traceparent.count("-") == 3 else None
-        if trace_id and "trace_id" not in meta:
-            meta["trace_id"] = trace_id
-    if meta:
-        job["meta"] = meta
-    priority = properties.get("priority")
-    if priority:
-        job["priority"] = int(priority)
     timelimit = headers.get("timelimit") or (None, None)
-    if timelimit[0]:
-        job["timeout"] = math.ceil(timelimit[0])
-    policy = retry_policy
-    per_call = properties.get(RETRY_OPTION)
-    if per_call is not None:
-        from .retry import merge, policy_from
-
-        try:
-            override = policy_from(per_call, source=f"{RETRY_OPTION} of task {task_name!r}")
-        except OJSConfigurationError as exc:
-            raise JobEncodeError(str(exc), job_id=job_id, queue=queue) from None
-        policy = merge(policy or RetryPolicy(), override)
-    if policy is not None and (per_call is not None or policy != RetryPolicy()):
-        job["retry"] = policy.model_dump(mode="json")
-    delay_ms = 0
     eta = headers.get("eta")
-    if eta:
-        scheduled = parse_time(eta, "eta")
-        job["scheduled_at"] = format_time(scheduled)
-        delay_ms = max(0, math.ceil((scheduled - now).total_seconds() * 1000))
     expires = headers.get("expires")
-    if expires:
-        job["expires_at"] = format_time(parse_time(expires, "expires"))
-    job["created_at"] = created
-    job["enqueued_at"] = created
-
     x_celery = {
         k: v for k, v in headers.items()
         if k not in MAPPED_HEADERS and v is not None
@@ -250,6 +206,88 @@ def encode_task_message(
         value = (embed or {}).get(key)
         if value is not None:
             x_celery[key] = value
+    return build_job(
+        job_id=job_id, job_type=job_type, queue=queue, args=args, task_name=task_name,
+        now=now, created=format_time(now), meta=meta,
+        traceparent=traceparent if isinstance(traceparent, str) else None,
+        tracestate=headers.get("tracestate"),
+        priority=properties.get("priority"), timeout=timelimit[0],
+        retry_policy=retry_policy, per_call_retry=properties.get(RETRY_OPTION),
+        scheduled_at=parse_time(eta, "eta") if eta else None,
+        expires_at=parse_time(expires, "expires") if expires else None,
+        attempt=int(headers.get("retries") or 0) + 1, x_celery=x_celery,
+        reply_to=properties.get("reply_to"),
+    )
+
+
+def build_job(
+    *,
+    job_id: str,
+    job_type: str,
+    queue: str,
+    args: Any,
+    task_name: str | None,
+    now: datetime,
+    created: str,
+    meta: Any = None,
+    traceparent: str | None = None,
+    tracestate: Any = None,
+    priority: int | None = None,
+    timeout: float | None = None,
+    retry_policy: RetryPolicy | None = None,
+    per_call_retry: Any = None,
+    scheduled_at: datetime | None = None,
+    expires_at: datetime | None = None,
+    attempt: int = 1,
+    x_celery: dict[str, Any] | None = None,
+    reply_to: str | None = None,
+) -> OutgoingJob:
+    """The OJS job message for already parsed values: the one place envelopes,
+    properties and ``x-ojs-*`` headers are built, for single and batch publishes.
+
+    ``created`` is ``format_time(now)``, passed in so that a batch formats it once.
+    """
+    job: dict[str, Any] = {
+        "specversion": SPEC_VERSION, "id": job_id, "type": job_type, "queue": queue,
+        "args": args,
+    }
+    if meta and not isinstance(meta, Mapping):
+        raise JobEncodeError(
+            f"{META_OPTION} must be a mapping, got {type(meta).__name__}",
+            job_id=job_id, queue=queue,
+        )
+    meta = dict(meta) if meta else {}
+    if traceparent is not None and "traceparent" not in meta:
+        meta["traceparent"] = traceparent
+        trace_id = traceparent.split("-")[1] if traceparent.count("-") == 3 else None
+        if trace_id and "trace_id" not in meta:
+            meta["trace_id"] = trace_id
+    if meta:
+        job["meta"] = meta
+    if priority:
+        job["priority"] = int(priority)
+    if timeout:
+        job["timeout"] = math.ceil(timeout)
+    policy = retry_policy
+    if per_call_retry is not None:
+        from .retry import merge, policy_from
+
+        try:
+            override = policy_from(per_call_retry,
+                                   source=f"{RETRY_OPTION} of task {task_name!r}")
+        except OJSConfigurationError as exc:
+            raise JobEncodeError(str(exc), job_id=job_id, queue=queue) from None
+        policy = merge(policy or RetryPolicy(), override)
+    if policy is not None and (per_call_retry is not None or policy != _DEFAULT_POLICY):
+        job["retry"] = policy.model_dump(mode="json")
+    delay_ms = 0
+    if scheduled_at is not None:
+        job["scheduled_at"] = format_time(scheduled_at)
+        delay_ms = max(0, math.ceil((scheduled_at - now).total_seconds() * 1000))
+    if expires_at is not None:
+        job["expires_at"] = format_time(expires_at)
+    job["created_at"] = created
+    job["enqueued_at"] = created
     if x_celery:
         job[X_CELERY] = x_celery
 
@@ -263,7 +301,7 @@ def encode_task_message(
 
     amqp_headers: dict[str, Any] = {
         "x-ojs-queue": queue,
-        "x-ojs-attempt": int(headers.get("retries") or 0) + 1,
+        "x-ojs-attempt": attempt,
         "x-ojs-max-attempts": policy.max_attempts if policy else DEFAULT_MAX_ATTEMPTS,
         "x-ojs-created-at": created,
         "x-ojs-enqueued-at": created,
@@ -271,8 +309,7 @@ def encode_task_message(
     if "scheduled_at" in job:
         amqp_headers["x-ojs-scheduled-at"] = job["scheduled_at"]
     if meta:
-        _meta_headers(job["meta"], amqp_headers)
-    tracestate = headers.get("tracestate")
+        _meta_headers(meta, amqp_headers)
     if isinstance(tracestate, str) and tracestate and "x-ojs-trace-id" in amqp_headers:
         amqp_headers["x-ojs-trace-state"] = tracestate
 
@@ -289,7 +326,6 @@ def encode_task_message(
     }
     if "priority" in job:
         props["priority"] = amqp_priority(job["priority"])
-    reply_to = properties.get("reply_to")
     if reply_to:
         props["reply_to"] = reply_to
     return OutgoingJob(job_id=job_id, job_type=job_type, queue=queue, body=encoded,

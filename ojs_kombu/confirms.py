@@ -10,6 +10,8 @@ so that numbers never drift.
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 
 class PendingPublish:
     """One publish whose outcome a caller waits for."""
@@ -29,7 +31,8 @@ class ConfirmTracker:
 
     def __init__(self) -> None:
         self.sequence = 0
-        self._pending: dict[int, PendingPublish] = {}
+        #: In publish order, so that a ``multiple`` confirm settles from the front.
+        self._pending: OrderedDict[int, PendingPublish] = OrderedDict()
         self._by_id: dict[str, PendingPublish] = {}
 
     def skip(self) -> None:
@@ -51,14 +54,30 @@ class ConfirmTracker:
 
     def settle(self, delivery_tag: int, multiple: bool, nacked: bool) -> None:
         """A ``Basic.Ack`` (``nacked=False``) or ``Basic.Nack`` from the broker."""
+        pending_by_tag = self._pending
         if multiple:
-            settled = [p for tag, p in self._pending.items() if tag <= delivery_tag]
+            # Pipelined publishes get one confirm for many: settle in O(settled).
+            while pending_by_tag:
+                tag = next(iter(pending_by_tag))
+                if tag > delivery_tag:
+                    break
+                self._settle(pending_by_tag.popitem(last=False)[1], nacked)
         else:
-            one = self._pending.get(delivery_tag)
-            settled = [one] if one is not None else []
-        for pending in settled:
-            pending.settled = True
-            pending.nacked = pending.nacked or nacked
+            one = pending_by_tag.pop(delivery_tag, None)
+            if one is not None:
+                self._settle(one, nacked)
+
+    def _settle(self, pending: PendingPublish, nacked: bool) -> None:
+        pending.settled = True
+        pending.nacked = pending.nacked or nacked
+        if pending.job_id and self._by_id.get(pending.job_id) is pending:
+            # A return always precedes its confirm: none can match after it.
+            del self._by_id[pending.job_id]
+
+    @property
+    def outstanding(self) -> int:
+        """Tracked publishes the broker has not confirmed yet."""
+        return len(self._pending)
 
     def returned(self, message_id: str | None, reason: str) -> bool:
         """A ``Basic.Return``; ``False`` when no tracked publish has that id."""

@@ -132,6 +132,17 @@ class DeadLetterQueue:
             return replayed
         return self._with_channel(replay_every)
 
+    def delete(self, job_id: str) -> DeadLetter:
+        """Remove the dead letter of ``job_id`` for good and return it; raises
+        :class:`DeadLetterNotFound`.  The others stay where they were."""
+        def delete_one(channel: Any) -> DeadLetter:
+            for message in self._browse(channel):
+                if message.properties.get("message_id") == job_id:
+                    channel.basic_ack(message.delivery_tag)
+                    return DeadLetter.from_message(self.queue, message)
+            raise DeadLetterNotFound(f"no dead letter with job id {job_id} in {self.dlq!r}")
+        return self._with_channel(delete_one)
+
     def purge(self) -> int:
         """Delete every dead letter; returns how many there were."""
         return self._with_channel(lambda channel: channel.queue_purge(self.dlq) or 0)

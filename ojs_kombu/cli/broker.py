@@ -1,0 +1,214 @@
+"""Broker access for the command line: one ``ojs://`` connection, and read-only inspection.
+
+AMQP 0-9-1 cannot list a queue's arguments or bindings, and ``rabbitmqctl``
+or the management plugin are not available to every user.  Inspection is
+therefore done with declarations that never change anything:
+
+* a *passive* declare says whether an entity exists (and a queue's message and
+  consumer counts);
+* re-declaring an *existing* entity with the same properties is a no-op, and
+  with different ones RabbitMQ refuses it (406) naming the first property that
+  differs and its current value (``inequivalent arg 'x-max-length' ... received
+  none but current is the value '5' of type 'signedint'``).  Repeating with the
+  current value converges on the arguments the broker checks, which are the
+  ones that matter (dead-lettering, TTLs, lengths, priority, queue type).
+
+Every probe uses a channel of its own, since a refused declare closes it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from typing import Any
+
+import amqp
+import kombu
+from amqp.exceptions import NotFound, PreconditionFailed
+
+from ..naming import check_queue_name
+from ..settings import Binding
+from .common import EXIT_NOT_FOUND, EXIT_USAGE, CLIError, Options
+
+_SCHEMES = {"amqp": "ojs", "pyamqp": "ojs", "amqps": "ojss"}
+_INEQUIVALENT = re.compile(
+    r"inequivalent arg '(?P<key>[^']+)' for (?P<kind>queue|exchange) '[^']*' in vhost '[^']*': "
+    r"received (?P<received>none|the value '.*?' of type '\w+'|'.*?') "
+    r"but current is (?P<current>none|the value '(?P<value>.*?)' of type '(?P<type>\w+)'|"
+    r"'(?P<plain>.*?)')$")
+#: Entity properties (not arguments) named in 406 replies.
+_PROPERTIES = ("durable", "auto_delete", "exclusive", "type", "internal")
+_MAX_PROBES = 16
+
+
+def broker_url(url: str) -> str:
+    """``amqp://`` is taken as ``ojs://`` (same broker, the OJS transport on top)."""
+    scheme, sep, rest = url.partition("://")
+    return f"{_SCHEMES.get(scheme, scheme)}{sep}{rest}" if sep else url
+
+
+@contextmanager
+def connect(opts: Options) -> Iterator[kombu.Connection]:
+    """A connected ``ojs://`` kombu connection (no retries: a CLI fails fast)."""
+    transport_options = {"ojs_prefix": opts.prefix} if opts.prefix else {}
+    connection = kombu.Connection(broker_url(opts.broker), connect_timeout=opts.connect_timeout,
+                                  transport_options=transport_options)
+    try:
+        connection.connect()
+        if getattr(connection.connection, "ojs", None) is None:
+            raise CLIError(f"{connection.as_uri()} is not an ojs:// broker URL", EXIT_USAGE,
+                           "invalid_input")
+        yield connection
+    finally:
+        with suppress(Exception):
+            connection.release()
+
+
+def binding_of(connection: kombu.Connection) -> Binding:
+    return connection.connection.ojs
+
+
+def queue_name(value: str) -> str:
+    """An OJS queue name given on the command line (``celery`` is ``default``)."""
+    from ..naming import DEFAULT_QUEUE_ALIASES
+
+    return check_queue_name(DEFAULT_QUEUE_ALIASES.get(value, value))
+
+
+@dataclass
+class QueueState:
+    name: str
+    exists: bool
+    messages: int = 0
+    consumers: int = 0
+
+
+@dataclass
+class Equivalence:
+    """What re-declaring an existing entity with ``expected`` properties told us."""
+
+    equivalent: bool
+    #: The arguments the broker holds, as far as it checks them (``expected`` adjusted).
+    arguments: dict[str, Any] = field(default_factory=dict)
+    #: Properties and arguments that differ: ``{name: (expected, current)}``.
+    differences: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+    reply: str | None = None
+
+
+def queue_state(amqp_connection: Any, name: str) -> QueueState:
+    """Passive ``Queue.Declare``: whether ``name`` exists, its ready messages and consumers."""
+    channel = amqp_connection.channel()
+    try:
+        ok = channel.queue_declare(name, passive=True)
+    except NotFound:
+        return QueueState(name, False)
+    with suppress(Exception):
+        channel.close()
+    return QueueState(name, True, ok.message_count, ok.consumer_count)
+
+
+def exchange_exists(amqp_connection: Any, name: str) -> bool:
+    channel = amqp_connection.channel()
+    try:
+        channel.exchange_declare(name, "direct", passive=True)
+    except NotFound:
+        return False
+    with suppress(Exception):
+        channel.close()
+    return True
+
+
+def require_queue(amqp_connection: Any, amqp_name: str, what: str) -> QueueState:
+    """The state of a queue the command needs; exit code 4 when it does not exist."""
+    state = queue_state(amqp_connection, amqp_name)
+    if not state.exists:
+        raise CLIError(f"unknown queue: {amqp_name!r} does not exist ({what})", EXIT_NOT_FOUND,
+                       "not_found")
+    return state
+
+
+def _parse_value(value: str, kind: str) -> Any:
+    if kind in ("signedint", "long", "short", "byte", "unsignedbyte", "unsignedshort",
+                "unsignedint", "timestamp"):
+        with suppress(ValueError):
+            return int(value)
+    if kind == "bool":
+        return value == "true"
+    if kind in ("double", "float"):
+        with suppress(ValueError):
+            return float(value)
+    return value
+
+
+def parse_inequivalent(reply: str) -> tuple[str, Any] | None:
+    """``(name, current value)`` from a 406 reply; the value is ``None`` for "none"."""
+    text = reply.split(" - ", 1)[-1].strip()
+    match = _INEQUIVALENT.search(text)
+    if match is None:
+        return None
+    if match["current"] == "none":
+        return match["key"], None
+    if match["plain"] is not None:
+        return match["key"], _parse_value(match["plain"], "bool")
+    return match["key"], _parse_value(match["value"], match["type"])
+
+
+def queue_equivalence(amqp_connection: Any, name: str, arguments: Mapping[str, Any]
+                      ) -> Equivalence:
+    """Compare an existing durable, non-exclusive, non-auto-delete queue with ``arguments``.
+
+    Call only for a queue that exists: re-declaring a missing one would create it.
+    """
+    return _equivalence(amqp_connection, arguments, lambda channel, args: channel.queue_declare(
+        name, durable=True, exclusive=False, auto_delete=False, arguments=args))
+
+
+def exchange_equivalence(amqp_connection: Any, name: str, kind: str,
+                         arguments: Mapping[str, Any] | None = None) -> Equivalence:
+    """Compare an existing exchange with a durable one of type ``kind``."""
+    return _equivalence(amqp_connection, dict(arguments or {}),
+                        lambda channel, args: channel.exchange_declare(
+                            name, kind, durable=True, auto_delete=False, arguments=args))
+
+
+def _equivalence(amqp_connection: Any, expected: Mapping[str, Any], declare: Any
+                 ) -> Equivalence:
+    arguments = dict(expected)
+    result = Equivalence(True, arguments)
+    for _ in range(_MAX_PROBES):
+        channel = amqp_connection.channel()
+        try:
+            declare(channel, dict(arguments))
+        except PreconditionFailed as exc:
+            reply = str(exc.reply_text)
+            result.equivalent, result.reply = False, result.reply or reply
+            parsed = parse_inequivalent(reply)
+            if parsed is None:
+                return result
+            key, current = parsed
+            result.differences[key] = (expected.get(key), current)
+            if key in _PROPERTIES:
+                return result  # properties cannot be adjusted: arguments stay unknown
+            if current is None:
+                arguments.pop(key, None)
+            else:
+                arguments[key] = current
+            continue
+        with suppress(Exception):
+            channel.close()
+        return result
+    return result
+
+
+def delete_queues(amqp_connection: Any, names: list[str]) -> None:
+    """Delete ``names`` (missing ones are fine); used by probes to clean up."""
+    for name in names:
+        channel = amqp_connection.channel()
+        try:
+            channel.queue_delete(name)
+        except amqp.exceptions.AMQPError:
+            continue
+        with suppress(Exception):
+            channel.close()

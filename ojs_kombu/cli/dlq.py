@@ -1,0 +1,168 @@
+"""``ojs-kombu dlq list|show|replay|purge``: the dead letters of a queue.
+
+Built on :class:`~ojs_kombu.dead_letters.DeadLetterQueue`: listing never
+consumes, and a replay is a confirmed republish followed by the ack of the
+dead letter, so an interrupted replay leaves every job in the DLQ, in its
+queue, or (at worst) in both; never in neither.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import click
+
+from ..dead_letters import DeadLetter, DeadLetterQueue
+from .broker import binding_of, connect, queue_name, require_queue
+from .common import EXIT_INTERRUPTED, OJSGroup, common_options, emit, options
+
+queue_option = click.option("--queue", "-q", required=True, help="OJS queue whose DLQ to use.")
+
+
+@click.group(cls=OJSGroup)
+def dlq() -> None:
+    """Inspect, replay and purge dead letters (ojs.queue.dlx.{q})."""
+
+
+@contextmanager
+def open_dlq(ctx: click.Context, queue: str) -> Iterator[DeadLetterQueue]:
+    """The DLQ of ``queue``; exit 4 when the queue has none (nothing is declared)."""
+    ojs_queue = queue_name(queue)
+    with connect(options(ctx)) as connection:
+        names = binding_of(connection).names
+        require_queue(connection.connection, names.dead_letter_queue(ojs_queue),
+                      f"no dead-letter queue for OJS queue {ojs_queue!r}")
+        yield DeadLetterQueue(connection, ojs_queue)
+
+
+def dead_letter_data(dead: DeadLetter, full: bool = False) -> dict[str, Any]:
+    data: dict[str, Any] = {"job_id": dead.job_id, "type": dead.job_type,
+                            "queue": dead.queue, "error_code": dead.error_code,
+                            "error_message": dead.error_message, "attempt": dead.attempt}
+    if full:
+        data["headers"] = dead.headers
+        data["envelope"] = dead.envelope
+        if dead.envelope is None:
+            data["body"] = dead.body.decode("utf-8", "replace")
+    return data
+
+
+@dlq.command("list")
+@queue_option
+@click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True,
+              help="Show at most this many (oldest first).")
+@common_options
+@click.pass_context
+def list_(ctx: click.Context, queue: str, limit: int) -> None:
+    """List the dead letters of QUEUE, oldest first; none is removed."""
+    with open_dlq(ctx, queue) as dead_letters:
+        total = len(dead_letters)
+        found = [dead_letter_data(d) for d in dead_letters.list(limit=limit)]
+
+    def human() -> None:
+        click.echo(f"{total} dead letter(s) in {dead_letters.dlq}")
+        for d in found:
+            message = (d["error_message"] or "")[:60]
+            click.echo(f"  {d['job_id']}  {d['type'] or '-'}  attempt {d['attempt'] or '-'}  "
+                       f"{d['error_code'] or '-'}  {message}")
+        if total > len(found):
+            click.echo(f"  ... {total - len(found)} more (--limit)")
+
+    emit(ctx, {"queue": dead_letters.queue, "dead_letter_queue": dead_letters.dlq,
+               "count": total, "dead_letters": found}, human)
+
+
+@dlq.command()
+@queue_option
+@click.option("--id", "job_id", required=True, help="Job id of the dead letter.")
+@common_options
+@click.pass_context
+def show(ctx: click.Context, queue: str, job_id: str) -> None:
+    """Show one dead letter: its error, headers and envelope (exit 4 if absent)."""
+    with open_dlq(ctx, queue) as dead_letters:
+        data = dead_letter_data(dead_letters.get(job_id), full=True)
+
+    def human() -> None:
+        import json
+
+        for key in ("job_id", "type", "queue", "attempt", "error_code", "error_message"):
+            click.echo(f"{key}: {data[key]}")
+        click.echo("headers:")
+        for key, value in sorted(data["headers"].items()):
+            click.echo(f"  {key}: {value}")
+        click.echo("envelope:" if data["envelope"] is not None else "body (not a JSON object):")
+        body = data["envelope"] if data["envelope"] is not None else data["body"]
+        click.echo(json.dumps(body, indent=2, default=str, ensure_ascii=False))
+
+    emit(ctx, data, human)
+
+
+def _one_or_all(job_id: str | None, every: bool) -> None:
+    if bool(job_id) == every:
+        raise click.UsageError("give --id ID or --all")
+
+
+@dlq.command()
+@queue_option
+@click.option("--id", "job_id", help="Replay this job.")
+@click.option("--all", "every", is_flag=True, help="Replay every dead letter present now.")
+@common_options
+@click.pass_context
+def replay(ctx: click.Context, queue: str, job_id: str | None, every: bool) -> None:
+    """Put dead letters back on QUEUE (same id, attempt 1, error history kept).
+
+    Each job is republished and confirmed before its dead letter is removed:
+    Ctrl-C stops between jobs and loses nothing (exit 130); run it again to go on.
+    """
+    _one_or_all(job_id, every)
+    with open_dlq(ctx, queue) as dead_letters:
+        if job_id:
+            dead_letters.replay(job_id)
+            emit(ctx, {"queue": dead_letters.queue, "replayed": [job_id]},
+                 f"replayed {job_id} to {dead_letters.names.job_queue(dead_letters.queue)}")
+            return
+        total = len(dead_letters)
+        replayed: list[str] = []
+        # on stderr: stdout stays one JSON document with --json
+        bar = click.progressbar(length=total, label=f"replaying {total} job(s)",
+                                file=click.get_text_stream("stderr"), show_pos=True)
+        try:
+            with bar:
+                def step(done: str) -> None:
+                    replayed.append(done)
+                    bar.update(1)
+                dead_letters.replay_all(progress=step)
+        except KeyboardInterrupt:
+            click.echo(f"interrupted after {len(replayed)} of {total}; the others are still "
+                       f"in {dead_letters.dlq}", err=True)
+            emit(ctx, {"queue": dead_letters.queue, "replayed": replayed,
+                       "interrupted": True})
+            ctx.exit(EXIT_INTERRUPTED)
+    emit(ctx, {"queue": dead_letters.queue, "replayed": replayed},
+         f"replayed {len(replayed)} job(s) to {dead_letters.names.job_queue(dead_letters.queue)}")
+
+
+@dlq.command()
+@queue_option
+@click.option("--id", "job_id", help="Delete only this dead letter.")
+@click.option("--all", "every", is_flag=True, help="Delete every dead letter (the default).")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@common_options
+@click.pass_context
+def purge(ctx: click.Context, queue: str, job_id: str | None, every: bool, yes: bool) -> None:
+    """Delete dead letters of QUEUE for good (asks first unless --yes)."""
+    if job_id and every:
+        raise click.UsageError("give --id ID or --all, not both")
+    with open_dlq(ctx, queue) as dead_letters:
+        what = f"dead letter {job_id}" if job_id else f"all {len(dead_letters)} dead letter(s)"
+        if not yes:
+            click.confirm(f"Delete {what} of {dead_letters.dlq}?", abort=True, err=True)
+        if job_id:
+            dead_letters.delete(job_id)
+            count = 1
+        else:
+            count = dead_letters.purge()
+    emit(ctx, {"queue": dead_letters.queue, "deleted": count},
+         f"deleted {count} dead letter(s) from {dead_letters.dlq}")

@@ -1,0 +1,185 @@
+"""``ojs-kombu enqueue``, ``cancel`` and ``info``: one job from the shell."""
+
+from __future__ import annotations
+
+import json
+import math
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import amqp
+import click
+
+from ..codec import format_time, parse_time
+from ..control import ControlClient
+from ..job_ids import new_job_id
+from ..naming import is_job_id
+from .broker import binding_of, broker_url, connect, queue_name, require_queue
+from .common import EXIT_NOT_FOUND, OJSCommand, common_options, emit, options
+
+#: The Celery protocol v2 "embed" part of a job with no canvas.
+_NO_CANVAS = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def parse_json(value: str, what: str, kind: type) -> Any:
+    """``value`` as strict JSON of type ``kind``; a usage error (exit 2) naming ``what``."""
+    try:
+        parsed = json.loads(value, parse_constant=_reject_constant)
+    except ValueError as exc:
+        raise click.BadParameter(f"{value!r} is not valid JSON ({exc})", param_hint=what
+                                 ) from None
+    if not isinstance(parsed, kind):
+        expected = "an array" if kind is list else "an object"
+        raise click.BadParameter(f"must be a JSON {expected}, got {value!r}", param_hint=what)
+    return parsed
+
+
+def job_message(job_type: str, job_id: str, args: list[Any], *, eta: datetime | None,
+                priority: int | None, meta: dict[str, Any] | None,
+                retry: dict[str, Any] | None, headers: dict[str, Any] | None = None
+                ) -> amqp.Message:
+    """The job as a Celery task message, so it takes the transport's own publish path
+    (type and envelope checks, OJS properties and headers, lazy topology, confirms)."""
+    celery_headers = {"lang": "py", "task": job_type, "id": job_id,
+                      "eta": eta.isoformat() if eta else None, "retries": 0, **(headers or {})}
+    properties: dict[str, Any] = {"content_type": "application/json",
+                                  "content_encoding": "utf-8",
+                                  "application_headers": celery_headers}
+    if priority is not None:
+        properties["priority"] = priority
+    if meta:
+        properties["ojs_meta"] = meta
+    if retry is not None:
+        properties["ojs_retry"] = retry
+    body = json.dumps([args, {}, _NO_CANVAS], separators=(",", ":"), allow_nan=False)
+    return amqp.Message(body.encode(), **properties)
+
+
+@click.command(cls=OJSCommand)
+@click.argument("job_type", metavar="TYPE")
+@click.argument("args", required=False, default="[]", metavar="[ARGS]")
+@click.option("--queue", "-q", default="default", show_default=True, help="OJS queue.")
+@click.option("--delay", type=click.FloatRange(min=0), metavar="SECONDS",
+              help="Run no earlier than SECONDS from now (the broker holds it).")
+@click.option("--scheduled-at", metavar="TIMESTAMP",
+              help="Run no earlier than this RFC 3339 time (naive means UTC).")
+@click.option("--priority", type=int, help="OJS priority (AMQP priority: clamp(p, 0, 9)).")
+@click.option("--meta", metavar="JSON", help="The job's meta object.")
+@click.option("--retry", metavar="JSON", help="Retry policy object (max_attempts, ...).")
+@click.option("--id", "job_id", metavar="UUIDV7", help="Job id (default: a new UUIDv7).")
+@common_options
+@click.pass_context
+def enqueue(ctx: click.Context, job_type: str, args: str, queue: str, delay: float | None,
+            scheduled_at: str | None, priority: int | None, meta: str | None,
+            retry: str | None, job_id: str | None) -> None:
+    """Publish one OJS job of type TYPE with ARGS (a JSON array) and print its id.
+
+    The job is published like any ojs_kombu job: to ojs.exchange.direct with
+    mandatory=true, confirmed by the broker (the queue's topology is declared
+    if needed).  Example: ojs-kombu enqueue email.send '["a@b.c", "welcome"]'
+    --queue email --delay 60
+    """
+    job_args = parse_json(args, "ARGS", list)
+    job_meta = parse_json(meta, "--meta", dict) if meta is not None else None
+    job_retry = parse_json(retry, "--retry", dict) if retry is not None else None
+    if delay is not None and scheduled_at is not None:
+        raise click.UsageError("give --delay or --scheduled-at, not both")
+    eta = None
+    if delay:
+        eta = datetime.now(UTC) + timedelta(seconds=delay)
+    elif scheduled_at is not None:
+        eta = parse_time(scheduled_at, "--scheduled-at")
+    job_id = job_id or new_job_id()
+    if not is_job_id(job_id):
+        raise click.BadParameter(f"{job_id!r} is not a lowercase UUIDv7", param_hint="--id")
+    ojs_queue = queue_name(queue)
+    message = job_message(job_type, job_id, job_args, eta=eta, priority=priority,
+                          meta=job_meta, retry=job_retry)
+    with connect(options(ctx)) as connection:
+        channel = connection.connection.channel()
+        channel.basic_publish(message, exchange=binding_of(connection).names.direct_exchange,
+                              routing_key=ojs_queue)
+    result = {"id": job_id, "type": job_type, "queue": ojs_queue,
+              "scheduled_at": format_time(eta) if eta else None, "priority": priority,
+              "delay_ms": math.ceil((eta - datetime.now(UTC)).total_seconds() * 1000)
+              if eta else 0}
+    emit(ctx, result, job_id)
+
+
+def _job_id(value: str) -> str:
+    if not is_job_id(value):
+        raise click.BadParameter(f"{value!r} is not a lowercase UUIDv7 job id",
+                                 param_hint="JOB_ID")
+    return value
+
+
+def _control_client(ctx: click.Context, queue: str) -> tuple[ControlClient, int]:
+    """A control client, after checking that ``queue``'s control queue exists (else exit 4)."""
+    opts = options(ctx)
+    with connect(opts) as connection:
+        names = binding_of(connection).names
+        state = require_queue(connection.connection, names.control_queue(queue),
+                              f"OJS queue {queue!r} has no control queue")
+    client = ControlClient(broker_url(opts.broker), connect_timeout=opts.connect_timeout,
+                           prefix=opts.prefix)
+    return client, state.consumers
+
+
+@click.command(cls=OJSCommand)
+@click.argument("job_id", metavar="JOB_ID")
+@click.option("--queue", "-q", required=True, help="OJS queue of the job.")
+@click.option("--reason", help="Why (sent to the workers, logged, in job.cancelled).")
+@click.option("--by", "cancelled_by", help="Who (e.g. user:ops).")
+@click.option("--terminate", is_flag=True, help="Kill the pool process of a running job.")
+@common_options
+@click.pass_context
+def cancel(ctx: click.Context, job_id: str, queue: str, reason: str | None,
+           cancelled_by: str | None, terminate: bool) -> None:
+    """Ask the workers of QUEUE to cancel JOB_ID (CANCEL, AMQP-019).
+
+    The request is confirmed by the broker.  A job that has not started never
+    starts; a running job is asked to stop.  Cancelling an unknown or finished
+    job is a no-op the workers log.
+    """
+    job_id, ojs_queue = _job_id(job_id), queue_name(queue)
+    client, consumers = _control_client(ctx, ojs_queue)
+    with client:
+        client.cancel(job_id, ojs_queue, reason=reason, cancelled_by=cancelled_by,
+                      terminate=terminate)
+        control = client.binding.names.control_queue(ojs_queue)
+    note = "" if consumers else (" (no worker consumes it now: it is handled when one starts)")
+    emit(ctx, {"job_id": job_id, "queue": ojs_queue, "control_queue": control,
+               "sent": True, "workers": consumers},
+         f"cancel request for {job_id} sent to {control}{note}")
+
+
+@click.command(cls=OJSCommand)
+@click.argument("job_id", metavar="JOB_ID")
+@click.option("--queue", "-q", required=True, help="OJS queue of the job.")
+@click.option("--timeout", type=click.FloatRange(min=0.1), default=5.0, show_default=True,
+              help="Seconds to wait for a worker's answer (exit 5 after that).")
+@common_options
+@click.pass_context
+def info(ctx: click.Context, job_id: str, queue: str, timeout: float) -> None:
+    """Ask the workers of QUEUE for the state of JOB_ID (INFO, AMQP-021).
+
+    Exit 4 when neither a worker nor the result backend knows the job.
+    """
+    job_id, ojs_queue = _job_id(job_id), queue_name(queue)
+    client, _ = _control_client(ctx, ojs_queue)
+    with client:
+        answer = client.info(job_id, ojs_queue, timeout=timeout)
+
+    def human() -> None:
+        click.echo(f"{job_id}: {answer.get('state')}")
+        for key, value in answer.items():
+            if key not in ("job_id", "state"):
+                click.echo(f"  {key}: {json.dumps(value, default=str)}")
+
+    emit(ctx, answer, human)
+    if answer.get("state") == "not_found":
+        ctx.exit(EXIT_NOT_FOUND)

@@ -1,0 +1,343 @@
+"""``ojs-kombu migrate check -A proj``: can this Celery app switch to ojs_kombu?
+
+:func:`build_report` reads an app (before or after ``ojs_kombu.install``) and
+lists, per task, the OJS type and retry policy it will get, and every finding
+in the app's configuration: *blockers* (the worker would refuse to start or a
+publish would raise), *warnings* (it works, but behaves differently) and
+*info*.  Pure: it never connects to the broker.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+import click
+
+from ..errors import JobTypeError, OJSConfigurationError
+from ..job_types import JobTypeRegistry
+from ..naming import DEFAULT_QUEUE_ALIASES, TopologyNames
+from ..settings import OJSSettings
+from .common import EXIT_FAILED, EXIT_USAGE, CLIError, OJSGroup, emit, options
+
+Level = Literal["blocker", "warning", "info"]
+JSON_SERIALIZERS = ("json", "application/json")
+#: Pools ojs_kombu does not support (retries and dead letters publish from the event loop).
+UNSUPPORTED_POOLS = ("gevent", "eventlet")
+#: Task options that exist in Celery and have no OJS attribute.
+CELERY_ONLY_OPTIONS = {
+    "rate_limit": "a Celery worker-side rate limit; OJS has no equivalent attribute (it "
+                  "keeps working under ojs_kombu, for Celery workers only)",
+    "soft_time_limit": "only the hard time_limit maps onto the OJS timeout; the soft limit "
+                       "stays a Celery-only signal",
+    "reject_on_worker_lost": "under ojs_kombu a job whose worker died is redelivered by the "
+                             "broker (it was never acked) regardless of this option",
+    "store_errors_even_if_ignored": "result backend behaviour; not part of the OJS job",
+}
+
+
+@dataclass
+class Finding:
+    level: Level
+    subject: str
+    message: str
+
+
+@dataclass
+class TaskReport:
+    name: str
+    job_type: str | None
+    source: str
+    max_attempts: int | None = None
+    builtin: bool = False
+
+
+@dataclass
+class MigrationReport:
+    app: str
+    tasks: list[TaskReport] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def blockers(self) -> list[Finding]:
+        return [f for f in self.findings if f.level == "blocker"]
+
+    def add(self, level: Level, subject: str, message: str) -> None:
+        self.findings.append(Finding(level, subject, message))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"app": self.app, "ok": not self.blockers, "tasks": [asdict(t) for t in self.tasks],
+                "findings": [asdict(f) for f in self.findings],
+                "blockers": len(self.blockers)}
+
+
+def _ojs_settings(conf: Mapping[str, Any], report: MigrationReport) -> OJSSettings | None:
+    try:
+        return OJSSettings.from_options(conf, source="Celery config (app.conf)")
+    except OJSConfigurationError as exc:
+        report.add("blocker", "config", str(exc))
+        return None
+
+
+def build_report(app: Any) -> MigrationReport:
+    """Everything that blocks or changes when ``app`` runs under ojs_kombu."""
+    app.finalize(auto=True)
+    conf = app.conf
+    report = MigrationReport(app=str(app.main))
+    settings = _ojs_settings(conf, report) or OJSSettings()
+    aliases = {**DEFAULT_QUEUE_ALIASES, **settings.queue_aliases}
+    _check_tasks(app, settings, report)
+    _check_serializers(conf, report)
+    _check_queues(conf, app.tasks, aliases, settings.prefix, report)
+    _check_worker(conf, report)
+    return report
+
+
+def _check_tasks(app: Any, settings: OJSSettings, report: MigrationReport) -> None:
+    from ..worker import task_retry_policy
+
+    registry = JobTypeRegistry(settings.job_types, lambda: app.tasks)
+    claimed: dict[str, str] = {}
+    for name in sorted(app.tasks):
+        task = app.tasks[name]
+        builtin = name.startswith("celery.")
+        source = ("ojs_job_types" if name in settings.job_types else
+                  "ojs_type option" if getattr(task, "ojs_type", None) else "task name")
+        try:
+            job_type: str | None = registry.type_for(name)
+        except JobTypeError as exc:
+            job_type, source = None, "needs a mapping"
+            report.add("blocker", f"task {name}",
+                       f"{exc.reason if hasattr(exc, 'reason') else exc}; add "
+                       f"app.conf.ojs_job_types = {{{name!r}: '{_suggest(name)}'}} or "
+                       f"@app.task(ojs_type='{_suggest(name)}')")
+        attempts = None
+        try:
+            attempts = task_retry_policy(task).max_attempts
+        except OJSConfigurationError as exc:
+            report.add("blocker", f"task {name}", str(exc))
+        report.tasks.append(TaskReport(name, job_type, source, attempts, builtin))
+        if job_type is not None:
+            other = claimed.setdefault(job_type, name)
+            if other != name:
+                report.add("blocker", f"task {name}",
+                           f"OJS type {job_type!r} is also the type of task {other!r}; a "
+                           "consumed job must map to exactly one task: map one of them "
+                           "with ojs_job_types")
+        if builtin:
+            continue
+        _check_task_options(name, task, report)
+
+
+def _suggest(name: str) -> str:
+    """A valid OJS type close to ``name`` (``proj.tasks.SendEmail``: ``proj.tasks.send_email``)."""
+    import re
+
+    parts = []
+    for part in re.split(r"[.:/]+", name):
+        snake = re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", part).lower()
+        snake = re.sub(r"[^a-z0-9_]", "_", snake).strip("_")
+        if snake and not snake[0].isalpha():
+            snake = "t_" + snake
+        if snake:
+            parts.append(snake)
+    return ".".join(parts) or "task"
+
+
+def _check_task_options(name: str, task: Any, report: MigrationReport) -> None:
+    from ..worker import task_sets
+
+    subject = f"task {name}"
+    if getattr(task, "acks_late", None) is False and task_sets(task, "acks_late"):
+        report.add("blocker", subject, "acks_late=False: an OJS job is acked only after it "
+                   "ran; the worker refuses to start (remove the option)")
+    for option in ("acks_on_failure_or_timeout", "acks_on_failure", "acks_on_timeout"):
+        if getattr(task, option, None) is True and task_sets(task, option):
+            report.add("blocker", subject, f"{option}=True would ack and drop failed jobs; "
+                       "the worker refuses to start (remove the option)")
+    serializer = getattr(task, "serializer", None)
+    if task_sets(task, "serializer") and serializer not in JSON_SERIALIZERS:
+        report.add("blocker", subject, f"serializer={serializer!r}: OJS jobs are JSON; "
+                   "publishing raises UnsupportedSerializerError")
+    if task_sets(task, "compression") and getattr(task, "compression", None):
+        report.add("blocker", subject, "compression: OJS bodies are plain JSON; publishing "
+                   "raises UnsupportedSerializerError")
+    for option, why in CELERY_ONLY_OPTIONS.items():
+        if task_sets(task, option) and getattr(task, option, None):
+            report.add("info", subject, f"{option}: {why}")
+    if task_sets(task, "autoretry_for") and getattr(task, "autoretry_for", None):
+        report.add("warning", subject, "autoretry_for: under ojs_kombu every failure is a "
+                   "failed OJS attempt and is retried by the broker under the job's retry "
+                   "policy; autoretry_for only narrows which exceptions are retried")
+
+
+def _serializer_names(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    return [str(v) for v in value or ()]
+
+
+def _check_serializers(conf: Mapping[str, Any], report: MigrationReport) -> None:
+    task_serializer = conf.get("task_serializer")
+    if task_serializer not in JSON_SERIALIZERS:
+        report.add("blocker", "task_serializer",
+                   f"{task_serializer!r}: OJS jobs are JSON; every publish would raise "
+                   "UnsupportedSerializerError (set task_serializer='json')")
+    if conf.get("task_compression"):
+        report.add("blocker", "task_compression",
+                   f"{conf.get('task_compression')!r}: OJS bodies are plain JSON")
+    if conf.get("task_protocol", 2) != 2:
+        report.add("blocker", "task_protocol",
+                   "ojs_kombu maps Celery's task protocol 2; remove task_protocol=1")
+    accept = _serializer_names(conf.get("accept_content"))
+    for unsafe in ("pickle", "application/x-python-serialize", "yaml", "msgpack"):
+        if unsafe in accept:
+            report.add("warning", "accept_content",
+                       f"{unsafe!r} is accepted: OJS job queues carry JSON only (the worker "
+                       "dead-letters anything else), so it only matters for non-job messages")
+    result_serializer = conf.get("result_serializer")
+    if result_serializer not in JSON_SERIALIZERS:
+        report.add("warning", "result_serializer",
+                   f"{result_serializer!r}: results are not part of the OJS job, but other "
+                   "OJS consumers cannot read non-JSON results; prefer 'json'")
+    if conf.get("event_serializer") not in (*JSON_SERIALIZERS, None):
+        report.add("info", "event_serializer",
+                   f"{conf.get('event_serializer')!r}: Celery monitoring events are not OJS "
+                   "events and pass through untouched")
+
+
+def _check_queues(conf: Mapping[str, Any], tasks: Mapping[str, Any], aliases: dict[str, str],
+                  prefix: str, report: MigrationReport) -> None:
+    try:
+        names = TopologyNames(prefix=prefix, queue_aliases=aliases)
+    except OJSConfigurationError as exc:
+        report.add("blocker", "ojs_queue_aliases", str(exc))
+        return
+    queues: dict[str, str] = {conf.get("task_default_queue") or "celery": "task_default_queue"}
+    for queue in conf.get("task_queues") or ():
+        queues.setdefault(queue.name, "task_queues")
+        if not queue.durable or queue.auto_delete or queue.exclusive:
+            report.add("blocker", f"queue {queue.name}", "OJS job queues are durable, not "
+                       "exclusive and not auto-delete (AMQP-003)")
+        exchange = getattr(queue.exchange, "name", None)
+        if exchange and exchange != conf.get("task_default_exchange", "celery") \
+                and queue.routing_key not in (None, "", queue.name):
+            report.add("warning", f"queue {queue.name}", f"bound to exchange {exchange!r} "
+                       f"with key {queue.routing_key!r}; under ojs_kombu every job queue is "
+                       "bound to ojs.exchange.direct with its own name")
+    for name, task in tasks.items():
+        queue = getattr(task, "queue", None)
+        if queue:
+            queues.setdefault(queue, f"task {name}")
+    routes = conf.get("task_routes")
+    for route in routes if isinstance(routes, (list, tuple)) else [routes]:
+        if not isinstance(route, Mapping):
+            continue
+        for pattern, target in route.items():
+            if isinstance(target, Mapping):
+                if target.get("queue"):
+                    queues.setdefault(str(target["queue"]), f"task_routes[{pattern!r}]")
+                if target.get("exchange") or target.get("routing_key"):
+                    report.add("blocker", f"task_routes[{pattern!r}]",
+                               "routes by exchange/routing_key; OJS jobs go through "
+                               "ojs.exchange.direct with the queue name as routing key "
+                               "(publishing raises JobRoutingError): route with queue=...")
+            elif isinstance(target, str):
+                queues.setdefault(target, f"task_routes[{pattern!r}]")
+    for queue, where in sorted(queues.items()):
+        try:
+            ojs_name = names.ojs_queue(queue)
+        except OJSConfigurationError as exc:
+            report.add("blocker", f"queue {queue}", f"({where}) {exc}")
+            continue
+        if ojs_name != queue:
+            report.add("info", f"queue {queue}", f"is OJS queue {ojs_name!r} "
+                       f"(AMQP {names.job_queue(ojs_name)})")
+
+
+def _check_worker(conf: Mapping[str, Any], report: MigrationReport) -> None:
+    pool = str(conf.get("worker_pool") or "prefork")
+    if pool.split(":")[-1].lower() in UNSUPPORTED_POOLS:
+        report.add("blocker", "worker_pool", f"{pool!r} is not supported by ojs_kombu yet "
+                   "(prefork, threads and solo are)")
+    broker = str(conf.get("broker_url") or "")
+    scheme = broker.partition("://")[0] if "://" in broker else ""
+    if scheme not in ("ojs", "ojss"):
+        report.add("info", "broker_url", f"scheme {scheme or '(default)'!r}: switch to ojs:// "
+                   "(ojss:// for TLS) and call ojs_kombu.install(app)")
+    if conf.get("task_acks_late") is False or conf.get("task_acks_on_failure_or_timeout"):
+        report.add("info", "task_acks_late", "install() sets task_acks_late=True and "
+                   "task_acks_on_failure_or_timeout=False (jobs are acked after they ran)")
+    backend = str(conf.get("result_backend") or "")
+    if backend:
+        report.add("info", "result_backend", f"{backend.partition('://')[0]}:// keeps working "
+                   "(results are not OJS jobs); task ids become UUIDv7, so AsyncResult.id is "
+                   "the OJS job id")
+
+
+def render_report(report: MigrationReport) -> str:
+    """The report as text: one line per task, then the findings, blockers first."""
+    lines = [f"app {report.app}: {len(report.tasks)} task(s)"]
+    width = max((len(t.name) for t in report.tasks), default=4)
+    for task in report.tasks:
+        if task.builtin:
+            continue
+        job_type = task.job_type or "-- NEEDS A MAPPING --"
+        attempts = "" if task.max_attempts is None else f"  max_attempts {task.max_attempts}"
+        lines.append(f"  {task.name:<{width}}  -> {job_type}  ({task.source}){attempts}")
+    builtin = sum(t.builtin for t in report.tasks)
+    if builtin:
+        lines.append(f"  (+ {builtin} Celery built-in task(s), all mappable)"
+                     if all(t.job_type for t in report.tasks if t.builtin)
+                     else f"  (+ {builtin} Celery built-in task(s))")
+    order = {"blocker": 0, "warning": 1, "info": 2}
+    for finding in sorted(report.findings, key=lambda f: order[f.level]):
+        lines.append(f"{finding.level.upper():<8} {finding.subject}: {finding.message}")
+    lines.append(f"{len(report.blockers)} blocker(s): " + (
+        "fix them before switching" if report.blockers else "nothing blocks the switch"))
+    return "\n".join(lines)
+
+
+def load_app(spec: str, workdir: str | None = None) -> Any:
+    """Import a Celery app the way ``celery -A`` does (the current directory is importable)."""
+    from celery.app.utils import find_app
+
+    directory = os.path.abspath(workdir or os.getcwd())
+    if directory not in sys.path:
+        sys.path.insert(0, directory)
+    try:
+        return find_app(spec)
+    except Exception as exc:  # an app that fails to import is a usage error, said plainly
+        raise CLIError(f"cannot load the Celery app {spec!r}: {type(exc).__name__}: {exc}",
+                       EXIT_USAGE, "invalid_input") from None
+
+
+@click.group(cls=OJSGroup)
+def migrate() -> None:
+    """Check a Celery app before switching it to ojs_kombu."""
+
+
+@migrate.command()
+@click.option("-A", "--app", "app_spec", required=True, metavar="APP",
+              help="The Celery app, as for celery -A (proj, proj.celery:app).")
+@click.option("--workdir", type=click.Path(file_okay=False, exists=True),
+              help="Directory to import the app from (default: the current one).")
+@click.option("--json", "json_output", is_flag=True, help="Machine-readable JSON on stdout.")
+@click.pass_context
+def check(ctx: click.Context, app_spec: str, workdir: str | None, json_output: bool) -> None:
+    """Report what the app's tasks become under ojs_kombu and what blocks the switch.
+
+    Per task: the OJS type it will get (and from where) and its OJS max_attempts.
+    Then blockers (exit 1), warnings and info: task names that need an explicit
+    mapping, non-JSON serializers, compression, exchange routes, queue names,
+    unsupported pools, ack options, and options with no OJS meaning.
+    Does not connect to the broker.
+    """
+    options(ctx).json = json_output
+    report = build_report(load_app(app_spec, workdir))
+    emit(ctx, report.to_dict(), render_report(report))
+    if report.blockers:
+        ctx.exit(EXIT_FAILED)

@@ -1,0 +1,227 @@
+"""``ojs-kombu topology declare|show``: the OJS entities of a set of queues."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from ..celery_events import events_exchange
+from ..naming import TopologyNames
+from ..settings import Binding
+from ..topology import OWNED_ARGUMENTS, job_queue_arguments
+from .broker import (
+    binding_of,
+    connect,
+    exchange_equivalence,
+    exchange_exists,
+    queue_equivalence,
+    queue_name,
+    queue_state,
+)
+from .common import (
+    EXIT_FAILED,
+    EXIT_NOT_FOUND,
+    OJSGroup,
+    common_options,
+    emit,
+    options,
+)
+
+queue_option = click.option("--queue", "-q", "queues", multiple=True, required=True,
+                            metavar="QUEUE", help="OJS queue name (repeat for several).")
+
+
+@click.group(cls=OJSGroup)
+def topology() -> None:
+    """Declare or inspect the OJS topology of queues."""
+
+
+@topology.command()
+@queue_option
+@click.option("--schedule", is_flag=True,
+              help="Also declare the scheduling ladder and bind the queues to it.")
+@common_options
+@click.pass_context
+def declare(ctx: click.Context, queues: tuple[str, ...], schedule: bool) -> None:
+    """Declare the OJS topology of each QUEUE (idempotent).
+
+    Both exchanges, ojs.queue.{q}, ojs.queue.dlx.{q}, ojs.queue.control.{q} and
+    their bindings, exactly as ojs_kombu workers and producers declare them.
+    A queue that exists with other arguments is left alone and reported
+    (exit 1).
+    """
+    names = [queue_name(q) for q in queues]
+    with connect(options(ctx)) as connection:
+        amqp_connection = connection.connection
+        binding = binding_of(connection)
+        declared = []
+        for queue in names:
+            if schedule:
+                amqp_connection.ensure_schedule(queue)
+            else:
+                amqp_connection.ensure_topology(queue)
+            declared.append(expected_topology(binding, queue))
+    emit(ctx, {"declared": declared}, lambda: _print_declared(declared))
+
+
+def _print_declared(declared: list[dict[str, Any]]) -> None:
+    for topo in declared:
+        click.echo(f"declared queue {topo['queue']}:")
+        for exchange in topo["exchanges"]:
+            click.echo(f"  exchange {exchange['name']} ({exchange['type']}, durable)")
+        for queue in topo["queues"]:
+            click.echo(f"  queue    {queue['name']} {_args(queue['arguments'])}".rstrip())
+        for b in topo["bindings"]:
+            click.echo(f"  binding  {b['source']} -> {b['destination']} "
+                       f"(routing key {b['routing_key']})")
+
+
+def expected_topology(binding: Binding, queue: str) -> dict[str, Any]:
+    """The entities ojs_kombu declares for ``queue`` (section 4, 7), as plain data."""
+    names: TopologyNames = binding.names
+    control = names.control_queue(queue)
+    return {
+        "queue": queue,
+        "exchanges": [{"name": names.direct_exchange, "type": "direct"},
+                      {"name": names.dlx_exchange, "type": "direct"}],
+        "queues": [
+            {"name": names.job_queue(queue), "role": "job",
+             "arguments": job_queue_arguments(names, queue, binding.declare_arguments(queue))},
+            {"name": names.dead_letter_queue(queue), "role": "dead letters", "arguments": {}},
+            {"name": control, "role": "control", "arguments": {}},
+        ],
+        "bindings": [
+            {"source": names.direct_exchange, "destination": names.job_queue(queue),
+             "routing_key": queue},
+            {"source": names.dlx_exchange, "destination": names.dead_letter_queue(queue),
+             "routing_key": queue},
+            {"source": names.direct_exchange, "destination": control, "routing_key": control},
+        ],
+    }
+
+
+def inspect_topology(amqp_connection: Any, binding: Binding, queue: str) -> dict[str, Any]:
+    """What the broker holds of ``queue``'s OJS topology; read-only (see :mod:`.broker`).
+
+    ``problems`` lists what would stop ojs_kombu from using it: a missing entity,
+    an exchange of another type, a queue with other durability or without its
+    OJS dead-lettering.  Other argument differences are reported, not problems
+    (``ojs_queue_arguments`` or ``ojs_max_priority`` may explain them).
+    """
+    expected = expected_topology(binding, queue)
+    problems: list[str] = []
+    exchanges = []
+    for exchange in expected["exchanges"]:
+        found = {**exchange, "exists": exchange_exists(amqp_connection, exchange["name"])}
+        if not found["exists"]:
+            problems.append(f"exchange {exchange['name']} does not exist")
+        else:
+            eq = exchange_equivalence(amqp_connection, exchange["name"], exchange["type"])
+            found["differences"] = _differences(eq.differences)
+            if not eq.equivalent:
+                problems.append(f"exchange {exchange['name']}: {eq.reply}")
+        exchanges.append(found)
+    queues = []
+    for q in expected["queues"]:
+        state = queue_state(amqp_connection, q["name"])
+        found = {"name": q["name"], "role": q["role"], "exists": state.exists}
+        if not state.exists:
+            problems.append(f"queue {q['name']} does not exist")
+        else:
+            eq = queue_equivalence(amqp_connection, q["name"], q["arguments"])
+            found.update(messages=state.messages, consumers=state.consumers,
+                         arguments=eq.arguments, expected_arguments=q["arguments"],
+                         differences=_differences(eq.differences))
+            blocking = sorted(k for k in eq.differences
+                              if k in OWNED_ARGUMENTS or not k.startswith("x-"))
+            if blocking or (not eq.equivalent and not eq.differences):
+                problems.append(f"queue {q['name']}: {', '.join(blocking) or 'properties'} "
+                                f"differ from what ojs_kombu declares ({eq.reply})")
+        queues.append(found)
+    bindings = [{**b, "verified": False} for b in expected["bindings"]]
+    return {"queue": queue, "exchanges": exchanges, "queues": queues, "bindings": bindings,
+            "problems": problems}
+
+
+def _differences(differences: dict[str, tuple[Any, Any]]) -> dict[str, dict[str, Any]]:
+    return {k: {"expected": e, "current": c} for k, (e, c) in differences.items()}
+
+
+@topology.command()
+@queue_option
+@click.option("--events/--no-events", default=False,
+              help="Also show the events exchange (ojs.exchange.events).")
+@common_options
+@click.pass_context
+def show(ctx: click.Context, queues: tuple[str, ...], events: bool) -> None:
+    """Show the OJS entities of each QUEUE as the broker holds them.
+
+    Exchanges (type, durability), queues (messages ready, consumers, the
+    arguments the broker checks on declaration) and bindings.  Read-only:
+    passive declarations, and re-declarations of existing entities with the
+    same properties, which RabbitMQ answers without changing anything.
+    AMQP cannot list bindings: they are shown as ojs_kombu declares them.
+
+    Exit 4 when a queue does not exist, 1 when an entity conflicts with
+    the OJS topology.
+    """
+    names = [queue_name(q) for q in queues]
+    with connect(options(ctx)) as connection:
+        amqp_connection = connection.connection
+        binding = binding_of(connection)
+        report: dict[str, Any] = {
+            "queues": [inspect_topology(amqp_connection, binding, q) for q in names]}
+        if events:
+            name = events_exchange(binding.names)
+            exists = exchange_exists(amqp_connection, name)
+            report["events_exchange"] = {"name": name, "type": "topic", "exists": exists}
+            if exists:
+                eq = exchange_equivalence(amqp_connection, name, "topic")
+                report["events_exchange"]["differences"] = _differences(eq.differences)
+    emit(ctx, report, lambda: _print_report(report))
+    missing = [t["queue"] for t in report["queues"]
+               if not any(q["exists"] for q in t["queues"] if q["role"] == "job")]
+    if missing:
+        if not options(ctx).json:
+            click.echo(f"unknown queue(s): {', '.join(missing)}", err=True)
+        ctx.exit(EXIT_NOT_FOUND)
+    if any(t["problems"] for t in report["queues"]):
+        ctx.exit(EXIT_FAILED)
+
+
+def _args(arguments: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in sorted(arguments.items()))
+
+
+def _print_report(report: dict[str, Any]) -> None:
+    for topo in report["queues"]:
+        click.echo(f"queue {topo['queue']}")
+        width = max(len(e["name"]) for e in topo["exchanges"] + topo["queues"])
+        for exchange in topo["exchanges"]:
+            status = "ok" if exchange["exists"] and not exchange.get("differences") else (
+                "MISSING" if not exchange["exists"] else "DIFFERS")
+            click.echo(f"  exchange  {exchange['name']:<{width}}  {exchange['type']}, "
+                       f"durable  {status}")
+        for queue in topo["queues"]:
+            if not queue["exists"]:
+                click.echo(f"  queue     {queue['name']:<{width}}  MISSING")
+                continue
+            status = "ok" if not queue["differences"] else "DIFFERS"
+            click.echo(f"  queue     {queue['name']:<{width}}  messages {queue['messages']}, "
+                       f"consumers {queue['consumers']}  {status}")
+            if queue["arguments"]:
+                click.echo(f"            {'':<{width}}  {_args(queue['arguments'])}")
+            for key, diff in queue["differences"].items():
+                click.echo(f"            {'':<{width}}  {key}: ojs_kombu declares "
+                           f"{diff['expected']!r}, broker has {diff['current']!r}")
+        for b in topo["bindings"]:
+            click.echo(f"  binding   {b['source']} -> {b['destination']} "
+                       f"(routing key {b['routing_key']}; as declared, AMQP cannot list "
+                       "bindings)")
+        for problem in topo["problems"]:
+            click.echo(f"  PROBLEM   {problem}")
+    events = report.get("events_exchange")
+    if events:
+        click.echo(f"events exchange {events['name']} (topic): "
+                   f"{'exists' if events['exists'] else 'MISSING'}")

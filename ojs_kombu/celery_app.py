@@ -35,7 +35,9 @@ from kombu.utils.objects import cached_property
 
 from .celery_control import ControlQueues
 from .celery_events import WorkerEvents, build_events
+from .celery_reconnect import ConsumerReconnections
 from .codec import CELERY_JSON
+from .connection import BrokerConnection as ReconnectingConnection
 from .dead_letters import DeadLetterQueue, open_dead_letter_queue
 from .entities import JobQueue, extra_arguments, job_queue
 from .envelope import CONTENT_TYPE, RetryPolicy
@@ -124,7 +126,7 @@ class OJSAMQP(AMQP):
                    ) -> kombu.Connection:
         options = dict(transport_options or {})
         options[BINDING_OPTION] = self.binding
-        return kombu.Connection(*args, transport_options=options, **kwargs)
+        return ReconnectingConnection(*args, transport_options=options, **kwargs)
 
     BrokerConnection = Connection
 
@@ -152,6 +154,7 @@ def install(app: Celery) -> Celery:
     app.steps["worker"].add(OJSPreflight)
     app.steps["consumer"].add(WorkerEvents)
     app.steps["consumer"].add(ControlQueues)
+    app.steps["consumer"].add(ConsumerReconnections)
     setattr(app, _INSTALLED_FLAG, True)
     return app
 

@@ -22,12 +22,13 @@ import logging
 from collections.abc import Callable
 from contextlib import suppress
 from datetime import UTC, datetime
-from time import monotonic
+from functools import partial
+from time import monotonic, sleep
 from typing import Any
 
 import amqp
 from amqp import spec
-from amqp.exceptions import RecoverableConnectionError
+from amqp.exceptions import ConsumerCancelled, RecoverableConnectionError
 from kombu.transport import pyamqp
 
 from .codec import INVALID_ENVELOPE, decode_job_message, encode_task_message, format_time
@@ -58,6 +59,8 @@ from .failures import (
     with_error_headers,
     without_death_headers,
 )
+from .reconnect import CONSUMER_CANCELLED, DEFAULT_POLICY
+from .reconnect import emit as emit_connection_event
 from .settings import Binding
 from .topology import (
     RETRY_QUEUE_IDLE_MS,
@@ -364,8 +367,34 @@ class Channel(pyamqp.Channel):
                                queue, self.ojs.settings.default_prefetch)
                 self.basic_qos(0, self.ojs.settings.default_prefetch, False)
             callback = self._job_receiver(ojs_queue, callback)
+            if len(args) < 2 and kwargs.get("on_cancel") is None:  # (arguments, on_cancel)
+                kwargs["on_cancel"] = partial(self._on_consumer_cancelled, ojs_queue)
         return super().basic_consume(queue, consumer_tag, no_local, no_ack, exclusive, nowait,
                                      callback, *args, **kwargs)
+
+    def _on_consumer_cancelled(self, queue: str, consumer_tag: str) -> None:
+        """``Basic.Cancel`` from the broker (section 10.4, AMQP-027): usually the queue was
+        deleted under the consumer.
+
+        Logged and emitted as ``consumer.cancelled`` (:func:`ojs_kombu.reconnect.subscribe`);
+        then, after the first delay of the reconnection schedule,
+        :class:`~amqp.exceptions.ConsumerCancelled` (a recoverable connection
+        error) hands over to the reconnection path:
+        Celery's consumer (or kombu's ``ConsumerMixin``/``ensure``) reconnects,
+        re-declares the queue's whole topology and registers every consumer again
+        with the same prefetch.
+        """
+        delay = DEFAULT_POLICY.delay(1)
+        logger.warning("the broker cancelled consumer %s of queue %r (Basic.Cancel: was the "
+                       "queue deleted?); re-declaring it and consuming again in %.1fs",
+                       consumer_tag, queue, delay)
+        emit_connection_event(CONSUMER_CANCELLED, queue, self.ojs.events.source, queue=queue,
+                              consumer_tag=consumer_tag, retry_in_ms=round(delay * 1000))
+        self.connection.forget_topology(queue)
+        sleep(delay)
+        raise ConsumerCancelled(f"consumer {consumer_tag} of queue {queue!r} cancelled by the "
+                                "broker", spec.Basic.Cancel)
+
 
     def _job_receiver(self, queue: str, callback: Callable[[amqp.Message], Any]
                       ) -> Callable[[amqp.Message], Any]:

@@ -1,0 +1,165 @@
+"""kombu connections that reconnect on the binding's schedule (AMQP-025, AMQP-026).
+
+:class:`BrokerConnection` is the :class:`kombu.Connection` every connection of
+an app under ``ojs_kombu.install()`` is (the worker's consumer connection,
+the producer pool, the event and control connections).  It changes how kombu
+retries a lost connection, in the one place every kombu and Celery retry goes
+through (:meth:`kombu.Connection._ensure_connection`, used by
+``ensure_connection``, ``ensure``, ``autoretry``, ``default_channel``, the
+worker's ``broker_connection_retry`` loop and ``apply_async``'s
+``retry_policy``):
+
+* waits follow :class:`~ojs_kombu.reconnect.ReconnectPolicy` (1, 2, 4, ...
+  60 s, +-25 %) instead of kombu's ``interval_start/step/max`` arithmetic;
+  ``max_retries`` and ``timeout`` still bound the retrying;
+* with several broker URLs (``ojs://h1;ojs://h2``) kombu's failover strategy
+  still picks the next URL at once after a failure, and the wait happens
+  once every URL of the cycle has failed;
+* each failed attempt and each re-established connection is counted in
+  ``ojs_amqp_reconnections_total`` (``outcome`` ``failed``/``succeeded``); a
+  re-established connection is logged and emitted as ``connection.reconnected``
+  (:func:`ojs_kombu.reconnect.subscribe`).
+
+Topology is re-declared after a reconnection because its cache lives on the
+py-amqp connection (:class:`ojs_kombu.transport.Connection`), which every
+reconnection replaces: the first publish to a queue on the new connection
+declares its exchanges, queue and bindings again, and a worker re-declares
+the queues it consumes when its consumer restarts.
+"""
+
+from __future__ import annotations
+
+import logging
+from itertools import count
+from time import monotonic
+from typing import Any
+
+import kombu
+from kombu.connection import ConnectionPool as KombuConnectionPool
+from kombu.connection import PooledConnection
+from kombu.utils.functional import retry_over_time
+
+from .reconnect import DEFAULT_POLICY, RECONNECTED, ReconnectPolicy, emit
+from .settings import BINDING_OPTION, Binding
+
+logger = logging.getLogger(__name__)
+
+def report_reconnection(binding: Binding | None, *, role: str, broker: str, attempts: int,
+                        duration_s: float, worker_id: str | None = None,
+                        queues: list[str] | None = None,
+                        prefetch_count: int | None = None) -> None:
+    """Log, count and emit one re-established connection."""
+    logger.warning("reconnected to %s (%s) after %d attempt(s) in %.1fs%s", broker, role,
+                   attempts, duration_s,
+                   f"; consuming {', '.join(queues)} with prefetch {prefetch_count}"
+                   if queues else "")
+    if binding is not None:
+        binding.events.metrics.reconnections.add(1, {"outcome": "succeeded", "role": role})
+    emit(RECONNECTED, worker_id or broker,
+         binding.events.source if binding is not None else "ojs://ojs-kombu",
+         role=role, broker=broker, attempts=attempts, duration_ms=round(duration_s * 1000),
+         worker_id=worker_id, queues=queues, prefetch_count=prefetch_count)
+
+
+class BrokerConnection(kombu.Connection):
+    """:class:`kombu.Connection` that retries on the OJS reconnection schedule."""
+
+    #: Replace (on a subclass or instance) to tune the schedule.
+    reconnect_policy: ReconnectPolicy = DEFAULT_POLICY
+    #: Reported as ``role`` of ``connection.reconnected``.
+    role = "client"
+
+    _ojs_established = False
+    _ojs_attempts = 0
+    _ojs_retry_started: float | None = None
+
+    @property
+    def ojs_binding(self) -> Binding | None:
+        binding = (self.transport_options or {}).get(BINDING_OPTION)
+        return binding if isinstance(binding, Binding) else None
+
+    def _ensure_connection(  # type: ignore[override]
+        self, errback: Any = None, max_retries: int | None = None,
+        interval_start: float = 2, interval_step: float = 2, interval_max: float = 30,
+        callback: Any = None, reraise_as_library_errors: bool = True,
+        timeout: float | None = None,
+    ) -> Any:
+        """kombu's connection retry loop with the binding's waits.
+
+        ``interval_*`` are ignored: section 11.3 fixes the schedule.
+        """
+        if self.connected:
+            return self._connection
+        policy = self.reconnect_policy
+        rounds = count(1)
+        self._ojs_attempts = 0
+        self._ojs_retry_started = monotonic()
+
+        def on_error(exc: Exception, _intervals: Any, retries: int) -> float:
+            # with several URLs, the next one is tried at once; the wait comes
+            # when the whole cycle has failed (kombu's own failover rule)
+            interval = policy.delay(next(rounds)) if self.completes_cycle(retries) else 0.0
+            self._ojs_attempts += 1
+            binding = self.ojs_binding
+            if binding is not None:
+                binding.events.metrics.reconnections.add(1, {"outcome": "failed",
+                                                             "role": self.role})
+            try:
+                if errback:
+                    errback(exc, interval)
+                else:
+                    logger.warning("cannot connect to %s: %s; retrying in %.1fs",
+                                   self.as_uri(), exc, interval)
+            finally:
+                self.maybe_switch_next()
+            return interval
+
+        ctx = self._reraise_as_library_errors if reraise_as_library_errors \
+            else self._dummy_context
+        with ctx():
+            return retry_over_time(
+                self._connection_factory, self.recoverable_connection_errors, (), {},
+                on_error, max_retries, policy.initial, 0, policy.max_delay, callback,
+                timeout=timeout,
+            )
+
+    def _connection_factory(self) -> Any:
+        connection = super()._connection_factory()
+        if self._ojs_established:
+            started = self._ojs_retry_started
+            report_reconnection(
+                self.ojs_binding, role=self.role, broker=self.as_uri(),
+                attempts=self._ojs_attempts + 1,
+                duration_s=monotonic() - started if started is not None else 0.0)
+        self._ojs_established = True
+        return connection
+
+    def _close(self) -> None:
+        # a connection closed on purpose and opened again is not a reconnection
+        self._ojs_established = False
+        super()._close()
+
+    def clone(self, **kwargs: Any) -> BrokerConnection:
+        clone = super().clone(**kwargs)
+        clone.reconnect_policy = self.reconnect_policy
+        return clone
+
+    def Pool(self, limit: int | None = None, **kwargs: Any) -> ConnectionPool:
+        """kombu's pool makes plain connections; this one makes reconnecting ones (the
+        pool Celery's producers publish through)."""
+        return ConnectionPool(self, limit, **kwargs)
+
+
+class PooledBrokerConnection(PooledConnection, BrokerConnection):
+    """A pool member: kombu's pooled connection with the OJS reconnection."""
+
+
+class ConnectionPool(KombuConnectionPool):
+    """:class:`kombu.connection.ConnectionPool` of :class:`PooledBrokerConnection`."""
+
+    connection: BrokerConnection
+
+    def new(self) -> PooledBrokerConnection:
+        member = PooledBrokerConnection(self, **dict(self.connection._info(resolve=False)))
+        member.reconnect_policy = self.connection.reconnect_policy
+        return member

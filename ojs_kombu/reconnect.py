@@ -1,0 +1,117 @@
+"""The reconnection schedule of the AMQP binding (section 11.3, AMQP-025).
+
+Pure code, no I/O: the schedule, and the process-wide hook that hands out
+``connection.reconnected`` and ``consumer.cancelled`` events.
+
+Attempt ``n`` (1-based) waits ``min(2**(n-1), 60)`` seconds, scaled by a
+random factor in ``[0.75, 1.25]`` so that workers reconnecting after a
+broker restart do not all knock at once; a delay never exceeds the cap
+(60 s), so at the cap the spread is ``[45, 60]`` seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from .job_ids import new_job_id
+
+logger = logging.getLogger(__name__)
+
+#: Spec values (section 11.3).
+INITIAL_DELAY_S = 1.0
+MAX_DELAY_S = 60.0
+JITTER = 0.25
+
+
+@dataclass(frozen=True)
+class ReconnectPolicy:
+    """Exponential backoff with jitter: 1, 2, 4, 8, ... capped at ``max_delay`` seconds."""
+
+    initial: float = INITIAL_DELAY_S
+    max_delay: float = MAX_DELAY_S
+    jitter: float = JITTER
+    #: ``() -> float`` in ``[0, 1)``; injectable so the schedule is testable.
+    random: Callable[[], float] = field(default=random.random, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.initial <= 0 or self.max_delay < self.initial:
+            raise ValueError(f"reconnect delays need 0 < initial <= max_delay, got "
+                             f"initial={self.initial}, max_delay={self.max_delay}")
+        if not 0 <= self.jitter < 1:
+            raise ValueError(f"reconnect jitter is a fraction in [0, 1), got {self.jitter}")
+
+    def base_delay(self, attempt: int) -> float:
+        """The delay before retry ``attempt`` (1-based) without jitter."""
+        if attempt < 1:
+            raise ValueError(f"reconnect attempts count from 1, got {attempt}")
+        # 2**n overflows floats for huge n: stop doubling once past the cap
+        exponent = min(attempt - 1, 64)
+        return min(self.initial * 2.0 ** exponent, self.max_delay)
+
+    def delay(self, attempt: int) -> float:
+        """The jittered delay before retry ``attempt``: base * [1-jitter, 1+jitter], <= cap."""
+        factor = 1 + self.jitter * (2 * self.random() - 1)
+        return min(self.base_delay(attempt) * factor, self.max_delay)
+
+    def delays(self) -> Iterator[float]:
+        """The endless jittered schedule, attempt 1 first."""
+        attempt = 1
+        while True:
+            yield self.delay(attempt)
+            attempt += 1
+
+
+#: The binding's schedule, used by every ojs_kombu connection.
+DEFAULT_POLICY = ReconnectPolicy()
+
+#: Event types of connection resilience (AMQP binding 10.4 and 11.3).  The OJS
+#: event catalog has none (``event.schema.json`` enumerates ``type``), so they
+#: are not sent to the OJS event sinks: :func:`subscribe` receives them.
+RECONNECTED = "connection.reconnected"
+CONSUMER_CANCELLED = "consumer.cancelled"
+CONNECTION_EVENT_TYPES = (RECONNECTED, CONSUMER_CANCELLED)
+
+ConnectionEventCallback = Callable[[dict[str, Any]], Any]
+_subscribers: tuple[ConnectionEventCallback, ...] = ()
+_lock = threading.Lock()
+
+
+def subscribe(callback: ConnectionEventCallback) -> Callable[[], None]:
+    """Call ``callback(event)`` with every connection event of this process (an
+    OJS-envelope dict: specversion, id, type, source, time, subject, data);
+    returns a function that unsubscribes."""
+    global _subscribers
+    with _lock:
+        _subscribers = (*_subscribers, callback)
+
+    def unsubscribe() -> None:
+        global _subscribers
+        with _lock:
+            _subscribers = tuple(s for s in _subscribers if s is not callback)
+    return unsubscribe
+
+
+def emit(event_type: str, subject: str | None, source: str, **data: Any) -> dict[str, Any]:
+    """Hand one connection event to every subscriber; ``None`` values are left out."""
+    now = datetime.now(UTC)
+    event: dict[str, Any] = {
+        "specversion": "1.0", "id": "evt_" + new_job_id(), "type": event_type,
+        "source": source,
+        "time": now.replace(tzinfo=None).isoformat(timespec="milliseconds") + "Z",
+        "data": {k: v for k, v in data.items() if v is not None},
+    }
+    if subject is not None:
+        event["subject"] = subject
+    for callback in _subscribers:
+        try:
+            callback(event)
+        except Exception:
+            logger.exception("connection event subscriber %r failed on %s", callback,
+                             event_type)
+    return event

@@ -1,0 +1,122 @@
+"""The reconnection schedule (AMQP-025) and how kombu connections follow it."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+from kombu.exceptions import OperationalError
+
+from ojs_kombu.connection import BrokerConnection, PooledBrokerConnection
+from ojs_kombu.reconnect import DEFAULT_POLICY, ReconnectPolicy
+
+
+def fixed(value: float) -> ReconnectPolicy:
+    """The default schedule with the random draw pinned to ``value``."""
+    return ReconnectPolicy(random=lambda: value)
+
+
+def test_schedule_doubles_from_one_second_and_caps_at_sixty() -> None:
+    policy = fixed(0.5)  # factor exactly 1
+    assert [policy.delay(n) for n in range(1, 10)] == [1, 2, 4, 8, 16, 32, 60, 60, 60]
+    assert policy.delay(10_000) == 60  # no overflow for a worker retrying for days
+
+
+def test_jitter_spans_plus_minus_25_percent_and_never_exceeds_the_cap() -> None:
+    low, high = fixed(0.0), fixed(0.999999)
+    assert low.delay(1) == pytest.approx(0.75)
+    assert high.delay(1) == pytest.approx(1.25, rel=1e-5)
+    assert low.delay(4) == pytest.approx(6.0)
+    assert high.delay(4) == pytest.approx(10.0, rel=1e-5)
+    assert low.delay(7) == pytest.approx(45.0)
+    assert high.delay(7) == 60.0  # 75 s would exceed the cap
+
+
+def test_real_jitter_varies_and_stays_in_range() -> None:
+    delays = [DEFAULT_POLICY.delay(3) for _ in range(200)]
+    assert all(3.0 <= d <= 5.0 for d in delays)
+    assert len(set(delays)) > 1  # not every worker waits the same
+
+
+def test_schedule_iterator_follows_attempts() -> None:
+    schedule = fixed(0.5).delays()
+    assert [next(schedule) for _ in range(8)] == [1, 2, 4, 8, 16, 32, 60, 60]
+
+
+@pytest.mark.parametrize("kwargs", [{"initial": 0}, {"initial": 5, "max_delay": 1},
+                                    {"jitter": 1.0}, {"jitter": -0.1}])
+def test_invalid_policies_are_refused(kwargs: dict[str, float]) -> None:
+    with pytest.raises(ValueError):
+        ReconnectPolicy(**kwargs)
+
+
+def test_attempts_count_from_one() -> None:
+    with pytest.raises(ValueError, match="count from 1"):
+        DEFAULT_POLICY.delay(0)
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_connection_retries_wait_on_the_schedule_not_kombus_intervals() -> None:
+    """kombu would wait 2, 4, 6, 8 s (interval_start/step); the binding says 1, 2, 4, 8."""
+    port = _closed_port()
+    connection = BrokerConnection(f"ojs://guest:guest@127.0.0.1:{port}//", connect_timeout=1)
+    # the default schedule scaled down 1000x so the test takes milliseconds
+    connection.reconnect_policy = ReconnectPolicy(initial=0.001, max_delay=0.004,
+                                                  random=lambda: 0.5)
+    waits: list[float] = []
+    with pytest.raises(OperationalError):
+        connection.ensure_connection(errback=lambda exc, interval: waits.append(interval),
+                                     max_retries=5, interval_start=2, interval_step=2)
+    assert waits == [0.001, 0.002, 0.004, 0.004, 0.004]
+
+
+def test_failover_tries_the_next_url_at_once_and_waits_per_cycle() -> None:
+    first, second = _closed_port(), _closed_port()
+    connection = BrokerConnection(
+        f"ojs://guest:guest@127.0.0.1:{first}//;ojs://guest:guest@127.0.0.1:{second}//",
+        connect_timeout=1)
+    connection.reconnect_policy = ReconnectPolicy(initial=0.001, max_delay=0.004,
+                                                  random=lambda: 0.5)
+    tried: list[tuple[int, float]] = []
+    with pytest.raises(OperationalError):
+        connection.ensure_connection(
+            errback=lambda exc, interval: tried.append((connection.port, interval)),
+            max_retries=5)
+    assert tried == [(first, 0), (second, 0.001), (first, 0), (second, 0.002), (first, 0)]
+
+
+def test_pooled_connections_reconnect_on_the_schedule_too() -> None:
+    """Celery's producers publish through a pool: its members must be ours."""
+    connection = BrokerConnection("ojs://guest:guest@127.0.0.1:1//")
+    policy = ReconnectPolicy(initial=0.5, random=lambda: 0.5)
+    connection.reconnect_policy = policy
+    pool = connection.Pool(limit=2)
+    member = pool.acquire()
+    try:
+        assert isinstance(member, PooledBrokerConnection)
+        assert member.reconnect_policy is policy
+    finally:
+        member.release()
+
+
+def test_connection_events_reach_subscribers_until_they_unsubscribe() -> None:
+    from ojs_kombu import reconnect
+
+    seen: list[dict[str, object]] = []
+    unsubscribe = reconnect.subscribe(seen.append)
+    try:
+        event = reconnect.emit(reconnect.RECONNECTED, "w1@host", "ojs://app/workers/w1",
+                               role="worker", attempts=2, queues=None)
+    finally:
+        unsubscribe()
+    reconnect.emit(reconnect.RECONNECTED, None, "ojs://app", role="client")
+    assert seen == [event]
+    assert event["type"] == "connection.reconnected"
+    assert event["subject"] == "w1@host"
+    assert event["data"] == {"role": "worker", "attempts": 2}  # None left out
+    assert str(event["id"]).startswith("evt_") and str(event["time"]).endswith("Z")

@@ -43,7 +43,7 @@ Status = Literal["pass", "fail", "warn", "n/a"]
 REQUIREMENTS: dict[str, tuple[str, str]] = {
     "AMQP-001": ("ojs.exchange.direct is a durable direct exchange", "MUST"),
     "AMQP-002": ("ojs.exchange.dlx is a durable direct exchange", "MUST"),
-    "AMQP-003": ("job queue durable, not exclusive, not auto-delete", "MUST"),
+    "AMQP-003": ("job queue: durable, not exclusive/auto-delete", "MUST"),
     "AMQP-004": ("x-dead-letter-exchange on the job queue", "MUST"),
     "AMQP-005": ("PUSH = Basic.Publish on ojs.exchange.direct", "MUST"),
     "AMQP-006": ("FETCH = Basic.Consume with no_ack=false", "MUST"),
@@ -126,12 +126,11 @@ def exit_code(checks: list[Check]) -> int:
     return EXIT_FAILED if any(c.status == "fail" for c in checks) else 0
 
 
-def render_table(checks: list[Check], width: int = 100) -> str:
-    """The checks as a fixed-width table with a summary line."""
+def render_table(checks: list[Check], width: int = 120) -> str:
+    """The checks as a fixed-width table (``width`` columns) with a summary line."""
     id_w, status_w = 8, 4
-    req_w = max(len(c.requirement) for c in checks)
-    req_w = min(req_w, 48)
-    reason_w = max(20, width - id_w - status_w - req_w - 8)
+    req_w = min(max(len(c.requirement) for c in checks), 48)
+    reason_w = max(30, width - id_w - status_w - req_w - 8)
     lines = [f"{'id':<{id_w}}  {'':<{status_w}}  {'requirement':<{req_w}}  reason",
              f"{'-' * id_w}  {'-' * status_w}  {'-' * req_w}  {'-' * reason_w}"]
     for check in checks:
@@ -145,6 +144,12 @@ def render_table(checks: list[Check], width: int = 100) -> str:
     lines.append(f"{counts['pass']} pass, {counts['fail']} fail, {counts['warn']} warn "
                  f"(SHOULD not met), {counts['n/a']} n/a")
     return "\n".join(lines)
+
+
+def _width() -> int:
+    import shutil
+
+    return max(100, shutil.get_terminal_size((120, 24)).columns)
 
 
 def _wrap(text: str, width: int) -> list[str]:
@@ -323,6 +328,10 @@ def check_probes(results: Results, amqp_connection: Any, binding: Binding,
     """AMQP-005..018, 022, 023, 029 with probe jobs; cleans up after itself."""
     probe = Probe(amqp_connection, binding)
     names = binding.names
+    # Probes provoke what the package logs as warnings (no Basic.Qos, a full queue, a return).
+    package_logger = logging.getLogger("ojs_kombu")
+    level = package_logger.level
+    package_logger.setLevel(logging.CRITICAL)
     try:
         amqp_connection.ensure_topology(probe.queue)
         _guard(results, ["AMQP-005", "AMQP-010", "AMQP-011", "AMQP-012", "AMQP-013",
@@ -337,6 +346,7 @@ def check_probes(results: Results, amqp_connection: Any, binding: Binding,
         delete_queues(amqp_connection, [names.job_queue(probe.queue)])
         _guard(results, ["AMQP-015", "AMQP-016"], lambda: _unroutable_probe(results, probe))
     finally:
+        package_logger.setLevel(level)
         probe.cleanup()
 
 
@@ -428,13 +438,7 @@ def _consume_probe(results: Results, probe: Probe) -> None:
         channel.close()
         channel = probe.amqp.channel()
     received: list[amqp.Message] = []
-    transport_logger = logging.getLogger("ojs_kombu.transport")
-    level = transport_logger.level
-    transport_logger.setLevel(logging.ERROR)  # the "consuming before Basic.Qos" warning
-    try:
-        tag = channel.basic_consume(job_queue, no_ack=False, callback=received.append)
-    finally:
-        transport_logger.setLevel(level)
+    tag = channel.basic_consume(job_queue, no_ack=False, callback=received.append)
     _drain(probe.amqp, lambda: len(received) >= 1)
     held_back = queue_state(probe.amqp, job_queue).messages
     if len(received) == 1 and held_back == 1:
@@ -579,5 +583,5 @@ def conformance(ctx: click.Context, queue: str, info_timeout: float, schedule: b
     code = exit_code(checks)
     emit(ctx, {"queue": ojs_queue, "ok": code == 0, "checks": [c.to_dict() for c in checks]},
          lambda: click.echo(f"conformance of queue {ojs_queue} (OJS AMQP binding "
-                            f"1.0.0-rc.1)\n" + render_table(checks)))
+                            f"1.0.0-rc.1)\n" + render_table(checks, _width())))
     ctx.exit(code)

@@ -13,7 +13,7 @@ import click
 from ..codec import format_time, parse_time
 from ..control import ControlClient
 from ..job_ids import new_job_id
-from ..naming import is_job_id
+from ..naming import is_job_id, is_job_type
 from .broker import binding_of, broker_url, connect, queue_name, require_queue
 from .common import EXIT_NOT_FOUND, OJSCommand, common_options, emit, options
 
@@ -96,7 +96,12 @@ def enqueue(ctx: click.Context, job_type: str, args: str, queue: str, delay: flo
     job_id = job_id or new_job_id()
     if not is_job_id(job_id):
         raise click.BadParameter(f"{job_id!r} is not a lowercase UUIDv7", param_hint="--id")
+    if not is_job_type(job_type):
+        raise click.BadParameter(f"{job_type!r} is not an OJS job type (dot-separated segments "
+                                 "of [a-z][a-z0-9_]*, at most 255 characters)",
+                                 param_hint="TYPE")
     ojs_queue = queue_name(queue)
+    delay_ms = math.ceil((eta - datetime.now(UTC)).total_seconds() * 1000) if eta else 0
     message = job_message(job_type, job_id, job_args, eta=eta, priority=priority,
                           meta=job_meta, retry=job_retry)
     with connect(options(ctx)) as connection:
@@ -105,8 +110,7 @@ def enqueue(ctx: click.Context, job_type: str, args: str, queue: str, delay: flo
                               routing_key=ojs_queue)
     result = {"id": job_id, "type": job_type, "queue": ojs_queue,
               "scheduled_at": format_time(eta) if eta else None, "priority": priority,
-              "delay_ms": math.ceil((eta - datetime.now(UTC)).total_seconds() * 1000)
-              if eta else 0}
+              "delay_ms": max(0, delay_ms)}
     emit(ctx, result, job_id)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 
 import click
@@ -33,6 +34,7 @@ for command in (topology.topology, jobs.enqueue, jobs.cancel, jobs.info, dlq.dlq
 
 def main(argv: list[str] | None = None) -> None:
     """Console script entry point."""
+    logging.basicConfig(level=logging.WARNING, format="ojs-kombu: %(levelname)s: %(message)s")
     cli.main(args=argv, prog_name="ojs-kombu")
 
 

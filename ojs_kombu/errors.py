@@ -98,6 +98,40 @@ class JobNackedError(JobPublishError):
     """The broker refused the job with ``Basic.Nack``; it was not enqueued."""
 
 
+class QueueFullError(JobNackedError):
+    """Backpressure (BP-002, HTTP 429 on AMQP): the queue is at its bound; the job was
+    not enqueued and may be published again after :attr:`retry_after` seconds.
+
+    ``depth`` is the queue's message count read right after the refusal (``None``
+    when it could not be read), ``bound`` the ``max_depth`` (or, for a size bound
+    only, ``max_size_bytes``) it hit.  ``circuit_open`` is true when the producer's
+    circuit breaker refused the job without sending it.  For a batch,
+    ``rejected``/``accepted`` list the job ids refused and enqueued.
+    """
+
+    code = "QUEUE_FULL"
+
+    def __init__(self, message: str, *, queue: str, job_id: str | None = None,
+                 depth: int | None = None, bound: int | None = None,
+                 strategy: str = "reject", retry_after: float = 1.0,
+                 circuit_open: bool = False, rejected: tuple[str, ...] = (),
+                 accepted: tuple[str, ...] = ()) -> None:
+        self.depth = depth
+        self.bound = bound
+        self.strategy = strategy
+        self.retry_after = retry_after
+        self.circuit_open = circuit_open
+        self.rejected = tuple(rejected) or ((job_id,) if job_id else ())
+        self.accepted = tuple(accepted)
+        super().__init__(message, job_id=job_id, queue=queue)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The section 7.1 error body, for callers that relay it (e.g. an HTTP 429)."""
+        return {"code": self.code, "message": str(self), "queue": self.queue,
+                "depth": self.depth, "bound": self.bound, "strategy": self.strategy,
+                "retry_after": self.retry_after}
+
+
 class PublishConfirmTimeout(JobPublishError):
     """No confirm arrived in time: the job may or may not be enqueued."""
 

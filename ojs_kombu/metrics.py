@@ -63,6 +63,20 @@ class OJSMetrics:
             "ojs_amqp_publish_confirm_latency_seconds", unit="s",
             description="Publisher confirm latency",
             explicit_bucket_boundaries_advisory=CONFIRM_BUCKETS)
+        # Backpressure extension, section 10.2 (names as the spec writes them).
+        self.backpressure_rejected = meter.create_counter(
+            "ojs.backpressure.rejected_total", unit="{job}",
+            description="Enqueues rejected because the queue was at its bound")
+        self._pressure_observed = False
+
+    def observe_backpressure(self, pressure: QueueReadings) -> None:
+        """Register ``ojs.backpressure.pressure`` (depth / bound, 0.0..1.0, last sampled)."""
+        if self._pressure_observed:
+            return
+        self._pressure_observed = True
+        self.meter.create_observable_gauge(
+            "ojs.backpressure.pressure", callbacks=[_observer(pressure)], unit="1",
+            description="Queue depth / depth bound as last sampled by this producer")
 
     def observe_queues(self, depth: QueueReadings, active: QueueReadings,
                        dead_letters: QueueReadings) -> None:

@@ -8,18 +8,32 @@ not a setting is an error, so a typo never silently falls back to a default.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import logging
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from .backpressure import (
+    BackpressureMonitor,
+    Bounds,
+    ProducerBackpressure,
+    QueueConfig,
+    check_arguments,
+    check_config,
+    merged_config,
+    queue_arguments,
+)
 from .envelope import RetryPolicy
 from .errors import OJSConfigurationError
 from .events.bus import EventBus
 from .events.emitter import JobEvents
 from .job_types import JobTypeRegistry, TaskLookup
 from .naming import DEFAULT_QUEUE_ALIASES, TopologyNames, check_queue_name
+
+logger = logging.getLogger("ojs_kombu")
 
 OPTION_PREFIX = "ojs_"
 RetryPolicyLookup = Callable[[str], "RetryPolicy | None"]
@@ -75,6 +89,15 @@ class OJSSettings(BaseModel):
     control_queues: bool = True
     #: OpenTelemetry ``MeterProvider`` for ojs_kombu's metrics (default: the global one).
     meter_provider: Any = None
+    #: Per OJS queue: bounds and backpressure strategy, priorities, queue type
+    #: (``{"email": {"max_depth": 10000, "strategy": "reject", "warn_at": 0.8}}``,
+    #: see :class:`~ojs_kombu.backpressure.QueueConfig`).
+    queues: dict[str, QueueConfig] = Field(default_factory=dict)
+    #: Defaults of every queue's ``ojs_queues`` entry (``{"type": "quorum"}``).
+    queue_defaults: QueueConfig = Field(default_factory=QueueConfig)
+    #: Producer retries, circuit breaker and depth sampling
+    #: (:class:`~ojs_kombu.backpressure.ProducerBackpressure`).
+    backpressure: ProducerBackpressure = Field(default_factory=ProducerBackpressure)
     #: ``celery beat`` does not send an entry again while its previous job is unfinished
     #: (needs a result backend); each skip is a ``cron.skipped`` event.
     beat_skip_overlapping: bool = False
@@ -100,6 +123,11 @@ class OJSSettings(BaseModel):
             raise OJSConfigurationError(f"invalid ojs_kombu setting in {source}: {exc}") from None
         for queue in settings.queue_arguments:
             check_queue_name(queue)
+        check_config("ojs_queue_defaults", settings.queue_defaults,
+                     where="ojs_queue_defaults")
+        for queue, config in settings.queues.items():
+            check_queue_name(queue)
+            merged_config(queue, settings.queue_defaults, config)
         return settings
 
 
@@ -128,12 +156,69 @@ class Binding:
                    events or JobEvents(EventBus(), "ojs://ojs-kombu"),
                    {q: dict(a) for q, a in settings.queue_arguments.items()})
 
+    def queue_config(self, queue: str) -> QueueConfig:
+        """``ojs_queues[queue]`` over ``ojs_queue_defaults``."""
+        settings = self.settings
+        return merged_config(queue, settings.queue_defaults, settings.queues.get(queue))
+
     def declare_arguments(self, queue: str) -> dict[str, Any]:
-        """Extra ``Queue.Declare`` arguments of job queue ``queue`` (beyond dead-lettering)."""
-        arguments = dict(self.queue_arguments.get(queue) or {})
-        if self.settings.max_priority is not None and "x-queue-type" not in arguments:
-            arguments.setdefault("x-max-priority", self.settings.max_priority)
+        """Extra ``Queue.Declare`` arguments of job queue ``queue`` (beyond dead-lettering).
+
+        ``ojs_queues``/``ojs_queue_defaults`` give the bound, overflow, priority and
+        type arguments; raw ones (``ojs_queue_arguments``, Celery ``Queue`` options)
+        are added, a raw ``x-max-priority`` or ``x-queue-type`` replacing the default
+        priority.  A bound without ``x-overflow`` rejects publishes (drop-head, RabbitMQ's
+        default, is opt-in only).  Raises :class:`OJSConfigurationError` naming the
+        queue for clashing values and for combinations the broker refuses.
+        """
+        config = self.queue_config(queue)
+        raw = dict(self.queue_arguments.get(queue) or {})
+        arguments = queue_arguments(config, self.settings.max_priority)
+        explicit_priority = config.priority is not None
+        if "x-max-priority" in raw or (
+                raw.get("x-queue-type", "classic") != "classic" and not explicit_priority):
+            arguments.pop("x-max-priority", None)
+        clashes = sorted(k for k in raw if k in arguments and arguments[k] != raw[k])
+        if clashes:
+            raise OJSConfigurationError(
+                f"queue {queue!r}: ojs_queues/ojs_queue_defaults give "
+                f"{ {k: arguments[k] for k in clashes} } but its queue arguments "
+                f"(ojs_queue_arguments or the Celery Queue) give { {k: raw[k] for k in clashes} }"
+            )
+        arguments.update(raw)
+        if ("x-max-length" in arguments or "x-max-length-bytes" in arguments) \
+                and "x-overflow" not in arguments:
+            arguments["x-overflow"] = "reject-publish"
+        check_arguments(queue, arguments)
         return arguments
+
+    def bounds(self, queue: str) -> Bounds:
+        """``queue``'s bound and strategy as declared (cached until its arguments change)."""
+        bounds = self._bounds.get(queue)
+        if bounds is None:
+            bounds = self._bounds[queue] = Bounds.of(self.declare_arguments(queue),
+                                                     self.queue_config(queue))
+        return bounds
+
+    @cached_property
+    def _bounds(self) -> dict[str, Bounds]:
+        return {}
+
+    @cached_property
+    def backpressure(self) -> BackpressureMonitor:
+        """This process's producer-side backpressure (events, retries, circuit breaker)."""
+        return BackpressureMonitor(self.settings.backpressure, self.bounds,
+                                   source=self.events.source, metrics=self.events.metrics)
+
+    def warn_unbounded(self, queues: Iterable[str]) -> list[str]:
+        """Log a warning for each of ``queues`` without a bound (section 6.3); return them."""
+        unbounded = sorted({q for q in queues if not self.bounds(q).bounded})
+        for queue in unbounded:
+            logger.warning(
+                "OJS queue %r has no bound: producers can fill it without limit. Set "
+                "app.conf.ojs_queues = {%r: {'max_depth': ...}} (or ojs_queue_defaults)",
+                queue, queue)
+        return unbounded
 
     def add_queue_arguments(self, queue: str, arguments: Mapping[str, Any]) -> None:
         """Record extra arguments for ``queue``; two different definitions are an error."""
@@ -147,6 +232,7 @@ class Binding:
                 f"({', '.join(sorted(clashes))}): {known!r} and {dict(arguments)!r}"
             )
         known.update(arguments)
+        self._bounds.pop(queue, None)
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> Binding:

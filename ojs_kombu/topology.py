@@ -65,7 +65,7 @@ def declare_queue_topology(
     _exchange(channel, names.direct_exchange)
     _exchange(channel, names.dlx_exchange)
     _queue(channel, names.job_queue(queue), job_args)
-    _queue(channel, names.dead_letter_queue(queue), {})
+    _queue(channel, names.dead_letter_queue(queue), dead_letter_queue_arguments(arguments))
     _queue(channel, names.control_queue(queue), {})
     channel.queue_bind(names.control_queue(queue), names.direct_exchange,
                        routing_key=names.control_queue(queue))
@@ -73,22 +73,45 @@ def declare_queue_topology(
     channel.queue_bind(names.dead_letter_queue(queue), names.dlx_exchange, routing_key=queue)
 
 
-def retry_queue_arguments(names: TopologyNames, queue: str, delay_ms: int) -> dict[str, Any]:
-    """``ojs.queue.retry.{q}.{ms}`` (section 8.2), plus ``x-expires`` so idle ones go away."""
-    return {
+def dead_letter_queue_arguments(job_arguments: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``ojs.queue.dlx.{q}`` has the job queue's type: a quorum job queue's dead letters
+    are replicated too.  Never bounded: a dead letter must not be dropped."""
+    kind = (job_arguments or {}).get("x-queue-type")
+    return {"x-queue-type": kind} if kind == "quorum" else {}
+
+
+def retry_queue_arguments(names: TopologyNames, queue: str, delay_ms: int,
+                          job_arguments: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``ojs.queue.retry.{q}.{ms}`` (section 8.2), plus ``x-expires`` so idle ones go away.
+
+    A retry queue has its job queue's type.  With at-least-once dead-lettering
+    (quorum) it has that too: a job whose delay is over stays in the retry queue
+    until its (possibly full, ``reject-publish``) job queue confirms it, instead of
+    being dropped; such a queue has no ``x-expires``, which would delete it with
+    the jobs still waiting in it.
+    """
+    job_arguments = job_arguments or {}
+    arguments: dict[str, Any] = {
         "x-dead-letter-exchange": names.direct_exchange,
         "x-dead-letter-routing-key": queue,
         "x-message-ttl": delay_ms,
-        "x-expires": delay_ms + RETRY_QUEUE_IDLE_MS,
     }
+    if job_arguments.get("x-queue-type") == "quorum":
+        arguments["x-queue-type"] = "quorum"
+    if job_arguments.get("x-dead-letter-strategy") == "at-least-once":
+        arguments["x-dead-letter-strategy"] = "at-least-once"
+        arguments["x-overflow"] = "reject-publish"
+    else:
+        arguments["x-expires"] = delay_ms + RETRY_QUEUE_IDLE_MS
+    return arguments
 
 
 def declare_retry_queue(channel: DeclaringChannel, names: TopologyNames, queue: str,
-                        delay_ms: int) -> None:
+                        delay_ms: int, job_arguments: Mapping[str, Any] | None = None) -> None:
     """``ojs.exchange.retry`` and the retry queue of ``queue`` for ``delay_ms``."""
     _exchange(channel, names.retry_exchange)
     name = names.retry_queue(queue, delay_ms)
-    _queue(channel, name, retry_queue_arguments(names, queue, delay_ms))
+    _queue(channel, name, retry_queue_arguments(names, queue, delay_ms, job_arguments))
     channel.queue_bind(name, names.retry_exchange, routing_key=f"{queue}.{delay_ms}")
 
 
@@ -136,6 +159,11 @@ def declare_delayed_exchange(channel: DeclaringChannel, names: TopologyNames,
             "Set ojs_delayed_exchange=False to schedule through TTL queues instead"
         ) from None
     channel.queue_bind(names.job_queue(queue), names.delayed_exchange, routing_key=queue)
+
+
+def queue_message_count(channel: DeclaringChannel, names: TopologyNames, queue: str) -> int:
+    """Ready messages in ``ojs.queue.{queue}`` (passive declare: creates nothing)."""
+    return int(channel.queue_declare(names.job_queue(queue), passive=True).message_count)
 
 
 def _exchange(channel: DeclaringChannel, name: str, kind: str = "direct",

@@ -69,6 +69,7 @@ from .topology import (
     declare_queue_topology,
     declare_retry_queue,
     declare_schedule_ladder,
+    queue_message_count,
 )
 from .tracing import with_current_trace
 
@@ -179,9 +180,12 @@ class Channel(pyamqp.Channel):
         if job.delay_ms > 0:
             self.publish_scheduled(message, queue, job.delay_ms, job_id=job.job_id,
                                    timeout=timeout, confirm_timeout=confirm_timeout)
-        else:
-            self.publish_confirmed(message, ojs.names.direct_exchange, queue, job_id=job.job_id,
-                                   queue=queue, timeout=timeout, confirm_timeout=confirm_timeout)
+        else:  # under the queue's backpressure strategy (ojs_kombu.backpressure)
+            ojs.backpressure.publish(
+                queue, job.job_id, job.job_type, lambda: self.publish_confirmed(
+                    message, ojs.names.direct_exchange, queue, job_id=job.job_id, queue=queue,
+                    timeout=timeout, confirm_timeout=confirm_timeout),
+                self.connection.queue_depth)
         ojs.events.metrics.published.add(1, {"queue": queue})
 
     def publish_scheduled(self, message: amqp.Message, queue: str, delay_ms: int, *,
@@ -250,6 +254,8 @@ class Channel(pyamqp.Channel):
                 job_id=job_id, queue=queue,
             )
         if pending.nacked:
+            if exchange == self.ojs.names.direct_exchange:  # QueueFullError when it is full
+                raise self.ojs.backpressure.nack_error(queue, job_id, self.connection.queue_depth)
             raise JobNackedError(
                 f"job {job_id} for queue {queue!r} was refused by the broker (Basic.Nack); "
                 "it was not enqueued", job_id=job_id, queue=queue,
@@ -582,7 +588,7 @@ class Connection(pyamqp.Connection):
         declared = self._ojs_retry_declared.get(key)
         if declared is not None and monotonic() - declared < RETRY_QUEUE_IDLE_MS / 2000:
             return
-        self._declare_with(declare_retry_queue, queue, delay_ms)
+        self._declare_with(declare_retry_queue, queue, delay_ms, self.ojs.declare_arguments(queue))
         self._ojs_retry_declared[key] = monotonic()
 
     def ensure_schedule(self, queue: str) -> None:
@@ -636,6 +642,13 @@ class Connection(pyamqp.Connection):
         finally:
             with suppress(OSError):
                 sock.settimeout(previous)
+
+    def queue_depth(self, queue: str) -> int | None:
+        """Ready jobs in ``ojs.queue.{queue}`` (a passive declare on a channel of its own)."""
+        counts: list[int] = []
+        self._declare_with(lambda channel, names: counts.append(
+            queue_message_count(channel, names, queue)))
+        return counts[0] if counts else None
 
     def forget_topology(self, queue: str | None = None) -> None:
         """Make the next use re-declare ``queue`` (or every queue)."""

@@ -33,7 +33,9 @@ def test_invalid_value_is_named() -> None:
 
 def test_declare_arguments_merge_priority_and_extras() -> None:
     binding = Binding.from_settings(OJSSettings(queue_arguments={"email": {"x-max-length": 5}}))
-    assert binding.declare_arguments("email") == {"x-max-length": 5, "x-max-priority": 10}
+    # a bound rejects publishes unless x-overflow says otherwise (drop-head is opt-in)
+    assert binding.declare_arguments("email") == {"x-max-length": 5, "x-max-priority": 10,
+                                                  "x-overflow": "reject-publish"}
     assert binding.declare_arguments("other") == {"x-max-priority": 10}
     no_priority = Binding.from_settings(OJSSettings(max_priority=None))
     assert no_priority.declare_arguments("email") == {}

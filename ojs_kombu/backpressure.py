@@ -1,0 +1,525 @@
+"""Backpressure (``ojs-backpressure.md``) mapped onto RabbitMQ queue arguments (pure policy).
+
+RabbitMQ enforces the bound: a job queue declared with ``x-max-length`` /
+``x-max-length-bytes`` and ``x-overflow=reject-publish`` answers a publish
+into a full queue with ``Basic.Nack``, and the message is not stored.  The
+transport turns that nack into :class:`~ojs_kombu.errors.QueueFullError`
+(the AMQP form of HTTP 429) through :meth:`BackpressureMonitor.nack_error`;
+:meth:`BackpressureMonitor.publish` adds what the broker cannot do: the
+``block`` strategy (publish again until a timeout), producer-side retries with
+exponential backoff and the circuit breaker of section 8, pressure sampling
+for the warning threshold, the ``backpressure.*`` events and the
+``ojs.backpressure.*`` metrics.  ``drop_oldest`` is ``x-overflow=drop-head``:
+RabbitMQ drops the head and dead-letters it (reason ``maxlen``) into the
+queue's DLQ, because every job queue has a dead-letter exchange.
+
+No I/O here: sending, reading a queue's depth, the clock and sleeping are
+passed in, so every rule is unit-tested without a broker.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .errors import JobNackedError, OJSConfigurationError, QueueFullError
+from .job_ids import new_job_id
+
+logger = logging.getLogger("ojs_kombu.backpressure")
+
+Strategy = Literal["reject", "block", "drop_oldest"]
+QueueType = Literal["classic", "quorum"]
+DeadLetterStrategy = Literal["at-most-once", "at-least-once"]
+
+#: Event types of the backpressure extension (section 10.1).  They are not in the
+#: OJS event catalog (``event.schema.json`` enumerates ``type``), so they are not
+#: sent to the OJS event sinks; see :meth:`BackpressureMonitor.subscribe`.
+BACKPRESSURE_EVENT_TYPES = ("backpressure.warning", "backpressure.rejected",
+                            "backpressure.dropped", "backpressure.cleared")
+#: ``x-max-priority`` used for ``priority=True`` when ``ojs_max_priority`` is off.
+DEFAULT_MAX_PRIORITY = 10
+_REJECTING = ("reject-publish", "reject-publish-dlx")
+
+
+class QueueConfig(BaseModel):
+    """One job queue's ``ojs_queues`` entry (or ``ojs_queue_defaults``).
+
+    Bounds follow section 6.2 (``0`` means unbounded).  ``priority``: ``None``
+    takes ``ojs_max_priority`` on classic queues, ``True``/``False`` switch
+    ``x-max-priority`` on/off, an integer is the ``x-max-priority``.
+    ``dead_letter_strategy="at-least-once"`` (quorum only) makes RabbitMQ keep a
+    dead-lettered job until its target queue confirmed it.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    max_depth: int = Field(default=0, ge=0)
+    max_size_bytes: int = Field(default=0, ge=0)
+    strategy: Strategy = "reject"
+    #: Fraction of ``max_depth`` at which ``backpressure.warning`` fires (section 6.2).
+    warn_at: float = Field(default=0.8, gt=0, le=1)
+    #: ``block``: seconds a producer keeps trying before it raises ``QueueFullError``.
+    block_timeout: float = Field(default=30.0, gt=0)
+    priority: bool | int | None = None
+    type: QueueType = "classic"
+    dead_letter_strategy: DeadLetterStrategy = "at-most-once"
+
+    @property
+    def bounded(self) -> bool:
+        return bool(self.max_depth or self.max_size_bytes)
+
+
+def merged_config(queue: str, defaults: QueueConfig, own: QueueConfig | None) -> QueueConfig:
+    """``own``'s explicitly given fields over ``defaults``; checked (raises naming ``queue``)."""
+    if own is None:
+        config = defaults
+    else:
+        values = defaults.model_dump(include=defaults.model_fields_set)
+        values.update(own.model_dump(include=own.model_fields_set))
+        config = QueueConfig(**values)
+    explicit_priority = own is not None and "priority" in own.model_fields_set
+    check_config(queue, config, explicit_priority or "priority" in defaults.model_fields_set)
+    return config
+
+
+def check_config(queue: str, config: QueueConfig, explicit_priority: bool = True,
+                 where: str | None = None) -> None:
+    """Refuse what RabbitMQ would refuse (or silently ignore) before anything is declared."""
+    where = where or f"ojs_queues[{queue!r}]"
+    if config.strategy == "drop_oldest" and not config.bounded:
+        raise OJSConfigurationError(
+            f"{where}: strategy 'drop_oldest' needs max_depth or max_size_bytes "
+            "(it drops jobs only when the bound is reached)")
+    if config.type == "classic" and config.dead_letter_strategy == "at-least-once":
+        raise OJSConfigurationError(
+            f"{where}: dead_letter_strategy 'at-least-once' needs type 'quorum' "
+            "(classic queues dead-letter at most once)")
+    if config.dead_letter_strategy == "at-least-once" and config.strategy == "drop_oldest":
+        raise OJSConfigurationError(
+            f"{where}: strategy 'drop_oldest' (x-overflow=drop-head) cannot be combined with "
+            "dead_letter_strategy 'at-least-once', which needs x-overflow=reject-publish; "
+            "RabbitMQ would fall back to at-most-once dead-lettering")
+    if config.type == "quorum" and explicit_priority and config.priority not in (None, False):
+        raise OJSConfigurationError(
+            f"{where}: priority needs a classic queue; quorum queues refuse x-max-priority "
+            "(RabbitMQ 3.x) - set priority=False or type='classic'")
+    if isinstance(config.priority, int) and not isinstance(config.priority, bool) \
+            and not 1 <= config.priority <= 255:
+        raise OJSConfigurationError(f"{where}: priority {config.priority} is not in 1..255")
+
+
+def queue_arguments(config: QueueConfig, default_max_priority: int | None) -> dict[str, Any]:
+    """The ``Queue.Declare`` arguments ``config`` stands for (beyond dead-lettering)."""
+    args: dict[str, Any] = {}
+    if config.type == "quorum":
+        args["x-queue-type"] = "quorum"
+    if config.max_depth:
+        args["x-max-length"] = config.max_depth
+    if config.max_size_bytes:
+        args["x-max-length-bytes"] = config.max_size_bytes
+    if config.dead_letter_strategy == "at-least-once":
+        args["x-dead-letter-strategy"] = "at-least-once"
+        args["x-overflow"] = "reject-publish"
+    elif config.bounded:
+        args["x-overflow"] = "drop-head" if config.strategy == "drop_oldest" else "reject-publish"
+    priority = config.priority
+    if priority is None:
+        priority = default_max_priority if config.type == "classic" else None
+    elif priority is True:
+        priority = default_max_priority or DEFAULT_MAX_PRIORITY
+    if priority:
+        args["x-max-priority"] = int(priority)
+    return args
+
+
+def check_arguments(queue: str, arguments: Mapping[str, Any]) -> None:
+    """Refuse argument combinations RabbitMQ rejects, whatever setting they came from."""
+    quorum = arguments.get("x-queue-type") == "quorum"
+    overflow = arguments.get("x-overflow")
+    if quorum and "x-max-priority" in arguments:
+        raise OJSConfigurationError(
+            f"queue {queue!r}: x-max-priority is a classic-queue argument; quorum queues "
+            "refuse it (RabbitMQ 3.x). Turn priority off for this queue")
+    if quorum and overflow == "reject-publish-dlx":
+        raise OJSConfigurationError(
+            f"queue {queue!r}: quorum queues support x-overflow drop-head or reject-publish, "
+            "not reject-publish-dlx")
+    if arguments.get("x-dead-letter-strategy") == "at-least-once":
+        if not quorum:
+            raise OJSConfigurationError(
+                f"queue {queue!r}: x-dead-letter-strategy=at-least-once needs "
+                "x-queue-type=quorum")
+        if overflow != "reject-publish":
+            raise OJSConfigurationError(
+                f"queue {queue!r}: x-dead-letter-strategy=at-least-once needs "
+                f"x-overflow=reject-publish (got {overflow!r}); RabbitMQ would dead-letter at "
+                "most once")
+
+
+@dataclass(frozen=True, slots=True)
+class Bounds:
+    """A queue's bound as declared, and the strategy its producers follow."""
+
+    max_depth: int | None = None
+    max_bytes: int | None = None
+    overflow: str | None = None
+    strategy: Strategy = "reject"
+    warn_at: float = 0.8
+    block_timeout: float = 30.0
+
+    @classmethod
+    def of(cls, arguments: Mapping[str, Any], config: QueueConfig) -> Bounds:
+        """From the final ``Queue.Declare`` arguments (also ``ojs_queue_arguments``/Celery ones)."""
+        depth, size = arguments.get("x-max-length"), arguments.get("x-max-length-bytes")
+        return cls(int(depth) if depth is not None else None,
+                   int(size) if size is not None else None,
+                   arguments.get("x-overflow"), config.strategy, config.warn_at,
+                   config.block_timeout)
+
+    @property
+    def bounded(self) -> bool:
+        return self.max_depth is not None or self.max_bytes is not None
+
+    @property
+    def rejects(self) -> bool:
+        """Whether the broker nacks publishes into the full queue (RabbitMQ's default
+        overflow is drop-head)."""
+        return self.bounded and self.overflow in _REJECTING
+
+    @property
+    def bound(self) -> int | None:
+        return self.max_depth if self.max_depth is not None else self.max_bytes
+
+    def pressure(self, depth: int | None) -> float | None:
+        """depth / max_depth in 0.0..1.0 (section 7.3); ``None`` without a depth bound."""
+        if depth is None or self.max_depth is None:
+            return None
+        if self.max_depth == 0:
+            return 1.0
+        return min(max(depth / self.max_depth, 0.0), 1.0)
+
+
+UNBOUNDED = Bounds()
+
+
+class ProducerBackpressure(BaseModel):
+    """``ojs_backpressure``: how producers react to a full queue (sections 8.1, 8.2)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    #: Automatic re-publishes of a rejected job before ``QueueFullError`` reaches the
+    #: caller (``reject`` queues; ``block`` queues retry until their ``block_timeout``).
+    retries: int = Field(default=0, ge=0)
+    #: First wait (the ``Retry-After`` hint), doubled per consecutive rejection.
+    retry_delay: float = Field(default=1.0, gt=0)
+    max_retry_delay: float = Field(default=30.0, gt=0)
+    #: Shortest wait between two publishes of a ``block`` producer.
+    block_poll: float = Field(default=0.05, gt=0)
+    #: Refuse jobs for a queue without sending them after ``breaker_threshold``
+    #: consecutive rejections, for ``breaker_cooldown`` seconds (section 8.2).
+    circuit_breaker: bool = False
+    breaker_threshold: int = Field(default=5, ge=1)
+    breaker_cooldown: float = Field(default=10.0, gt=0)
+    #: Seconds between two depth reads of a bounded queue by one producer (0: after
+    #: every publish); they drive ``backpressure.warning``/``cleared`` and the gauge.
+    sample_interval: float = Field(default=1.0, ge=0)
+
+
+def backoff(initial: float, maximum: float, failures: int) -> float:
+    """Section 8.1: ``initial`` doubled per earlier consecutive failure, capped at ``maximum``."""
+    return min(initial * 2 ** max(failures - 1, 0), maximum)
+
+
+class CircuitBreaker:
+    """Section 8.2 for one queue: closed -> open after ``threshold`` consecutive
+    rejections -> half-open (one trial publish) after ``cooldown`` -> closed on success."""
+
+    def __init__(self, threshold: int, cooldown: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.threshold = threshold
+        self.cooldown = cooldown
+        self.clock = clock
+        self.failures = 0
+        self.opened_at: float | None = None
+        self._trial = False
+
+    @property
+    def state(self) -> Literal["closed", "open", "half-open"]:
+        if self.opened_at is None:
+            return "closed"
+        return "open" if self.clock() - self.opened_at < self.cooldown else "half-open"
+
+    def allow(self) -> float:
+        """0.0 when a publish may go ahead, else the seconds until the circuit half-opens."""
+        state = self.state
+        if state == "closed":
+            return 0.0
+        if state == "half-open" and not self._trial:
+            self._trial = True
+            return 0.0
+        assert self.opened_at is not None
+        return max(self.cooldown - (self.clock() - self.opened_at), self.cooldown / 10)
+
+    def failure(self) -> None:
+        self.failures += 1
+        if self._trial or self.failures >= self.threshold:
+            self.opened_at = self.clock()
+        self._trial = False
+
+    def success(self) -> None:
+        self.failures = 0
+        self.opened_at = None
+        self._trial = False
+
+
+EventCallback = Callable[[dict[str, Any]], object]
+DepthReader = Callable[[str], "int | None"]
+
+
+class _QueueState:
+    __slots__ = ("breaker", "consecutive", "last_sample", "pressure", "warned")
+
+    def __init__(self, breaker: CircuitBreaker | None) -> None:
+        self.breaker = breaker
+        self.consecutive = 0
+        self.last_sample = float("-inf")
+        self.pressure: float | None = None
+        self.warned = False
+
+
+class BackpressureMonitor:
+    """A process's producer side of backpressure, per queue; thread-safe.
+
+    ``bounds_for(queue)`` gives a queue's :class:`Bounds`; ``metrics`` is an
+    :class:`~ojs_kombu.metrics.OJSMetrics` (or ``None``).
+    """
+
+    def __init__(self, settings: ProducerBackpressure, bounds_for: Callable[[str], Bounds],
+                 *, source: str = "ojs://ojs-kombu", metrics: Any = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.settings = settings
+        self.bounds_for = bounds_for
+        self.source = source
+        self.metrics = metrics
+        self.clock = clock
+        self.sleep = sleep
+        self._lock = threading.Lock()
+        self._queues: dict[str, _QueueState] = {}
+        self._subscribers: tuple[EventCallback, ...] = ()
+        if metrics is not None:
+            metrics.observe_backpressure(self.pressures)
+
+    # -- events -------------------------------------------------------------
+
+    def subscribe(self, callback: EventCallback) -> Callable[[], None]:
+        """Call ``callback(event)`` with every ``backpressure.*`` event (an OJS-envelope
+        dict: specversion, id, type, source, time, subject = queue, data); returns a
+        function that unsubscribes."""
+        with self._lock:
+            self._subscribers = (*self._subscribers, callback)
+
+        def unsubscribe() -> None:
+            with self._lock:
+                self._subscribers = tuple(s for s in self._subscribers if s is not callback)
+        return unsubscribe
+
+    def emit(self, event_type: str, queue: str, **data: Any) -> dict[str, Any]:
+        now = datetime.now(UTC)
+        event = {
+            "specversion": "1.0", "id": "evt_" + new_job_id(), "type": event_type,
+            "source": self.source,
+            "time": now.replace(tzinfo=None).isoformat(timespec="milliseconds") + "Z",
+            "subject": queue,
+            "data": {"queue": queue, **{k: v for k, v in data.items() if v is not None}},
+        }
+        level = logging.INFO if event_type == "backpressure.cleared" else logging.WARNING
+        logger.log(level, "%s: queue %r %s", event_type, queue,
+                   {k: v for k, v in event["data"].items() if k != "queue"})
+        for callback in self._subscribers:
+            try:
+                callback(event)
+            except Exception:
+                logger.exception("backpressure subscriber %r failed on %s", callback, event_type)
+        return event
+
+    def pressures(self) -> list[tuple[str, float]]:
+        """``(queue, depth / bound)`` last sampled, for the ``ojs.backpressure.pressure`` gauge."""
+        with self._lock:
+            return [(q, s.pressure) for q, s in self._queues.items() if s.pressure is not None]
+
+    # -- publishing -----------------------------------------------------------
+
+    def _state(self, queue: str) -> _QueueState:
+        state = self._queues.get(queue)
+        if state is None:
+            with self._lock:
+                breaker = (CircuitBreaker(self.settings.breaker_threshold,
+                                          self.settings.breaker_cooldown, self.clock)
+                           if self.settings.circuit_breaker else None)
+                state = self._queues.setdefault(queue, _QueueState(breaker))
+        return state
+
+    def retry_after(self, queue: str) -> float:
+        """The wait recommended after the latest rejection by ``queue`` (``Retry-After``)."""
+        s = self.settings
+        return backoff(s.retry_delay, s.max_retry_delay, self._state(queue).consecutive)
+
+    def nack_error(self, queue: str, job_id: str, read_depth: DepthReader | None = None
+                   ) -> JobNackedError:
+        """The exception for a ``Basic.Nack`` of ``job_id``'s publish into ``queue``:
+        :class:`QueueFullError` when the queue rejects on overflow, else ``JobNackedError``.
+
+        Counted in ``ojs.backpressure.rejected_total``.  ``read_depth`` (best-effort)
+        fills in the depth.  Both the single and the batch publish path call this.
+        """
+        bounds = self.bounds_for(queue)
+        if not bounds.rejects:
+            return JobNackedError(
+                f"job {job_id} for queue {queue!r} was refused by the broker (Basic.Nack); "
+                "it was not enqueued", job_id=job_id, queue=queue)
+        state = self._state(queue)
+        state.consecutive += 1
+        depth = _read(read_depth, queue)
+        if depth is not None:
+            state.pressure = bounds.pressure(depth)
+        if self.metrics is not None:
+            self.metrics.backpressure_rejected.add(1, {"queue": queue})
+        return self._full(queue, job_id, bounds, depth)
+
+    def _full(self, queue: str, job_id: str | None, bounds: Bounds, depth: int | None,
+              *, circuit_open: bool = False, retry_after: float | None = None,
+              rejected: tuple[str, ...] = (), accepted: tuple[str, ...] = (),
+              count: int | None = None) -> QueueFullError:
+        which = "depth" if bounds.max_depth is not None else "size"
+        limit = (f"{bounds.max_depth} jobs" if bounds.max_depth is not None
+                 else f"{bounds.max_bytes} bytes")
+        retry_after = self.retry_after(queue) if retry_after is None else retry_after
+        what = f"job {job_id}" if job_id else f"{count or len(rejected)} job(s)"
+        why = ("the producer's circuit breaker is open after repeated rejections"
+               if circuit_open else f"the queue has reached its {which} bound ({limit})")
+        return QueueFullError(
+            f"{what} for queue {queue!r} not enqueued: {why}"
+            f"{f', depth {depth}' if depth is not None else ''}; retry after "
+            f"{retry_after:g}s", queue=queue, job_id=job_id, depth=depth, bound=bounds.bound,
+            strategy=bounds.strategy, retry_after=retry_after, circuit_open=circuit_open,
+            rejected=rejected, accepted=accepted)
+
+    def publish(self, queue: str, job_id: str, job_type: str, send: Callable[[], None],
+                read_depth: DepthReader | None = None) -> None:
+        """Run ``send`` (one confirmed publish that raises ``QueueFullError`` on a
+        rejection) under the queue's strategy, retries and circuit breaker."""
+        bounds = self.bounds_for(queue)
+        if not bounds.bounded:
+            send()
+            return
+        state = self._state(queue)
+        settings = self.settings
+        deadline = self.clock() + bounds.block_timeout if bounds.strategy == "block" else None
+        retries = settings.retries
+        while True:
+            wait = state.breaker.allow() if state.breaker is not None else 0.0
+            if wait:
+                error = self._full(queue, job_id, bounds, None, circuit_open=True,
+                                   retry_after=wait)
+            else:
+                try:
+                    send()
+                except QueueFullError as exc:
+                    error = exc
+                    if state.breaker is not None:
+                        state.breaker.failure()
+                else:
+                    state.consecutive = 0
+                    if state.breaker is not None:
+                        state.breaker.success()
+                    self._sample(queue, bounds, state, read_depth)
+                    return
+            if deadline is not None:
+                pause = min(max(settings.block_poll, backoff(
+                    settings.block_poll, settings.max_retry_delay, state.consecutive)),
+                    deadline - self.clock())
+                if pause > 0:
+                    self.sleep(pause)
+                    continue
+            elif retries > 0:
+                retries -= 1
+                self.sleep(error.retry_after)
+                continue
+            self.emit("backpressure.rejected", queue, depth=error.depth, bound=error.bound,
+                      job_type=job_type, job_id=job_id, strategy=bounds.strategy,
+                      retry_after=error.retry_after, circuit_open=error.circuit_open or None)
+            raise error
+
+    def _sample(self, queue: str, bounds: Bounds, state: _QueueState,
+                read_depth: DepthReader | None) -> None:
+        if read_depth is None or bounds.max_depth is None:
+            return
+        now = self.clock()
+        if now - state.last_sample < self.settings.sample_interval:
+            return
+        state.last_sample = now
+        depth = _read(read_depth, queue)
+        self.observe(queue, depth)
+
+    def observe(self, queue: str, depth: int | None) -> None:
+        """Record a depth reading: the gauge, and ``warning``/``cleared`` on crossing
+        ``warn_at`` (section 10.1)."""
+        bounds = self.bounds_for(queue)
+        pressure = bounds.pressure(depth)
+        if pressure is None:
+            return
+        state = self._state(queue)
+        state.pressure = pressure
+        if pressure >= bounds.warn_at and not state.warned:
+            state.warned = True
+            self.emit("backpressure.warning", queue, depth=depth, bound=bounds.max_depth,
+                      pressure=round(pressure, 4))
+        elif pressure < bounds.warn_at and state.warned:
+            state.warned = False
+            self.emit("backpressure.cleared", queue, depth=depth, bound=bounds.max_depth,
+                      pressure=round(pressure, 4))
+
+    # -- batches ----------------------------------------------------------------
+
+    def check_headroom(self, queue: str, count: int, depth: int | None) -> None:
+        """Before a batch of ``count`` jobs for a ``reject``/``block`` queue: raise
+        :class:`QueueFullError` for the whole batch when it cannot fit at ``depth``
+        (section 9.3: no partial acceptance).  A race with other producers can still
+        make part of the batch fail; :meth:`batch_error` reports that."""
+        bounds = self.bounds_for(queue)
+        if not bounds.rejects or bounds.max_depth is None or depth is None:
+            return
+        if depth + count > bounds.max_depth:
+            if self.metrics is not None:
+                self.metrics.backpressure_rejected.add(count, {"queue": queue})
+            raise self._full(queue, None, bounds, depth, count=count)
+
+    def batch_error(self, queue: str, accepted: list[str], rejected: list[str],
+                    read_depth: DepthReader | None = None) -> JobNackedError:
+        """The exception for a batch of which ``rejected`` job ids were nacked."""
+        first = self.nack_error(queue, rejected[0], read_depth)
+        if not isinstance(first, QueueFullError):
+            return first
+        if self.metrics is not None and len(rejected) > 1:
+            self.metrics.backpressure_rejected.add(len(rejected) - 1, {"queue": queue})
+        bounds = self.bounds_for(queue)
+        return self._full(queue, None, bounds, first.depth, rejected=tuple(rejected),
+                          accepted=tuple(accepted), retry_after=first.retry_after)
+
+
+def _read(read_depth: DepthReader | None, queue: str) -> int | None:
+    if read_depth is None:
+        return None
+    try:
+        return read_depth(queue)
+    except Exception:  # a depth reading is a hint; never let it replace the real error
+        logger.debug("could not read the depth of queue %r", queue, exc_info=True)
+        return None

@@ -1,0 +1,425 @@
+"""Backpressure policy (no broker): configuration, queue arguments, strategies, retries,
+circuit breaker, pressure events."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+from ojs_kombu.backpressure import (
+    BackpressureMonitor,
+    Bounds,
+    CircuitBreaker,
+    ProducerBackpressure,
+    backoff,
+)
+from ojs_kombu.errors import JobNackedError, OJSConfigurationError, QueueFullError
+from ojs_kombu.metrics import OJSMetrics
+from ojs_kombu.naming import TopologyNames
+from ojs_kombu.settings import Binding, OJSSettings
+from ojs_kombu.topology import dead_letter_queue_arguments, retry_queue_arguments
+
+
+def settings(**options: Any) -> OJSSettings:
+    return OJSSettings.from_options({f"ojs_{k}": v for k, v in options.items()}, source="test")
+
+
+def arguments(queue: str = "email", **options: Any) -> dict[str, Any]:
+    return Binding.from_settings(settings(**options)).declare_arguments(queue)
+
+
+# -- configuration -> Queue.Declare arguments -------------------------------------------
+
+
+def test_bounds_and_strategies_become_queue_arguments() -> None:
+    assert arguments(queues={"email": {"max_depth": 10000, "max_size_bytes": 1 << 20}}) == {
+        "x-max-length": 10000, "x-max-length-bytes": 1 << 20, "x-overflow": "reject-publish",
+        "x-max-priority": 10}
+    assert arguments(queues={"email": {"max_depth": 5, "strategy": "block"}})[
+        "x-overflow"] == "reject-publish"
+    assert arguments(queues={"email": {"max_depth": 5, "strategy": "drop_oldest"}})[
+        "x-overflow"] == "drop-head"
+
+
+def test_unconfigured_queue_is_unbounded_and_keeps_default_priority() -> None:
+    assert arguments(queues={"other": {"max_depth": 5}}) == {"x-max-priority": 10}
+
+
+def test_drop_oldest_is_never_a_default_for_raw_bounds() -> None:
+    # RabbitMQ's default overflow is drop-head: a raw bound must not silently drop jobs
+    assert arguments(queue_arguments={"email": {"x-max-length": 3}})["x-overflow"] == \
+        "reject-publish"
+    explicit = arguments(queue_arguments={"email": {"x-max-length": 3,
+                                                    "x-overflow": "drop-head"}})
+    assert explicit["x-overflow"] == "drop-head"
+
+
+def test_priority_per_queue() -> None:
+    assert "x-max-priority" not in arguments(queues={"email": {"priority": False}})
+    assert arguments(queues={"email": {"priority": 5}})["x-max-priority"] == 5
+    assert arguments(max_priority=None, queues={"email": {"priority": True}})[
+        "x-max-priority"] == 10
+    assert "x-max-priority" not in arguments(max_priority=None)
+
+
+def test_quorum_queues_with_at_least_once_dead_lettering() -> None:
+    assert arguments(queues={"email": {"type": "quorum"}}) == {"x-queue-type": "quorum"}
+    assert arguments(queues={"email": {"type": "quorum", "max_depth": 100,
+                                       "dead_letter_strategy": "at-least-once"}}) == {
+        "x-queue-type": "quorum", "x-max-length": 100, "x-overflow": "reject-publish",
+        "x-dead-letter-strategy": "at-least-once"}
+    # at-least-once needs reject-publish even without a bound
+    assert arguments(queue_defaults={"type": "quorum",
+                                     "dead_letter_strategy": "at-least-once"})[
+        "x-overflow"] == "reject-publish"
+
+
+def test_defaults_apply_to_every_queue_and_entries_override_them() -> None:
+    binding = Binding.from_settings(settings(
+        queue_defaults={"type": "quorum", "max_depth": 1000},
+        queues={"email": {"max_depth": 10}, "legacy": {"type": "classic"}}))
+    assert binding.declare_arguments("email")["x-max-length"] == 10
+    assert binding.declare_arguments("email")["x-queue-type"] == "quorum"
+    assert binding.declare_arguments("reports")["x-max-length"] == 1000
+    legacy = binding.declare_arguments("legacy")
+    assert "x-queue-type" not in legacy and legacy["x-max-priority"] == 10
+
+
+@pytest.mark.parametrize(("options", "names"), [
+    ({"queues": {"email": {"max_depth": 10000, "strategy": "reject", "warn_at": 0.8,
+                           "priority": True, "type": "quorum"}}},
+     ["ojs_queues['email']", "priority", "quorum"]),
+    ({"queues": {"email": {"strategy": "drop_oldest"}}},
+     ["ojs_queues['email']", "drop_oldest", "max_depth"]),
+    ({"queues": {"email": {"type": "quorum", "max_depth": 5, "strategy": "drop_oldest",
+                           "dead_letter_strategy": "at-least-once"}}},
+     ["ojs_queues['email']", "drop_oldest", "at-least-once"]),
+    ({"queues": {"email": {"dead_letter_strategy": "at-least-once"}}},
+     ["ojs_queues['email']", "quorum"]),
+    ({"queue_defaults": {"type": "quorum"}, "queues": {"email": {"priority": 10}}},
+     ["ojs_queues['email']", "priority"]),
+    ({"queue_defaults": {"strategy": "drop_oldest"}}, ["ojs_queue_defaults", "drop_oldest"]),
+    ({"queues": {"email": {"priority": 300}}}, ["ojs_queues['email']", "priority"]),
+])
+def test_bad_combinations_are_refused_at_configuration_time(
+        options: dict[str, Any], names: list[str]) -> None:
+    with pytest.raises(OJSConfigurationError) as info:
+        settings(**options)
+    for name in names:
+        assert name in str(info.value)
+
+
+@pytest.mark.parametrize("bad", [{"max_depth": -1}, {"warn_at": 1.5}, {"strategy": "drop"},
+                                 {"type": "stream"}, {"max_dept": 5}])
+def test_invalid_values_name_the_setting(bad: dict[str, Any]) -> None:
+    with pytest.raises(OJSConfigurationError, match="queues"):
+        settings(queues={"email": bad})
+
+
+def test_raw_arguments_clashing_with_queue_config_are_refused() -> None:
+    binding = Binding.from_settings(settings(
+        queues={"email": {"max_depth": 10}},
+        queue_arguments={"email": {"x-max-length": 20}}))
+    with pytest.raises(OJSConfigurationError, match=r"'email'.*x-max-length"):
+        binding.declare_arguments("email")
+
+
+def test_raw_quorum_arguments_with_classic_only_ones_are_refused() -> None:
+    with pytest.raises(OJSConfigurationError, match="x-max-priority"):
+        arguments(queue_arguments={"email": {"x-queue-type": "quorum", "x-max-priority": 5}})
+    with pytest.raises(OJSConfigurationError, match="reject-publish-dlx"):
+        arguments(queue_arguments={"email": {"x-queue-type": "quorum", "x-max-length": 1,
+                                             "x-overflow": "reject-publish-dlx"}})
+    with pytest.raises(OJSConfigurationError, match="at-least-once"):
+        arguments(queue_arguments={"email": {"x-queue-type": "quorum",
+                                             "x-dead-letter-strategy": "at-least-once"}})
+    # a raw quorum type still drops the default priority, as before
+    assert arguments(queue_arguments={"email": {"x-queue-type": "quorum"}}) == {
+        "x-queue-type": "quorum"}
+
+
+def test_retry_and_dead_letter_queues_follow_the_job_queue_type() -> None:
+    names = TopologyNames()
+    classic = retry_queue_arguments(names, "email", 1000, {"x-max-priority": 10})
+    assert "x-queue-type" not in classic and "x-expires" in classic
+    quorum = retry_queue_arguments(names, "email", 1000, {"x-queue-type": "quorum"})
+    assert quorum["x-queue-type"] == "quorum" and "x-expires" in quorum
+    alo = retry_queue_arguments(names, "email", 1000, {
+        "x-queue-type": "quorum", "x-dead-letter-strategy": "at-least-once",
+        "x-overflow": "reject-publish"})
+    assert alo["x-dead-letter-strategy"] == "at-least-once"
+    assert alo["x-overflow"] == "reject-publish"
+    assert "x-expires" not in alo  # expiry would delete jobs waiting for room
+    assert dead_letter_queue_arguments({"x-queue-type": "quorum"}) == {"x-queue-type": "quorum"}
+    assert dead_letter_queue_arguments({"x-max-length": 5}) == {}
+
+
+def test_unbounded_queues_are_reported(caplog: pytest.LogCaptureFixture) -> None:
+    binding = Binding.from_settings(settings(queues={"email": {"max_depth": 5}}))
+    assert binding.warn_unbounded(["email", "reports", "default"]) == ["default", "reports"]
+    assert "'reports' has no bound" in caplog.text and "'email'" not in caplog.text
+
+
+# -- the monitor ----------------------------------------------------------------------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.sleeps: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+class Broker:
+    """A queue of ``bound`` that nacks publishes while full; ``drain`` frees room."""
+
+    def __init__(self, monitor: BackpressureMonitor, queue: str, bound: int) -> None:
+        self.monitor, self.queue, self.bound = monitor, queue, bound
+        self.depth = 0
+        self.sent = 0
+        self.on_sleep: Any = None
+
+    def send(self, job_id: str = "j1") -> None:
+        self.sent += 1
+        if self.depth >= self.bound:
+            raise self.monitor.nack_error(self.queue, job_id, lambda _q: self.depth)
+        self.depth += 1
+
+    def read(self, _queue: str) -> int:
+        return self.depth
+
+
+def monitor_for(bounds: Bounds, clock: Clock, **settings: Any
+                ) -> tuple[BackpressureMonitor, list[dict[str, Any]]]:
+    monitor = BackpressureMonitor(ProducerBackpressure(**settings), lambda _q: bounds,
+                                  clock=clock, sleep=clock.sleep)
+    events: list[dict[str, Any]] = []
+    monitor.subscribe(events.append)
+    return monitor, events
+
+
+REJECT = Bounds(max_depth=2, overflow="reject-publish")
+
+
+def test_reject_raises_queue_full_with_depth_bound_and_retry_after() -> None:
+    clock = Clock()
+    monitor, events = monitor_for(REJECT, clock)
+    broker = Broker(monitor, "email", 2)
+    for _ in range(2):
+        monitor.publish("email", "j1", "email.send", broker.send, broker.read)
+    with pytest.raises(QueueFullError) as info:
+        monitor.publish("email", "j3", "email.send", lambda: broker.send("j3"), broker.read)
+    error = info.value
+    assert isinstance(error, JobNackedError)  # existing handlers keep working
+    assert (error.queue, error.depth, error.bound, error.retry_after) == ("email", 2, 2, 1.0)
+    assert error.job_id == "j3" and error.rejected == ("j3",)
+    assert "'email'" in str(error) and "depth bound (2 jobs)" in str(error)
+    assert error.to_dict()["code"] == "QUEUE_FULL"
+    assert broker.sent == 3 and clock.sleeps == []  # reject: immediately, no retry
+    rejected = [e for e in events if e["type"] == "backpressure.rejected"]
+    assert len(rejected) == 1 and rejected[0]["subject"] == "email"
+    assert rejected[0]["data"] == {"queue": "email", "depth": 2, "bound": 2,
+                                   "job_type": "email.send", "job_id": "j3",
+                                   "strategy": "reject", "retry_after": 1.0}
+    assert rejected[0]["specversion"] == "1.0" and rejected[0]["id"].startswith("evt_")
+
+
+def test_retry_after_doubles_per_consecutive_rejection_up_to_the_cap() -> None:
+    assert [backoff(1.0, 5.0, n) for n in range(1, 6)] == [1.0, 2.0, 4.0, 5.0, 5.0]
+    clock = Clock()
+    monitor, _ = monitor_for(REJECT, clock, retry_delay=0.5, max_retry_delay=1.5)
+    hints = [monitor.nack_error("email", f"j{i}").retry_after for i in range(4)]
+    assert hints == [0.5, 1.0, 1.5, 1.5]
+
+
+def test_unbounded_nack_stays_a_plain_job_nacked_error() -> None:
+    monitor, _ = monitor_for(Bounds(), Clock())
+    error = monitor.nack_error("email", "j1")
+    assert type(error) is JobNackedError
+    drop_head = BackpressureMonitor(ProducerBackpressure(),
+                                    lambda _q: Bounds(max_depth=1, overflow="drop-head"))
+    assert type(drop_head.nack_error("email", "j1")) is JobNackedError
+
+
+def test_producer_retries_with_backoff_then_succeeds() -> None:
+    clock = Clock()
+    monitor, events = monitor_for(REJECT, clock, retries=3, retry_delay=1.0)
+    broker = Broker(monitor, "email", 0)
+
+    def drain_on_second_sleep(seconds: float) -> None:
+        Clock.sleep(clock, seconds)
+        if len(clock.sleeps) == 2:
+            broker.bound = 1
+    monitor.sleep = drain_on_second_sleep
+    monitor.publish("email", "j1", "email.send", broker.send, broker.read)
+    assert clock.sleeps == [1.0, 2.0] and broker.sent == 3 and broker.depth == 1
+    assert not [e for e in events if e["type"] == "backpressure.rejected"]
+
+
+def test_producer_retries_give_up_after_the_configured_count() -> None:
+    clock = Clock()
+    monitor, events = monitor_for(REJECT, clock, retries=2, retry_delay=1.0)
+    broker = Broker(monitor, "email", 0)
+    with pytest.raises(QueueFullError) as info:
+        monitor.publish("email", "j1", "email.send", broker.send, broker.read)
+    assert broker.sent == 3 and clock.sleeps == [1.0, 2.0]
+    assert info.value.retry_after == 4.0
+    assert [e["type"] for e in events] == ["backpressure.rejected"]
+
+
+def test_block_waits_until_room_then_publishes() -> None:
+    clock = Clock()
+    bounds = Bounds(max_depth=1, overflow="reject-publish", strategy="block", block_timeout=10)
+    monitor, _ = monitor_for(bounds, clock, block_poll=0.5)
+    broker = Broker(monitor, "email", 1)
+    broker.depth = 1
+
+    def consume_after_two_seconds(seconds: float) -> None:
+        Clock.sleep(clock, seconds)
+        if clock.now >= 2.0:
+            broker.depth = 0
+    monitor.sleep = consume_after_two_seconds
+    monitor.publish("email", "j1", "email.send", broker.send, broker.read)
+    assert broker.depth == 1 and 2.0 <= clock.now < 10
+
+
+def test_block_raises_after_its_timeout() -> None:
+    clock = Clock()
+    bounds = Bounds(max_depth=1, overflow="reject-publish", strategy="block", block_timeout=3)
+    monitor, events = monitor_for(bounds, clock, block_poll=0.5, max_retry_delay=1.0)
+    broker = Broker(monitor, "email", 0)
+    with pytest.raises(QueueFullError) as info:
+        monitor.publish("email", "j1", "email.send", broker.send, broker.read)
+    assert clock.now == pytest.approx(3.0) and info.value.strategy == "block"
+    assert max(clock.sleeps) <= 1.0
+    assert [e["type"] for e in events] == ["backpressure.rejected"]
+
+
+def test_circuit_breaker_opens_fails_fast_half_opens_and_closes() -> None:
+    clock = Clock()
+    monitor, _ = monitor_for(REJECT, clock, circuit_breaker=True, breaker_threshold=2,
+                             breaker_cooldown=10.0)
+    broker = Broker(monitor, "email", 0)
+    for _ in range(2):
+        with pytest.raises(QueueFullError):
+            monitor.publish("email", "j1", "email.send", broker.send)
+    assert broker.sent == 2
+    with pytest.raises(QueueFullError) as info:  # open: refused without sending
+        monitor.publish("email", "j2", "email.send", broker.send)
+    assert info.value.circuit_open and broker.sent == 2
+    assert info.value.retry_after == pytest.approx(10.0)
+    assert "circuit breaker is open" in str(info.value)
+    clock.now = 10.0  # half-open: one trial, which fails -> open again
+    with pytest.raises(QueueFullError) as trial:
+        monitor.publish("email", "j3", "email.send", broker.send)
+    assert not trial.value.circuit_open and broker.sent == 3
+    with pytest.raises(QueueFullError, match="circuit"):
+        monitor.publish("email", "j4", "email.send", broker.send)
+    clock.now = 20.0
+    broker.bound = 5
+    monitor.publish("email", "j5", "email.send", broker.send)  # trial succeeds: closed
+    monitor.publish("email", "j6", "email.send", broker.send)
+    assert broker.sent == 5
+
+
+def test_circuit_breaker_states() -> None:
+    clock = Clock()
+    breaker = CircuitBreaker(threshold=1, cooldown=5, clock=clock)
+    assert breaker.state == "closed" and breaker.allow() == 0.0
+    breaker.failure()
+    assert breaker.state == "open" and breaker.allow() == 5
+    clock.now = 5
+    assert breaker.state == "half-open" and breaker.allow() == 0.0
+    assert breaker.allow() > 0  # only one trial at a time
+    breaker.success()
+    assert breaker.state == "closed"
+
+
+def test_warning_and_cleared_events_on_crossing_the_threshold() -> None:
+    clock = Clock()
+    bounds = Bounds(max_depth=10, overflow="reject-publish", warn_at=0.8)
+    monitor, events = monitor_for(bounds, clock, sample_interval=0)
+    depth = 0
+
+    def send() -> None:
+        nonlocal depth
+        depth += 1
+    for _ in range(9):
+        monitor.publish("email", "j", "email.send", send, lambda _q: depth)
+    assert [e["type"] for e in events] == ["backpressure.warning"]
+    assert events[0]["data"] == {"queue": "email", "depth": 8, "bound": 10, "pressure": 0.8}
+    depth = 2
+    monitor.observe("email", depth)
+    assert [e["type"] for e in events] == ["backpressure.warning", "backpressure.cleared"]
+    assert monitor.pressures() == [("email", 0.2)]
+
+
+def test_depth_is_sampled_at_most_once_per_interval() -> None:
+    clock = Clock()
+    monitor, _ = monitor_for(REJECT, clock, sample_interval=1.0)
+    reads: list[str] = []
+    for _ in range(5):
+        monitor.publish("email", "j", "email.send", lambda: None,
+                        lambda q: reads.append(q) or 0)
+    clock.now = 1.0
+    monitor.publish("email", "j", "email.send", lambda: None, lambda q: reads.append(q) or 0)
+    assert reads == ["email", "email"]
+
+
+def test_unbounded_queue_publishes_straight_through() -> None:
+    monitor, events = monitor_for(Bounds(), Clock())
+    sent: list[int] = []
+    monitor.publish("email", "j", "email.send", lambda: sent.append(1),
+                    lambda _q: pytest.fail("no depth reads for unbounded queues"))
+    assert sent == [1] and events == []
+
+
+def test_batch_headroom_and_partial_rejections() -> None:
+    monitor, _ = monitor_for(Bounds(max_depth=10, overflow="reject-publish"), Clock())
+    monitor.check_headroom("email", 3, depth=7)
+    with pytest.raises(QueueFullError, match="4 job"):
+        monitor.check_headroom("email", 4, depth=7)
+    error = monitor.batch_error("email", ["a", "b"], ["c", "d"], lambda _q: 10)
+    assert isinstance(error, QueueFullError)
+    assert error.accepted == ("a", "b") and error.rejected == ("c", "d") and error.depth == 10
+
+
+def test_subscriber_failure_does_not_stop_publishing(caplog: pytest.LogCaptureFixture) -> None:
+    monitor = BackpressureMonitor(ProducerBackpressure(), lambda _q: REJECT)
+    monitor.subscribe(lambda _e: 1 / 0)
+    with pytest.raises(QueueFullError):
+        monitor.publish("email", "j", "email.send",
+                        lambda: (_ for _ in ()).throw(monitor.nack_error("email", "j")))
+    assert "backpressure subscriber" in caplog.text
+
+
+def test_metrics_count_rejections_and_export_pressure() -> None:
+    reader = InMemoryMetricReader()
+    metrics = OJSMetrics(MeterProvider(metric_readers=[reader]))
+    monitor = BackpressureMonitor(ProducerBackpressure(), lambda _q: REJECT, metrics=metrics)
+    monitor.nack_error("email", "j1", lambda _q: 2)
+    monitor.nack_error("email", "j2", lambda _q: 2)
+    data = reader.get_metrics_data()
+    points = {m.name: m.data.data_points for rm in data.resource_metrics
+              for sm in rm.scope_metrics for m in sm.metrics}
+    rejected = points["ojs.backpressure.rejected_total"]
+    assert [(p.value, dict(p.attributes)) for p in rejected] == [(2, {"queue": "email"})]
+    pressure = points["ojs.backpressure.pressure"]
+    assert [(p.value, dict(p.attributes)) for p in pressure] == [(1.0, {"queue": "email"})]
+
+
+def test_binding_bounds_follow_celery_queue_definitions() -> None:
+    binding = Binding.from_settings(settings())
+    assert not binding.bounds("email").bounded
+    binding.add_queue_arguments("email", {"x-max-length": 3})
+    bounds = binding.bounds("email")
+    assert bounds.rejects and bounds.max_depth == 3

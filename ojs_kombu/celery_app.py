@@ -188,7 +188,11 @@ def check_app(app: Celery) -> dict[str, str]:
     """
     app.finalize(auto=True)
     binding = app.amqp.binding
-    _ = app.amqp.queues
+    queues = app.amqp.queues
+    for queue in queues.values():  # bad ojs_queues / argument combinations fail here
+        if isinstance(queue, JobQueue):
+            binding.declare_arguments(queue.ojs_queue)
+    binding.warn_unbounded(q.ojs_queue for q in queues.values() if isinstance(q, JobQueue))
     types = binding.job_types.validate()
     for name, task in app.tasks.items():
         task_retry_policy(task)  # raises RetryPolicyError for an invalid ojs_retry

@@ -423,3 +423,50 @@ def test_binding_bounds_follow_celery_queue_definitions() -> None:
     binding.add_queue_arguments("email", {"x-max-length": 3})
     bounds = binding.bounds("email")
     assert bounds.rejects and bounds.max_depth == 3
+
+
+# -- Celery wiring ----------------------------------------------------------------------------
+
+
+def celery_app(**conf: Any) -> Any:
+    from celery import Celery
+
+    import ojs_kombu
+
+    app = Celery("bp", broker="ojs://guest:guest@127.0.0.1:5672//", set_as_current=False)
+    ojs_kombu.install(app)
+    app.conf.update(conf)
+    return app
+
+
+def test_worker_start_warns_about_unbounded_queues(caplog: pytest.LogCaptureFixture) -> None:
+    from kombu import Queue
+
+    import ojs_kombu
+
+    app = celery_app(task_queues=[Queue("email"), Queue("reports")],
+                     ojs_queues={"email": {"max_depth": 100}})
+    ojs_kombu.check_app(app)
+    assert "'reports' has no bound" in caplog.text
+    assert "'email' has no bound" not in caplog.text
+
+
+def test_worker_start_refuses_a_quorum_celery_queue_with_priorities() -> None:
+    from kombu import Queue
+
+    import ojs_kombu
+
+    app = celery_app(task_queues=[Queue("email", queue_arguments={"x-queue-type": "quorum"})],
+                     ojs_queues={"email": {"priority": True}})
+    with pytest.raises(OJSConfigurationError, match=r"'email'.*x-max-priority"):
+        ojs_kombu.check_app(app)
+
+
+def test_celery_does_not_see_quorum_queues_configured_through_ojs_queues() -> None:
+    from celery.utils.quorum_queues import detect_quorum_queues
+
+    app = celery_app(ojs_queue_defaults={"type": "quorum"})
+    queue = app.amqp.queues["email"]
+    assert "x-queue-type" not in queue.queue_arguments  # Celery's native delays stay off
+    assert not detect_quorum_queues(app, "pyamqp")[0]
+    assert app.amqp.binding.declare_arguments("email")["x-queue-type"] == "quorum"

@@ -1,0 +1,165 @@
+"""Backpressure against the real broker: bounded job queues, QueueFullError on overflow,
+blocking producers, drop_oldest into the DLQ (ojs-backpressure.md on AMQP)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import amqp
+import pytest
+from celery import Celery
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+from ojs_kombu.errors import JobNackedError, QueueFullError
+
+from .apps import make_app
+from .conftest import body_of, get_message, queue_depth, rabbitmqctl, wait_until
+
+
+@pytest.fixture(scope="module")
+def metric_reader() -> InMemoryMetricReader:
+    return InMemoryMetricReader()
+
+
+@pytest.fixture(scope="module")
+def bp_app(broker_url: str, metric_reader: InMemoryMetricReader) -> Celery:
+    """A producer only: nothing consumes these queues unless a test does."""
+    return make_app("backpressure", broker_url, None,
+                    ojs_meter_provider=MeterProvider(metric_readers=[metric_reader]),
+                    ojs_backpressure={"sample_interval": 0, "block_poll": 0.02},
+                    ojs_queues={
+                        "bp-reject": {"max_depth": 3, "warn_at": 0.6},
+                        "bp-block": {"max_depth": 1, "strategy": "block",
+                                     "block_timeout": 30.0},
+                        "bp-block-timeout": {"max_depth": 1, "strategy": "block",
+                                             "block_timeout": 0.3},
+                        "bp-drop": {"max_depth": 2, "strategy": "drop_oldest"},
+                        "bp-quorum": {"type": "quorum", "max_depth": 2,
+                                      "dead_letter_strategy": "at-least-once"},
+                    })
+
+
+@pytest.fixture
+def events(bp_app: Celery) -> Iterator[list[dict[str, Any]]]:
+    received: list[dict[str, Any]] = []
+    unsubscribe = bp_app.amqp.binding.backpressure.subscribe(received.append)
+    yield received
+    unsubscribe()
+
+
+def send(app: Celery, queue: str, n: int) -> str:
+    return app.tasks["math.add"].apply_async((n, n), queue=queue).id
+
+
+def rejected_total(reader: InMemoryMetricReader, queue: str) -> int:
+    data = reader.get_metrics_data()
+    for rm in data.resource_metrics if data else ():
+        for sm in rm.scope_metrics:
+            for metric in sm.metrics:
+                if metric.name == "ojs.backpressure.rejected_total":
+                    return sum(p.value for p in metric.data.data_points
+                               if p.attributes.get("queue") == queue)
+    return 0
+
+
+def test_queue_arguments_on_the_broker(bp_app: Celery, vhost: str) -> None:
+    from ojs_kombu import declare_topology
+
+    declare_topology(bp_app, ["bp-reject", "bp-drop", "bp-quorum"])
+    listing = rabbitmqctl("list_queues", "--no-table-headers", "-p", vhost, "name", "type",
+                          "arguments")
+    lines = {line.split("\t")[0]: line for line in listing.splitlines()}
+    reject = lines["ojs.queue.bp-reject"]
+    assert '{"x-max-length",3}' in reject and '{"x-overflow","reject-publish"}' in reject
+    assert '{"x-overflow","drop-head"}' in lines["ojs.queue.bp-drop"]
+    quorum = lines["ojs.queue.bp-quorum"]
+    assert "\tquorum\t" in quorum and '{"x-dead-letter-strategy","at-least-once"}' in quorum
+
+
+def test_reject_raises_queue_full_and_stores_nothing(
+        bp_app: Celery, events: list[dict[str, Any]], amqp_channel: amqp.Channel,
+        metric_reader: InMemoryMetricReader) -> None:
+    accepted = [send(bp_app, "bp-reject", i) for i in range(3)]
+    with pytest.raises(QueueFullError) as info:
+        send(bp_app, "bp-reject", 99)
+    error = info.value
+    assert isinstance(error, JobNackedError)
+    assert (error.queue, error.depth, error.bound, error.strategy) == ("bp-reject", 3, 3,
+                                                                        "reject")
+    assert error.retry_after > 0 and error.job_id not in accepted
+    # nothing half-published: the queue holds exactly the accepted jobs, the DLQ nothing
+    assert queue_depth(amqp_channel, "ojs.queue.bp-reject") == 3
+    assert queue_depth(amqp_channel, "ojs.queue.dlx.bp-reject") == 0
+    types = [e["type"] for e in events]
+    assert types == ["backpressure.warning", "backpressure.rejected"]
+    assert events[0]["data"]["depth"] == 2 and events[0]["data"]["bound"] == 3
+    assert events[1]["data"] == {"queue": "bp-reject", "depth": 3, "bound": 3,
+                                 "job_type": "math.add", "job_id": error.job_id,
+                                 "strategy": "reject", "retry_after": error.retry_after}
+    assert rejected_total(metric_reader, "bp-reject") == 1
+    # a consumer makes room: publishing works again and the pressure clears
+    ids = [body_of(get_message(amqp_channel, "ojs.queue.bp-reject"))["id"] for _ in range(3)]
+    assert ids == accepted
+    send(bp_app, "bp-reject", 100)
+    assert events[-1]["type"] == "backpressure.cleared"
+
+
+def test_block_waits_for_room_then_enqueues(
+        bp_app: Celery, amqp_channel: amqp.Channel,
+        metric_reader: InMemoryMetricReader) -> None:
+    first = send(bp_app, "bp-block", 1)
+    outcome: dict[str, Any] = {}
+
+    def producer() -> None:
+        try:
+            outcome["id"] = send(bp_app, "bp-block", 2)
+        except Exception as exc:
+            outcome["error"] = exc
+    thread = threading.Thread(target=producer)
+    thread.start()
+    # the broker refused the second job at least once: the producer is waiting
+    wait_until(lambda: rejected_total(metric_reader, "bp-block") >= 1, what="a rejection")
+    assert thread.is_alive() and "error" not in outcome
+    assert body_of(get_message(amqp_channel, "ojs.queue.bp-block"))["id"] == first
+    thread.join(30)
+    assert "error" not in outcome, outcome.get("error")
+    assert body_of(get_message(amqp_channel, "ojs.queue.bp-block"))["id"] == outcome["id"]
+
+
+def test_block_raises_queue_full_after_its_timeout(bp_app: Celery,
+                                                   amqp_channel: amqp.Channel) -> None:
+    send(bp_app, "bp-block-timeout", 1)
+    with pytest.raises(QueueFullError) as info:
+        send(bp_app, "bp-block-timeout", 2)
+    assert info.value.strategy == "block" and info.value.depth == 1
+    assert queue_depth(amqp_channel, "ojs.queue.bp-block-timeout") == 1
+
+
+def test_drop_oldest_dead_letters_the_oldest_job(bp_app: Celery,
+                                                 amqp_channel: amqp.Channel) -> None:
+    ids = [send(bp_app, "bp-drop", i) for i in range(3)]  # never raises
+    assert queue_depth(amqp_channel, "ojs.queue.bp-drop") == 2
+    dropped = get_message(amqp_channel, "ojs.queue.dlx.bp-drop")
+    assert body_of(dropped)["id"] == ids[0]
+    assert dropped.properties["application_headers"]["x-first-death-reason"] == "maxlen"
+    kept = [body_of(get_message(amqp_channel, "ojs.queue.bp-drop"))["id"] for _ in range(2)]
+    assert kept == ids[1:]
+
+
+def test_quorum_queue_with_at_least_once_rejects_when_full(
+        bp_app: Celery, amqp_channel: amqp.Channel) -> None:
+    """Quorum queues apply ``reject-publish`` once the queue is *over* its bound (the
+    check trails the Raft log), so a publish or two past it may still be accepted."""
+    accepted: list[str] = []
+    with pytest.raises(QueueFullError) as info:
+        for i in range(10):
+            accepted.append(send(bp_app, "bp-quorum", i))
+    assert 2 <= len(accepted) <= 4 and info.value.bound == 2
+    assert info.value.depth == len(accepted)
+    kept = [body_of(get_message(amqp_channel, "ojs.queue.bp-quorum"))
+            for _ in range(len(accepted))]
+    assert [k["id"] for k in kept] == accepted
+    assert queue_depth(amqp_channel, "ojs.queue.bp-quorum") == 0  # the refused one is not there

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from .envelope import CONTENT_TYPE, JobEnvelope, RetryPolicy
 from .errors import (
+    BatchPublishError,
     InvalidJobIdError,
     JobEncodeError,
     JobNackedError,
@@ -43,6 +44,7 @@ from .celery_app import (  # noqa: E402  (needs the registrations)
     declare_topology,
     install,
 )
+from .celery_batch import enqueue_many  # noqa: E402
 from .celery_events import subscribe  # noqa: E402
 from .dead_letters import DeadLetter, DeadLetterNotFound, DeadLetterQueue  # noqa: E402
 from .worker import OJSTask  # noqa: E402
@@ -51,6 +53,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CONTENT_TYPE",
+    "BatchPublishError",
     "DeadLetter",
     "DeadLetterNotFound",
     "DeadLetterQueue",
@@ -76,6 +79,7 @@ __all__ = [
     "check_app",
     "dead_letter_queue",
     "declare_topology",
+    "enqueue_many",
     "install",
     "new_job_id",
     "subscribe",

@@ -136,6 +136,23 @@ class PublishConfirmTimeout(JobPublishError):
     """No confirm arrived in time: the job may or may not be enqueued."""
 
 
+class BatchPublishError(JobPublishError):
+    """Some jobs of a batch were not accepted; the message lists every one of them.
+
+    ``rejected`` maps each job id the broker refused (``Basic.Nack``) or returned
+    (unroutable) to the reason; ``unconfirmed`` lists the ids with no confirm in
+    time (they may or may not be enqueued); ``accepted`` lists the ids the broker
+    confirmed, in the order given.  Nothing was retried.
+    """
+
+    def __init__(self, message: str, *, rejected: dict[str, str],
+                 unconfirmed: tuple[str, ...], accepted: tuple[str, ...]) -> None:
+        self.rejected = rejected
+        self.unconfirmed = unconfirmed
+        self.accepted = accepted
+        super().__init__(message)
+
+
 class JobRejected(OJSError):
     """A consumed message is not a runnable OJS job; it is dead-lettered with ``code``."""
 

@@ -19,7 +19,7 @@ Everything else (Celery's remote control, its monitoring events, the
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import suppress
 from datetime import UTC, datetime
 from functools import partial
@@ -29,9 +29,17 @@ from typing import Any
 import amqp
 from amqp import spec
 from amqp.exceptions import ConsumerCancelled, RecoverableConnectionError
+from amqp.method_framing import frame_writer
+from amqp.serialization import dumps
 from kombu.transport import pyamqp
 
-from .codec import INVALID_ENVELOPE, decode_job_message, encode_task_message, format_time
+from .codec import (
+    INVALID_ENVELOPE,
+    OutgoingJob,
+    decode_job_message,
+    encode_task_message,
+    format_time,
+)
 from .confirms import ConfirmTracker, PendingPublish
 from .delays import (
     MAX_SCHEDULE_DELAY_MS,
@@ -42,6 +50,7 @@ from .delays import (
 )
 from .delivery import JobDelivery, JobMessage
 from .errors import (
+    BatchPublishError,
     JobEncodeError,
     JobNackedError,
     JobRejected,
@@ -83,8 +92,58 @@ _MAX_ARGSREPR = 1024
 #: A consumed job due later than this is sent back to the broker to wait
 #: rather than held in the worker's memory.
 EARLY_TOLERANCE_S = 0.05
+#: Publishes of a batch sent before reading confirms (at most twice this in flight).
+BATCH_WINDOW = 500
 #: Longest wait for the reply to one declaration.
 DECLARE_TIMEOUT_S = 30.0
+
+
+class _PublishFrames:
+    """``Basic.Publish`` frames of a batch, written to the socket a window at a time.
+
+    py-amqp writes every publish with its own ``sendall``; a batch collects them
+    with py-amqp's own frame writer and sends each window in one write.
+    """
+
+    def __init__(self, connection: amqp.Connection, channel_id: int) -> None:
+        self._connection = connection
+        self._channel_id = channel_id
+        self._data = bytearray()
+        self.write = self._data.extend  # the "transport" py-amqp's frame writer writes to
+        self._frame = frame_writer(connection, self)
+
+    def publish(self, message: amqp.Message, exchange: str, routing_key: str,
+                mandatory: bool) -> None:
+        args = dumps("Bssbb", (0, exchange, routing_key, mandatory, False))
+        self._frame(1, self._channel_id, spec.Basic.Publish, args, message)
+
+    def flush(self) -> None:
+        if self._data:
+            self._connection.transport.write(bytes(self._data))
+            self._data.clear()
+
+
+def _batch_error(tracked: list[PendingPublish], failed: list[PendingPublish],
+                 unsent: list[str], limit: float) -> BatchPublishError:
+    rejected = {
+        p.job_id: (f"returned by the broker ({p.returned}): no queue bound for {p.queue!r}"
+                   if p.returned is not None else f"refused by the broker (Basic.Nack), "
+                   f"queue {p.queue!r}")
+        for p in failed if p.settled
+    }
+    unconfirmed = tuple(p.job_id for p in failed if not p.settled)
+    accepted = tuple(p.job_id for p in tracked if p.settled and not p.nacked
+                     and p.returned is None)
+    parts = [f"{job_id}: {reason}" for job_id, reason in rejected.items()]
+    parts += [f"{job_id}: no confirm within {limit}s (may or may not be enqueued)"
+              for job_id in unconfirmed]
+    parts += [f"{job_id}: not sent (the broker stopped confirming)" for job_id in unsent]
+    rejected.update((job_id, "not sent (the broker stopped confirming)") for job_id in unsent)
+    total = len(tracked) + len(unsent)
+    return BatchPublishError(
+        f"{len(failed) + len(unsent)} of {total} jobs were not accepted: " + "; ".join(parts),
+        rejected=rejected, unconfirmed=unconfirmed, accepted=accepted,
+    )
 
 
 def _argsrepr(args: Any) -> str:
@@ -292,6 +351,90 @@ class Channel(pyamqp.Channel):
                 self._ojs_confirms.forget(tag, pending)
         return [not pending.nacked for _, pending in tracked]
 
+    def publish_jobs(self, jobs: Sequence[OutgoingJob], *, confirm_timeout: float | None = None,
+                     window: int = BATCH_WINDOW) -> None:
+        """Batch PUSH (section 5): pipelined, mandatory publishes on this one channel.
+
+        At most ``2 * window`` publishes are in flight; returns once the broker
+        confirmed every job, else raises :class:`BatchPublishError` naming each
+        job that was refused, returned or left unconfirmed (no partial success
+        goes unreported, nothing is retried).
+        """
+        self._confirm_mode()
+        ojs = self.ojs
+        names = ojs.names
+        connection = self.connection
+        tracker = self._ojs_confirms
+        enqueued = ojs.events.enqueued
+        tracked: list[tuple[int, PendingPublish]] = []
+        limit = confirm_timeout or ojs.settings.confirm_timeout
+        if not connection:
+            raise RecoverableConnectionError("publish_jobs: connection closed")
+        frames = _PublishFrames(connection, self.channel_id)
+        try:
+            for index, job in enumerate(jobs):
+                queue = job.queue
+                connection.ensure_topology(queue)
+                message = amqp.Message(job.body, **job.properties)
+                exchange, routing_key, mandatory = names.direct_exchange, queue, True
+                if job.delay_ms > 0:
+                    exchange, routing_key, mandatory = self._schedule_route(message, job)
+                enqueued(job.job_id, job.job_type, queue,
+                         priority=job.properties.get("priority"), delay_s=job.delay_ms / 1000,
+                         trace_id=trace_id_of(
+                             job.properties["application_headers"].get("x-ojs-trace-id")))
+                tracked.append(tracker.track(job.job_id, queue))
+                frames.publish(message, exchange, routing_key, mandatory)
+                if index % window == window - 1:
+                    frames.flush()
+                    if not self._wait_outstanding(window, limit):
+                        break  # the broker stopped confirming: send no more
+            frames.flush()
+            self._wait_outstanding(0, limit)
+        finally:
+            for tag, pending in tracked:
+                tracker.forget(tag, pending)
+        published = ojs.events.metrics.published
+        outcome = [p for _, p in tracked]
+        for pending in outcome:
+            if pending.settled and not pending.nacked and pending.returned is None:
+                published.add(1, {"queue": pending.queue})
+        failed = [p for p in outcome if not p.settled or p.nacked or p.returned is not None]
+        unsent = [job.job_id for job in jobs[len(outcome):]]
+        if failed or unsent:
+            raise _batch_error(outcome, failed, unsent, limit)
+
+    def _schedule_route(self, message: amqp.Message, job: OutgoingJob) -> tuple[str, str, bool]:
+        """Where a job due later goes: the delayed exchange or the schedule ladder."""
+        try:
+            check_schedule_delay(job.delay_ms)
+        except ValueError as exc:
+            raise JobEncodeError(f"job {job.job_id}: {exc}", job_id=job.job_id,
+                                 queue=job.queue) from None
+        names = self.ojs.names
+        if self.ojs.settings.delayed_exchange:
+            self.connection.ensure_delayed_exchange(job.queue)
+            message.properties.setdefault("application_headers", {})["x-delay"] = job.delay_ms
+            return names.delayed_exchange, job.queue, False
+        self.connection.ensure_schedule(job.queue)
+        entry = names.schedule_exchange(schedule_levels(job.delay_ms)[0])
+        return entry, schedule_routing_key(job.delay_ms, job.queue), True
+
+    def _wait_outstanding(self, most: int, limit: float) -> bool:
+        """Read confirms until at most ``most`` tracked publishes are unconfirmed;
+        ``False`` when ``limit`` seconds passed first."""
+        tracker = self._ojs_confirms
+        deadline = monotonic() + limit
+        while tracker.outstanding > most:
+            remaining = deadline - monotonic()
+            if remaining <= 0:
+                return False
+            try:
+                self.connection.drain_events(timeout=remaining)
+            except TimeoutError:
+                continue
+        return True
+
     def _send_publish(self, message: amqp.Message, exchange: str, routing_key: str,
                       mandatory: bool, timeout: float | None) -> None:
         """``Basic.Publish`` without py-amqp's per-publish non-blocking read.
@@ -400,7 +543,6 @@ class Channel(pyamqp.Channel):
         sleep(delay)
         raise ConsumerCancelled(f"consumer {consumer_tag} of queue {queue!r} cancelled by the "
                                 "broker", spec.Basic.Cancel)
-
 
     def _job_receiver(self, queue: str, callback: Callable[[amqp.Message], Any]
                       ) -> Callable[[amqp.Message], Any]:

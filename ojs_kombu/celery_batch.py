@@ -1,0 +1,240 @@
+"""Batch enqueue: many Celery jobs on one channel with pipelined confirms.
+
+``enqueue_many(app, jobs)`` is the OJS batch PUSH (binding section 5) for
+Celery callers.  It builds each OJS job straight from the task name,
+arguments and options, without going through Celery's per-call message
+machinery, publishes every job on one channel without waiting between them,
+and returns only when the broker has confirmed all of them; anything refused,
+returned or left unconfirmed raises one :class:`~ojs_kombu.errors.BatchPublishError`
+that names each such job id.
+
+What it takes: task signatures (``task.s(...)``, ``signature(...)``, with
+options set by ``.set(...)``), groups of them, and ``(task, args, kwargs,
+options)`` tuples (``task`` a task or a task name; ``kwargs`` and ``options``
+optional).  Options: ``queue``, ``priority``, ``countdown``, ``eta``,
+``expires``, ``task_id``, ``time_limit``, ``soft_time_limit``,
+``ignore_result``, ``ojs_meta``, ``ojs_retry``.  Chains, chords and
+``link``/``link_error`` callbacks are refused (send those with
+``apply_async``).  Not sent per job: Celery's ``before_task_publish`` /
+``after_task_publish`` signals and ``task-sent`` monitoring events.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from celery import Celery
+from celery.canvas import Signature, _chain, chord, group
+from celery.result import AsyncResult
+
+from .codec import META_OPTION, RETRY_OPTION, OutgoingJob, build_job, format_time, parse_time
+from .errors import InvalidJobIdError, JobEncodeError, JobRoutingError, QueueNameError
+from .job_ids import new_job_id
+from .naming import is_job_id
+from .tracing import with_current_trace
+
+#: Options a batch job may carry; everything else is refused by name.
+BATCH_OPTIONS = frozenset({
+    "queue", "priority", "countdown", "eta", "expires", "task_id", "time_limit",
+    "soft_time_limit", "ignore_result", META_OPTION, RETRY_OPTION,
+})
+#: Task execution defaults that carry nothing for an OJS job when unset or default.
+_INERT_DEFAULTS = {"serializer": "json", "routing_key": None, "exchange": None,
+                   "delivery_mode": None, "compression": None, "immediate": None,
+                   "mandatory": None}
+
+JobSpec = Signature | tuple[Any, ...]
+
+
+def _inert(option: str, value: Any) -> bool:
+    return option in _INERT_DEFAULTS and _INERT_DEFAULTS[option] == value
+
+
+def enqueue_many(app: Celery, jobs: Iterable[JobSpec] | group, *,
+                 confirm_timeout: float | None = None) -> list[AsyncResult]:
+    """Publish ``jobs`` as OJS jobs, every one confirmed; one result per job, in order.
+
+    Every job is checked and encoded before the first is sent, so a bad
+    argument or option (:class:`~ojs_kombu.errors.JobEncodeError` naming the
+    job's position) sends nothing.
+    """
+    specs = list(_flatten(jobs))
+    if app.conf.task_always_eager:
+        return [_signature(app, spec).apply_async() for spec in specs]
+    encoder = _BatchEncoder(app)
+    outgoing = [encoder.encode(index, spec) for index, spec in enumerate(specs)]
+    seen: set[str] = set()
+    for job in outgoing:
+        if job.job_id in seen:
+            raise InvalidJobIdError(f"task_id {job.job_id} appears twice in the batch",
+                                    job_id=job.job_id, queue=job.queue)
+        seen.add(job.job_id)
+    with app.producer_or_acquire() as producer, \
+            producer.connection._reraise_as_library_errors():
+        backend = app.backend
+        for job, wants_result in zip(outgoing, encoder.wants_result, strict=True):
+            if wants_result:
+                backend.on_task_call(producer, job.job_id)
+        producer.channel.publish_jobs(outgoing, confirm_timeout=confirm_timeout)
+    result_cls = app.AsyncResult
+    return [result_cls(job.job_id) for job in outgoing]
+
+
+def _flatten(jobs: Iterable[JobSpec] | group) -> Iterable[JobSpec]:
+    if isinstance(jobs, group):
+        jobs = jobs.tasks
+    for spec in jobs:
+        if isinstance(spec, group):
+            yield from _flatten(spec)
+        elif isinstance(spec, _chain | chord):
+            raise JobEncodeError(
+                f"enqueue_many takes task signatures and groups of them, not a "
+                f"{type(spec).__name__.strip('_')}: send chains and chords with apply_async"
+            )
+        else:
+            yield spec
+
+
+def _signature(app: Celery, spec: JobSpec) -> Signature:
+    if isinstance(spec, Signature):
+        return spec
+    name, args, kwargs, options = _unpack(spec, 0)
+    return app.signature(name, args=args, kwargs=kwargs, **options)
+
+
+def _unpack(spec: JobSpec, index: int) -> tuple[str, Any, Any, Mapping[str, Any]]:
+    if isinstance(spec, Signature):
+        return spec.task, spec.args, spec.kwargs, spec.options
+    if not isinstance(spec, tuple) or not 1 <= len(spec) <= 4:
+        raise JobEncodeError(
+            f"batch job #{index} is {type(spec).__name__}: give a task signature or a "
+            "(task, args, kwargs, options) tuple"
+        )
+    task, args, kwargs, options = (*spec, (), {}, {})[:4]
+    name = task if isinstance(task, str) else getattr(task, "name", None)
+    if not isinstance(name, str):
+        raise JobEncodeError(f"batch job #{index}: {task!r} is neither a task nor a task name")
+    return name, args, kwargs, options
+
+
+class _BatchEncoder:
+    """Per-batch state: one clock reading, one trace context, cached routes and types."""
+
+    def __init__(self, app: Celery) -> None:
+        self.app = app
+        self.binding = app.amqp.binding
+        self.now = datetime.now(UTC)
+        self.created = format_time(self.now)
+        self.trace = with_current_trace({})
+        self.reply_to = app.thread_oid
+        parent = app.current_worker_task
+        self.parent_ids = ((parent.request.root_id or parent.request.id, parent.request.id)
+                           if parent else None)
+        self.wants_result: list[bool] = []
+        self._routes: dict[Any, str] = {}
+        self._task_defaults: dict[str, tuple[Mapping[str, Any], Any, bool]] = {}
+
+    def encode(self, index: int, spec: JobSpec) -> OutgoingJob:
+        name, args, kwargs, options = _unpack(spec, index)
+        defaults, policy, ignore_default = self._defaults_for(name)
+        unknown = sorted(k for k, v in options.items()
+                         if k not in BATCH_OPTIONS and not _inert(k, v))
+        if unknown:
+            raise JobEncodeError(
+                f"batch job #{index} ({name}): option(s) {', '.join(unknown)} cannot be "
+                "sent in a batch; use apply_async for callbacks, chains and custom routing"
+            )
+        opts = {**defaults, **options} if defaults else options
+        job_id = opts.get("task_id") or new_job_id()
+        queue = self._queue_for(name, opts.get("queue"), args, kwargs)
+        if not isinstance(job_id, str) or not is_job_id(job_id):
+            raise InvalidJobIdError(
+                f"batch job #{index} ({name}): task_id {job_id!r} is not a lowercase UUIDv7",
+                job_id=None, queue=queue,
+            )
+        ignore_result = opts.get("ignore_result", ignore_default)
+        self.wants_result.append(not ignore_result)
+        x_celery: dict[str, Any] = {}
+        if kwargs:
+            x_celery["kwargs"] = dict(kwargs)
+        if ignore_result:
+            x_celery["ignore_result"] = True
+        hard, soft = opts.get("time_limit"), opts.get("soft_time_limit")
+        if hard or soft:
+            x_celery["timelimit"] = [hard, soft]
+        if self.parent_ids:
+            x_celery["root_id"], x_celery["parent_id"] = self.parent_ids
+        try:
+            return build_job(
+                job_id=job_id, job_type=self.binding.job_types.type_for(name), queue=queue,
+                args=list(args or ()), task_name=name, now=self.now, created=self.created,
+                meta=opts.get(META_OPTION), traceparent=self.trace.get("traceparent"),
+                tracestate=self.trace.get("tracestate"), priority=opts.get("priority"),
+                timeout=hard, retry_policy=policy, per_call_retry=opts.get(RETRY_OPTION),
+                scheduled_at=self._due(opts, job_id), expires_at=self._expires(opts, job_id),
+                x_celery=x_celery, reply_to=self.reply_to,
+            )
+        except JobEncodeError as exc:
+            exc.args = (f"batch job #{index} ({name}): {exc}",)
+            raise
+
+    def _defaults_for(self, name: str) -> tuple[Mapping[str, Any], Any, bool]:
+        cached = self._task_defaults.get(name)
+        if cached is None:
+            task = self.app.tasks.get(name)
+            defaults: Mapping[str, Any] = {}
+            ignore = False
+            if task is not None:
+                defaults = {k: v for k, v in task._get_exec_options().items()
+                            if v is not None and not _inert(k, v)}
+                ignore = bool(task.ignore_result)
+            policy = self.binding.retry_policy_for(name) if self.binding.retry_policy_for \
+                else None
+            cached = self._task_defaults[name] = (defaults, policy, ignore)
+        return cached
+
+    def _queue_for(self, name: str, queue: Any, args: Any, kwargs: Any) -> str:
+        router = self.app.amqp.router
+        cacheable = not router.routes and (queue is None or isinstance(queue, str))
+        if cacheable and queue in self._routes:
+            return self._routes[queue]
+        routed = router.route({"queue": queue} if queue else {}, name, args, kwargs)
+        target = routed.get("queue")
+        exchange = routed.get("exchange") or (target.exchange.name if target else "")
+        routing_key = routed.get("routing_key") or (target.routing_key if target else "")
+        names = self.binding.names
+        exchange = getattr(exchange, "name", exchange)
+        if exchange not in (names.direct_exchange, ""):
+            raise JobRoutingError(
+                f"task {name!r} is routed to exchange {exchange!r}; OJS jobs go through "
+                f"{names.direct_exchange!r} with the queue name as routing key"
+            )
+        try:
+            ojs_queue = names.ojs_queue(routing_key)
+        except QueueNameError as exc:
+            raise JobRoutingError(f"task {name!r}: {exc}") from None
+        if cacheable:
+            self._routes[queue] = ojs_queue
+        return ojs_queue
+
+    def _due(self, opts: Mapping[str, Any], job_id: str) -> datetime | None:
+        eta, countdown = opts.get("eta"), opts.get("countdown")
+        if eta is not None:
+            return parse_time(eta, "eta")
+        if countdown:
+            if not isinstance(countdown, int | float) or math.isnan(countdown):
+                raise JobEncodeError(f"countdown {countdown!r} is not a number of seconds",
+                                     job_id=job_id)
+            return self.now + timedelta(seconds=countdown) if countdown > 0 else None
+        return None
+
+    def _expires(self, opts: Mapping[str, Any], job_id: str) -> datetime | None:
+        expires = opts.get("expires")
+        if expires is None:
+            return None
+        if isinstance(expires, int | float) and not isinstance(expires, bool):
+            return self.now + timedelta(seconds=max(0, expires))
+        return parse_time(expires, "expires")

@@ -1,0 +1,38 @@
+"""The app the fault suite's ``celery worker`` subprocesses run (``-A faults.app``).
+
+Each job appends its id to ``$OJS_FAULTS_DONE_FILE`` (one ``O_APPEND`` write per
+line, so concurrent pool processes never interleave) before it is acked: the
+file is the ground truth for completed and duplicated jobs.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from celery import Celery
+
+import ojs_kombu
+
+
+def make_app(broker_url: str, **conf: Any) -> Celery:
+    app = Celery("faults", broker=broker_url, set_as_current=False)
+    ojs_kombu.install(app)
+    app.conf.update(broker_connection_retry_on_startup=True, worker_hijack_root_logger=False,
+                    task_ignore_result=True, **conf)
+
+    @app.task(name="faults.record", bind=True, shared=False)
+    def record(self: Any, seconds: float = 0.0) -> None:
+        if seconds:
+            time.sleep(seconds)
+        fd = os.open(os.environ["OJS_FAULTS_DONE_FILE"], os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        try:
+            os.write(fd, f"{self.request.id}\n".encode())
+        finally:
+            os.close(fd)
+
+    return app
+
+
+app = make_app(os.environ.get("OJS_FAULTS_BROKER_URL", "ojs://guest:guest@127.0.0.1:5673//"))

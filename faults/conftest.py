@@ -1,0 +1,187 @@
+"""Fixtures of the fault suite: a RabbitMQ node of its own, worker subprocesses, counts.
+
+The destructive tests stop, start and cut the connections of a broker: they
+run against a separate node (``ojs-faults@localhost`` on port 5673, data and
+logs in a temporary directory) that this suite starts and always stops, never
+against the shared broker on 5672.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+NODE = os.environ.get("OJS_FAULTS_NODE", "ojs-faults@localhost")
+PORT = int(os.environ.get("OJS_FAULTS_PORT", "5673"))
+DIST_PORT = int(os.environ.get("OJS_FAULTS_DIST_PORT", "25673"))
+BROKER_URL = f"ojs://guest:guest@127.0.0.1:{PORT}//"
+
+
+def rabbitmqctl(*args: str, timeout: float = 120, check: bool = True) -> str:
+    result = subprocess.run(["rabbitmqctl", "-q", "-n", NODE, *args], capture_output=True,
+                            text=True, timeout=timeout, check=False)
+    if check and result.returncode != 0:
+        raise RuntimeError(f"rabbitmqctl -n {NODE} {' '.join(args)} failed: "
+                           f"{result.stderr.strip() or result.stdout.strip()}")
+    return result.stdout
+
+
+def _port_open(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def await_broker() -> None:
+    rabbitmqctl("--timeout", "120", "await_startup")
+    wait_until(lambda: _port_open(PORT), 60, f"AMQP on port {PORT}")
+
+
+@pytest.fixture(scope="session")
+def fault_node() -> Iterator[str]:
+    """Start the suite's own RabbitMQ node; stop it and delete its data at the end."""
+    if _port_open(PORT) or rabbitmqctl("ping", check=False, timeout=30).strip():
+        pytest.fail(f"port {PORT} or node {NODE} is already in use: the fault suite runs "
+                    "only against a node it starts itself (stop the leftover node first)")
+    base = Path(tempfile.mkdtemp(prefix="ojs-faults-"))
+    (base / "enabled_plugins").write_text("")
+    (base / "rabbitmq.conf").write_text(f"listeners.tcp.local = 127.0.0.1:{PORT}\n")
+    shutil.chown(base, "rabbitmq", "rabbitmq")
+    for path in base.iterdir():
+        shutil.chown(path, "rabbitmq", "rabbitmq")
+    env = {**os.environ, "RABBITMQ_NODENAME": NODE, "RABBITMQ_NODE_PORT": str(PORT),
+           "RABBITMQ_DIST_PORT": str(DIST_PORT), "RABBITMQ_MNESIA_BASE": str(base / "mnesia"),
+           "RABBITMQ_LOG_BASE": str(base / "log"),
+           "RABBITMQ_CONFIG_FILE": str(base / "rabbitmq.conf"),
+           "RABBITMQ_ENABLED_PLUGINS_FILE": str(base / "enabled_plugins")}
+    subprocess.run(["rabbitmq-server", "-detached"], env=env, cwd=base, check=True, timeout=60)
+    try:
+        wait_until(lambda: rabbitmqctl("ping", check=False, timeout=30).strip(), 60,
+                   f"node {NODE} to come up")
+        await_broker()
+        yield NODE
+    finally:
+        rabbitmqctl("stop", check=False)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def fault_broker_url(fault_node: str) -> str:
+    return BROKER_URL
+
+
+@pytest.fixture
+def broker_app_running(fault_node: str) -> Iterator[None]:
+    """Whatever a test does to the node, it leaves the rabbit app running."""
+    yield
+    rabbitmqctl("start_app", check=False)  # a no-op when it runs
+    await_broker()
+
+
+class Workers:
+    """``celery worker`` subprocesses of ``faults.app``, each in its own process group."""
+
+    def __init__(self, broker_url: str, done_file: Path, log: Path) -> None:
+        self.broker_url = broker_url
+        self.done_file = done_file
+        self.log = log
+        self.processes: list[subprocess.Popen[bytes]] = []
+
+    def start(self, queue: str, *extra: str) -> subprocess.Popen[bytes]:
+        env = {**os.environ, "OJS_FAULTS_BROKER_URL": self.broker_url,
+               "OJS_FAULTS_DONE_FILE": str(self.done_file)}
+        with self.log.open("ab") as out:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "celery", "-A", "faults.app", "worker", "-Q", queue,
+                 "-n", f"faults-{len(self.processes)}@%h", "--loglevel", "INFO",
+                 "--without-mingle", "--without-gossip", "--without-heartbeat", *extra],
+                cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True)
+        self.processes.append(process)
+        return process
+
+    def kill9(self, process: subprocess.Popen[bytes]) -> None:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(30)
+
+    def stop_all(self) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                with suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGTERM)
+        for process in self.processes:
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                with suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait(10)
+
+
+@pytest.fixture
+def workers(fault_broker_url: str, tmp_path: Path) -> Iterator[Workers]:
+    pool = Workers(fault_broker_url, tmp_path / "done.txt", tmp_path / "workers.log")
+    try:
+        yield pool
+    finally:
+        pool.stop_all()
+
+
+@dataclass
+class Counts:
+    """What happened to every job of a fault test, printed and checked."""
+
+    published: list[str] = field(default_factory=list)
+    confirmed: list[str] = field(default_factory=list)
+    #: job id (or attempt number) -> the exception the producer got
+    refused: dict[str, str] = field(default_factory=dict)
+
+    def completions(self, done_file: Path) -> collections.Counter[str]:
+        if not done_file.exists():
+            return collections.Counter()
+        return collections.Counter(done_file.read_text().split())
+
+    def report(self, name: str, done_file: Path) -> dict[str, int]:
+        done = self.completions(done_file)
+        lost = [job for job in self.confirmed if job not in done]
+        numbers = {
+            "published": len(self.published) + len(self.refused),
+            "confirmed": len(self.confirmed),
+            "refused": len(self.refused),
+            "completed": len(done),
+            "duplicated": sum(n - 1 for n in done.values()),
+            "lost": len(lost),
+        }
+        print(f"\n[{name}] " + " ".join(f"{k}={v}" for k, v in numbers.items()))
+        return numbers
+
+    def wait_completed(self, done_file: Path, timeout: float) -> None:
+        wait_until(lambda: all(job in self.completions(done_file) for job in self.confirmed),
+                   timeout, "every confirmed job to complete")

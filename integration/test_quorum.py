@@ -1,0 +1,84 @@
+"""Quorum job queues (AMQP-032): retry, schedule and dead-letter paths on the real broker."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import amqp
+import pytest
+from celery import Celery
+from celery.contrib.testing.worker import start_worker
+
+from .apps import make_app
+from .conftest import body_of, get_message, rabbitmqctl
+
+QUEUE = "bp-qq"
+
+
+@pytest.fixture(scope="module")
+def qq_app(broker_url: str) -> Celery:
+    return make_app("quorum", broker_url, "cache+memory://",
+                    ojs_queues={QUEUE: {"type": "quorum", "max_depth": 1000,
+                                        "dead_letter_strategy": "at-least-once"}})
+
+
+@pytest.fixture(scope="module")
+def qq_worker(qq_app: Celery) -> Iterator[Any]:
+    with start_worker(qq_app, pool="threads", concurrency=2, perform_ping_check=False,
+                      queues=[QUEUE], shutdown_timeout=30, loglevel="WARNING") as worker:
+        yield worker
+
+
+def queue_types(vhost: str) -> dict[str, str]:
+    listing = rabbitmqctl("list_queues", "--no-table-headers", "-p", vhost, "name", "type",
+                          "arguments")
+    return {line.split("\t")[0]: line for line in listing.splitlines()}
+
+
+def test_job_queue_and_its_dlq_are_quorum(qq_app: Celery, qq_worker: Any, vhost: str) -> None:
+    lines = queue_types(vhost)
+    job = lines[f"ojs.queue.{QUEUE}"]
+    assert "\tquorum\t" in job
+    for argument in ('{"x-dead-letter-strategy","at-least-once"}',
+                     '{"x-overflow","reject-publish"}', '{"x-max-length",1000}',
+                     '{"x-dead-letter-exchange","ojs.exchange.dlx"}'):
+        assert argument in job
+    assert "x-max-priority" not in job
+    assert "\tquorum\t" in lines[f"ojs.queue.dlx.{QUEUE}"]
+    assert "\tclassic\t" in lines[f"ojs.queue.control.{QUEUE}"]
+
+
+def test_retried_job_completes_through_a_quorum_retry_queue(
+        qq_app: Celery, qq_worker: Any, vhost: str) -> None:
+    result = qq_app.tasks["flaky.twice"].apply_async(queue=QUEUE)
+    assert result.get(timeout=60) == "done on attempt 3"
+    runs = [c for c in qq_app.calls.all() if c["id"] == result.id]
+    assert [c["attempt"] for c in runs] == [1, 2, 3]
+    retry_queues = [line for name, line in queue_types(vhost).items()
+                    if name.startswith(f"ojs.queue.retry.{QUEUE}.")]
+    assert retry_queues
+    for line in retry_queues:
+        assert "\tquorum\t" in line and '{"x-dead-letter-strategy","at-least-once"}' in line
+        assert "x-expires" not in line
+
+
+def test_scheduled_job_runs_on_a_quorum_queue(qq_app: Celery, qq_worker: Any) -> None:
+    sent = time.time()
+    result = qq_app.tasks["email.send"].apply_async(("a@example.com", "later"), countdown=1,
+                                                    queue=QUEUE)
+    assert result.get(timeout=60) == "sent later to a@example.com"
+    call = qq_app.calls.wait_for(result.id)
+    assert call["started"].timestamp() >= sent + 1
+
+
+def test_failed_job_reaches_the_quorum_dlq(qq_app: Celery, qq_worker: Any,
+                                           amqp_channel: amqp.Channel) -> None:
+    result = qq_app.tasks["reject.value"].apply_async(queue=QUEUE)
+    with pytest.raises(ValueError):
+        result.get(timeout=60)
+    dead = get_message(amqp_channel, f"ojs.queue.dlx.{QUEUE}")
+    assert dead.properties["message_id"] == result.id
+    assert body_of(dead)["id"] == result.id
+    assert dead.properties["application_headers"]["x-ojs-error-code"]

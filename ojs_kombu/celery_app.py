@@ -50,6 +50,11 @@ from .worker import OJSTask, task_retry_policy, task_sets
 
 logger = logging.getLogger(__name__)
 
+#: Stands for a repr a consumer computes (compared by identity, never sent).
+_DEFERRED_REPR = "".join(("<deferred", ">"))
+#: Where ``create_sent_event`` is among the positional arguments after id and name.
+_SENT_EVENT_INDEX = 14
+
 _INSTALLED_FLAG = "_ojs_kombu_installed"
 
 
@@ -129,6 +134,27 @@ class OJSAMQP(AMQP):
         return ReconnectingConnection(*args, transport_options=options, **kwargs)
 
     BrokerConnection = Connection
+
+    def as_task_v2(self, task_id: str, name: str, *args: Any, **kwargs: Any) -> Any:
+        """Celery's task message, without the ``argsrepr``/``kwargsrepr`` it would compute.
+
+        A consumer rebuilds them from the envelope's ``args`` and ``kwargs``, so
+        they need not travel (nor be computed on every publish); ones the caller
+        passes (to hide secrets from logs) travel as given, and so do both when
+        the app sends Celery's ``task-sent`` events, which show them.
+        """
+        sent_event = (args[_SENT_EVENT_INDEX] if len(args) > _SENT_EVENT_INDEX
+                      else kwargs.get("create_sent_event"))
+        if not sent_event:
+            for key in ("argsrepr", "kwargsrepr"):
+                if kwargs.get(key) is None:
+                    kwargs[key] = _DEFERRED_REPR
+        message = super().as_task_v2(task_id, name, *args, **kwargs)
+        headers = message.headers
+        for key in ("argsrepr", "kwargsrepr"):
+            if headers.get(key) is _DEFERRED_REPR:
+                del headers[key]
+        return message
 
 
 def install(app: Celery) -> Celery:

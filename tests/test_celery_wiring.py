@@ -171,3 +171,22 @@ def test_per_task_ack_options_that_would_lose_jobs_are_refused(option: dict[str,
 
     with pytest.raises(OJSConfigurationError, match="proj.careless"):
         ojs_kombu.check_app(app)
+
+
+def _task_message(app: Celery, **options: Any) -> Any:
+    """The message ``send_task`` builds (it passes these arguments positionally)."""
+    return app.amqp.create_task_message(
+        ojs_kombu.new_job_id(), "math.add", (1, "secret"), {"k": 2}, None, None, None, None,
+        None, 0, None, None, None, "reply", None, None,
+        options.pop("create_sent_event", False), None, None, None, None, **options)
+
+
+def test_reprs_are_left_to_the_consumer_unless_given_or_shown_in_sent_events() -> None:
+    app = make_app()
+    headers = _task_message(app).headers
+    assert "argsrepr" not in headers and "kwargsrepr" not in headers
+    given = _task_message(app, argsrepr="(1, '***')").headers
+    assert given["argsrepr"] == "(1, '***')" and "kwargsrepr" not in given
+    shown = _task_message(app, create_sent_event=True)
+    assert shown.headers["argsrepr"] == "(1, 'secret')"
+    assert shown.sent_event["kwargs"] == "{'k': 2}"

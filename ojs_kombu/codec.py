@@ -117,6 +117,11 @@ def _reject_constant(name: str) -> Any:
     raise NonJSONArgumentError(f"a task argument is {name}, which JSON cannot carry")
 
 
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+_CHECKING_DECODER = json.JSONDecoder(object_hook=_reject_kombu_type,
+                                     parse_constant=_reject_constant)
+
+
 def _dumps(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
 
@@ -172,9 +177,10 @@ def encode_task_message(
             "plain JSON: drop the compression option", job_id=job_id, queue=queue,
         )
     try:
-        payload = json.loads(
-            body, object_hook=_reject_kombu_type, parse_constant=_reject_constant
-        )
+        # kombu tags non-JSON values as {"__type__": ..., "__value__": ...}; only a
+        # body that mentions the tag needs the (slower) per-object check.
+        text = body.decode() if isinstance(body, bytes) else body
+        payload = (_CHECKING_DECODER if '"__type__"' in text else _DECODER).decode(text)
         args, kwargs, embed = payload
     except NonJSONArgumentError as exc:
         exc.job_id, exc.queue = job_id, queue

@@ -1,0 +1,138 @@
+"""Reconnection, re-declaration, consumer cancellation and failover against the real broker.
+
+Each test works in a vhost of its own and breaks only its own connections
+(``rabbitmqctl close_connection`` on that vhost's connections, never all of
+the broker's).  Broker restarts are in the fault suite (faults/), which runs
+its own node.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from celery.contrib.testing.worker import start_worker
+
+from ojs_kombu import reconnect
+
+from .apps import make_app
+from .conftest import HOST, PORT, rabbitmqctl, wait_until
+
+
+@pytest.fixture
+def own_vhost() -> Iterator[str]:
+    name = f"ojs-kombu-reconnect-{uuid.uuid4().hex[:8]}"
+    rabbitmqctl("add_vhost", name)
+    rabbitmqctl("set_permissions", "-p", name, "guest", ".*", ".*", ".*")
+    yield name
+    rabbitmqctl("delete_vhost", name)
+
+
+@pytest.fixture
+def connection_events() -> Iterator[list[dict[str, Any]]]:
+    events: list[dict[str, Any]] = []
+    unsubscribe = reconnect.subscribe(events.append)
+    yield events
+    unsubscribe()
+
+
+def close_connections_of(vhost: str) -> int:
+    """Close every connection of ``vhost`` (and only those)."""
+    closed = 0
+    for line in rabbitmqctl("list_connections", "pid", "vhost").splitlines():
+        pid, _, name = line.partition("\t")
+        if name == vhost:
+            subprocess.run(["rabbitmqctl", "-q", "close_connection", pid, "reconnect test"],
+                           capture_output=True, timeout=60, check=False)
+            closed += 1
+    return closed
+
+
+def consumers_of(vhost: str, queue: str) -> list[int]:
+    """Prefetch counts of the consumers of ``queue``."""
+    out = rabbitmqctl("list_consumers", "-p", vhost, "queue_name", "prefetch_count")
+    return [int(line.split("\t")[1]) for line in out.splitlines()
+            if line.split("\t")[0] == queue]
+
+
+def test_worker_reconnects_redeclares_and_consumes_with_the_same_prefetch(
+        own_vhost: str, connection_events: list[dict[str, Any]]) -> None:
+    app = make_app("reconnect", f"ojs://guest:guest@{HOST}:{PORT}/{own_vhost}", "cache+memory://")
+    with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False,
+                      shutdown_timeout=60, queues=["rq"], loglevel="WARNING"):
+        first = app.tasks["math.add"].apply_async((1, 1), queue="rq")
+        app.calls.wait_for(first.id)
+        prefetch = consumers_of(own_vhost, "ojs.queue.rq")
+        assert prefetch == [8]  # concurrency 2 x prefetch multiplier 4
+        # remove what the worker declared, then cut its connections
+        rabbitmqctl("delete_queue", "-p", own_vhost, "ojs.queue.dlx.rq")
+        assert close_connections_of(own_vhost) >= 1
+        wait_until(lambda: any(e["data"].get("role") == "worker" for e in connection_events),
+                   60, "the worker's connection.reconnected event")
+        event = next(e for e in connection_events if e["data"].get("role") == "worker")
+        assert event["data"]["queues"] == ["rq"]
+        assert event["data"]["prefetch_count"] == 8
+        wait_until(lambda: consumers_of(own_vhost, "ojs.queue.rq") == prefetch, 30,
+                   "the consumer back with the same prefetch")
+        queues = rabbitmqctl("list_queues", "-p", own_vhost, "name")
+        assert "ojs.queue.dlx.rq" in queues.split()  # re-declared with the topology
+        second = app.tasks["math.add"].apply_async((2, 2), queue="rq")
+        app.calls.wait_for(second.id)
+
+
+def test_producer_redeclares_topology_after_reconnecting(
+        own_vhost: str, connection_events: list[dict[str, Any]]) -> None:
+    app = make_app("reconnect-producer", f"ojs://guest:guest@{HOST}:{PORT}/{own_vhost}")
+    app.tasks["math.add"].apply_async((1, 1), queue="pq")
+    # the broker loses the exchange and queue, and the producer its connection
+    rabbitmqctl("delete_queue", "-p", own_vhost, "ojs.queue.pq")
+    rabbitmqctl("eval", f'rabbit_exchange:delete(rabbit_misc:r(<<"{own_vhost}">>, exchange, '
+                '<<"ojs.exchange.direct">>), false, <<"test">>).')
+    assert close_connections_of(own_vhost) >= 1
+    app.tasks["math.add"].apply_async((2, 2), queue="pq")  # mandatory + confirmed
+    depth = rabbitmqctl("list_queues", "-p", own_vhost, "name", "messages")
+    assert "ojs.queue.pq\t1" in depth.splitlines()
+    assert [e["data"]["role"] for e in connection_events
+            if e["type"] == reconnect.RECONNECTED] == ["client"]
+
+
+def test_deleted_queue_cancels_the_consumer_which_comes_back(
+        own_vhost: str, connection_events: list[dict[str, Any]]) -> None:
+    app = make_app("cancel", f"ojs://guest:guest@{HOST}:{PORT}/{own_vhost}", "cache+memory://")
+    with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False,
+                      shutdown_timeout=60, queues=["cq"], loglevel="WARNING"):
+        first = app.tasks["math.add"].apply_async((1, 1), queue="cq")
+        app.calls.wait_for(first.id)
+        rabbitmqctl("delete_queue", "-p", own_vhost, "ojs.queue.cq")
+        wait_until(lambda: any(e["type"] == reconnect.CONSUMER_CANCELLED
+                               for e in connection_events), 30, "consumer.cancelled")
+        cancelled = next(e for e in connection_events
+                         if e["type"] == reconnect.CONSUMER_CANCELLED)
+        assert cancelled["data"]["queue"] == "cq"
+        assert 750 <= cancelled["data"]["retry_in_ms"] <= 1250  # first step of the schedule
+        wait_until(lambda: consumers_of(own_vhost, "ojs.queue.cq") == [8], 30,
+                   "the consumer re-registered with the same prefetch")
+        second = app.tasks["math.add"].apply_async((2, 2), queue="cq")
+        app.calls.wait_for(second.id)
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_failover_to_the_next_broker_url(own_vhost: str) -> None:
+    """``ojs://dead;ojs://alive``: kombu's failover with the ojs transport."""
+    dead = f"ojs://guest:guest@127.0.0.1:{_closed_port()}/{own_vhost}"
+    alive = f"ojs://guest:guest@{HOST}:{PORT}/{own_vhost}"
+    app = make_app("failover", f"{dead};{alive}", "cache+memory://")
+    app.conf.broker_connection_retry_on_startup = True  # failover is a retry
+    with start_worker(app, pool="threads", concurrency=1, perform_ping_check=False,
+                      shutdown_timeout=60, queues=["fq"], loglevel="WARNING"):
+        result = app.tasks["math.add"].apply_async((20, 22), queue="fq")
+        assert app.calls.wait_for(result.id)["args"] == [20, 22]

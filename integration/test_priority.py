@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import amqp
-from celery import Celery
 from celery.contrib.testing.worker import start_worker
 
 from ojs_kombu import declare_topology

@@ -1,12 +1,17 @@
-"""Plain Celery vs ojs_kombu on one local RabbitMQ: publish, drain, events and scheduling.
+"""ojs_kombu vs plain Celery and Dramatiq on one local RabbitMQ: publish, drain, events
+and scheduling.
 
 Run from the repository root::
 
     python benchmarks/run.py [--jobs N] [--json PATH] [--only throughput|events|schedule]
 
-The throughput part (publish, drain) runs both sides in this one process
-against the same broker, with the same task, arguments, pool and concurrency,
-so the ratio ojs/plain isolates what the OJS layer costs.  The events part
+The throughput part publishes with plain Celery (without and with
+``confirm_publish``), ojs_kombu (``apply_async`` and batch ``enqueue_many``)
+and Dramatiq (without and with ``confirm_delivery``), all in this one process
+against the same broker, and drains with plain Celery and ojs_kombu using the
+threads pool (in-process worker) and the prefork pool (``prefork_drain.py``,
+a worker subprocess), with the same task, arguments, pool and concurrency on
+both sides; ``report.py`` holds the comparisons and the targets.  The events part
 (``events_scenario.py``) measures the same two numbers for ojs_kombu with OJS
 events (AMQP sink) and OpenTelemetry metrics off and on, and counts the events
 that reached the events exchange.  The scheduling part (``scheduling.py``)
@@ -23,10 +28,12 @@ import datetime as dt
 import json
 import os
 import platform
+import shutil
 import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -37,7 +44,9 @@ from typing import Any
 
 import amqp
 import celery
+import dramatiq
 import kombu
+import pika
 from celery import Celery
 from celery.app.task import Task
 from celery.contrib.testing.worker import start_worker
@@ -48,7 +57,10 @@ from ojs_kombu.celery_events import events_exchange
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # also when imported, not run
 import events_scenario
+import prefork_drain
+import report
 import scheduling
+from dramatiq_side import DramatiqPublisher, queues_of
 
 DEFAULT_BROKER = "amqp://guest:guest@127.0.0.1:5672//"
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "latest.json"
@@ -57,8 +69,8 @@ TASK_ARGS = (42, "benchmark")
 WARMUP = 100
 POOL = "threads"
 CONCURRENCY = 4
-#: Informational targets from the spec (ratio ojs/plain of jobs per second).
-TARGETS = {"publish": 1.0, "drain": 0.9}
+#: Jobs per batch of ``enqueue_many`` (``--batch-size``).
+BATCH_SIZE = 1000
 PARTS = ("throughput", "events", "schedule")
 
 
@@ -203,18 +215,22 @@ def _register_noop(app: Celery, recorder: DrainRecorder) -> Task:
     return noop
 
 
-def make_plain_side(broker_url: str, pid: int) -> Side:
+def make_plain_side(broker_url: str, pid: int, *, confirm: bool = True) -> Side:
+    """Plain Celery over py-amqp, publishing with or without ``confirm_publish``
+    (both variants use the same queue)."""
     app = Celery("bench_plain", broker=broker_url, set_as_current=False)
     queue = f"bench-plain-{pid}"
     _common_conf(app, queue)
-    app.conf.broker_transport_options = {"confirm_publish": True}
+    if confirm:
+        app.conf.broker_transport_options = {"confirm_publish": True}
     recorder = DrainRecorder()
 
     def declare() -> None:
         with app.connection_for_write() as connection:
             app.amqp.queues[queue](connection.default_channel).declare()
 
-    return Side("plain Celery", app, _register_noop(app, recorder), recorder, queue, queue,
+    label = "plain Celery" if confirm else "plain Celery (no confirms)"
+    return Side(label, app, _register_noop(app, recorder), recorder, queue, queue,
                 declare, queues=[queue], exchanges=[queue])
 
 
@@ -285,6 +301,22 @@ def publish(side: Side, n: int) -> list[float]:
     return latencies
 
 
+def publish_batches(side: Side, n: int, size: int) -> list[float]:
+    """``n`` jobs as ``enqueue_many`` calls of ``size`` signatures; each call's latency.
+
+    Building the signatures is inside the loop (so in jobs/s) but outside the
+    per-call latency.
+    """
+    app, signature, clock = side.app, side.task.s, time.perf_counter
+    latencies: list[float] = []
+    for done in range(0, n, size):
+        jobs = [signature(*TASK_ARGS) for _ in range(min(size, n - done))]
+        started = clock()
+        ojs_kombu.enqueue_many(app, jobs)
+        latencies.append(clock() - started)
+    return latencies
+
+
 def warm_up(side: Side, broker: Broker) -> None:
     """Declare the queue, open the producer connection and fill caches, then purge."""
     side.declare()
@@ -297,11 +329,17 @@ def measure_publish(side: Side, broker: Broker, n: int) -> PublishResult:
 
     The queue is purged before and after so both sides publish into an empty queue.
     """
-    broker.purge(side.amqp_queue)
+    return measure_calls(lambda k: publish(side, k), side.amqp_queue, broker, n)
+
+
+def measure_calls(send: Callable[[int], list[float]], queue: str, broker: Broker,
+                  n: int) -> PublishResult:
+    """Time ``send(n)`` (which returns per-call latencies) into the purged ``queue``."""
+    broker.purge(queue)
     started = time.perf_counter()
-    latencies = publish(side, n)
+    latencies = send(n)
     seconds = time.perf_counter() - started
-    broker.purge(side.amqp_queue)
+    broker.purge(queue)
     cuts = statistics.quantiles(latencies, n=100, method="inclusive")
     return PublishResult(n / seconds, seconds, cuts[49] * 1e3, cuts[98] * 1e3)
 
@@ -340,18 +378,24 @@ def measure_drain(side: Side, broker: Broker, n: int, timeout: float, *,
     return DrainResult(n / seconds, seconds, broker.depth(side.amqp_queue), dead)
 
 
+def measure_prefork_drain(side: Side, broker: Broker, n: int, timeout: float, workdir: Path,
+                          name: str) -> DrainResult:
+    """As :func:`measure_drain`, with a ``prefork`` worker subprocess (``prefork_drain``)."""
+    broker.purge(side.amqp_queue)
+    publish(side, n)
+    queued = broker.depth(side.amqp_queue)
+    if queued != n:
+        raise RuntimeError(f"{side.label}: expected {n} messages in {side.amqp_queue}, "
+                           f"found {queued}")
+    seconds = prefork_drain.drain(
+        label=side.label, broker_url=side.app.conf.broker_url, queue=side.celery_queue,
+        ojs_prefix=side.app.conf.get("ojs_prefix"), n=n, timeout=timeout, workdir=workdir,
+        name=name)
+    dead = broker.depth(side.dead_letter_queue) if side.dead_letter_queue else None
+    return DrainResult(n / seconds, seconds, broker.depth(side.amqp_queue), dead)
+
+
 # -- reporting ------------------------------------------------------------
-
-
-def alternate(measure: Callable[[Side], Result], plain: Side, ojs: Side,
-              rounds: int) -> list[tuple[Result, Result]]:
-    """``(plain, ojs)`` per round; odd rounds measure ojs first, so drift hits both sides."""
-    pairs: list[tuple[Result, Result]] = []
-    for i in range(rounds):
-        order = (plain, ojs) if i % 2 == 0 else (ojs, plain)
-        got = {side.label: measure(side) for side in order}
-        pairs.append((got[plain.label], got[ojs.label]))
-    return pairs
 
 
 def summarize(results: list[Result] | list[dict[str, Any]]) -> dict[str, float]:
@@ -361,54 +405,18 @@ def summarize(results: list[Result] | list[dict[str, Any]]) -> dict[str, float]:
             for k, v in rows[0].items() if isinstance(v, float)}
 
 
-def compare(scenario: str, pairs: list[tuple[Result, Result]]) -> dict[str, Any]:
-    """Median of each side, the ratio ojs/plain of the medians and the spec's target."""
-    plain, ojs = summarize([p for p, _ in pairs]), summarize([o for _, o in pairs])
-    ratio = ojs["jobs_per_s"] / plain["jobs_per_s"]
-    target = TARGETS[scenario]
-    return {"plain": plain, "ojs": ojs, "ratio": ratio, "target": target,
-            "met": ratio >= target,
-            "rounds": [{"plain": asdict(p), "ojs": asdict(o)} for p, o in pairs]}
-
-
 def render(results: dict[str, dict[str, Any]]) -> str:
-    """The throughput table and publish latencies, the events tables, then the scheduling
-    table (of the parts run)."""
+    """The throughput tables, the events tables, then the scheduling table (of the parts
+    run)."""
     tables: list[list[str]] = []
-    if "publish" in results:
-        tables.append(render_throughput(results))
+    if "throughput" in results:
+        tp = results["throughput"]
+        tables.append(report.render(tp["medians"], tp["jobs"], tp["settings"]["batch_size"]))
     if "events" in results:
         tables.append(events_scenario.render(results["events"]))
     if "schedule" in results:
         tables.append(scheduling.render(results["schedule"]))
     return "\n\n".join("\n".join(table) for table in tables)
-
-
-def render_throughput(results: dict[str, dict[str, Any]]) -> list[str]:
-    """The side-by-side table, then publish latencies."""
-    throughput = {k: results[k] for k in ("publish", "drain")}
-    header = ("scenario", "plain Celery jobs/s", "ojs_kombu jobs/s", "ratio (ojs/plain)",
-              "target", "status")
-    rows = [header] + [
-        (name, f"{r['plain']['jobs_per_s']:.0f}", f"{r['ojs']['jobs_per_s']:.0f}",
-         f"{r['ratio']:.2f}", f">= {r['target']:.1f}", "met" if r["met"] else "not met")
-        for name, r in throughput.items()
-    ]
-    lines = _grid(rows)
-    pub = results["publish"]
-    lines += ["", *_grid([
-        ("publish latency", "plain Celery", "ojs_kombu"),
-        ("p50 ms", f"{pub['plain']['p50_ms']:.3f}", f"{pub['ojs']['p50_ms']:.3f}"),
-        ("p99 ms", f"{pub['plain']['p99_ms']:.3f}", f"{pub['ojs']['p99_ms']:.3f}"),
-    ])]
-    return lines
-
-
-def _grid(rows: list[tuple[str, ...]]) -> list[str]:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    fmt = [" | ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-           for row in rows]
-    return [fmt[0], "-+-".join("-" * w for w in widths), *fmt[1:]]
 
 
 def _command(*argv: str) -> str | None:
@@ -430,6 +438,8 @@ def machine_info(broker: Broker) -> dict[str, Any]:
         "celery": celery.__version__,
         "kombu": kombu.__version__,
         "amqp": amqp.__version__,
+        "dramatiq": dramatiq.__version__,
+        "pika": pika.__version__,
         "ojs_kombu": ojs_kombu.__version__,
         "git": _command("git", "-C", str(repo), "describe", "--always", "--dirty"),
     }
@@ -444,25 +454,52 @@ def write_json(path: Path, document: dict[str, Any]) -> None:
 
 
 @contextmanager
-def sides(broker: Broker, broker_url: str) -> Iterator[tuple[Side, Side]]:
-    """Both sides; on exit their connections close and every entity they made is deleted."""
+def sides(broker: Broker, broker_url: str) -> Iterator[tuple[Side, Side, Side]]:
+    """Plain Celery with and without confirms, and ojs_kombu; on exit their connections
+    close and every entity they made is deleted."""
     pid = os.getpid()
     made: list[Side] = []
     try:
         made.append(make_plain_side(broker_url, pid))
+        made.append(make_plain_side(broker_url, pid, confirm=False))
         made.append(make_ojs_side(broker_url, pid))
-        yield made[0], made[1]
+        yield made[0], made[1], made[2]
     finally:
         for side in made:
             side.app.close()
             broker.delete_side(side)
 
 
+@contextmanager
+def dramatiq_publishers(broker: Broker, broker_url: str, queue: str
+                        ) -> Iterator[tuple[DramatiqPublisher, DramatiqPublisher]]:
+    """Dramatiq without and with ``confirm_delivery`` on ``queue``; on exit their
+    connections close and the queue, its ``.DQ`` and its ``.XQ`` are deleted."""
+    made: list[DramatiqPublisher] = []
+    try:
+        made.append(DramatiqPublisher(broker_url, queue, confirm=False))
+        made.append(DramatiqPublisher(broker_url, queue, confirm=True))
+        yield made[0], made[1]
+    finally:
+        for publisher in made:
+            publisher.close()
+        broker.delete(queues_of(queue), [])
+
+
+@contextmanager
+def _workdir() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="ojs-bench-drain-"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def run(broker: Broker, args: argparse.Namespace) -> dict[str, Any]:
     """The selected parts, throughput first; the results keyed by scenario."""
     results: dict[str, Any] = {}
     if "throughput" in args.parts:
-        results.update(run_throughput(broker, args))
+        results["throughput"] = run_throughput(broker, args)
     if "events" in args.parts:
         results["events"] = run_events(broker, args)
     if "schedule" in args.parts:
@@ -479,14 +516,67 @@ def _progress(message: str) -> None:
 
 
 def run_throughput(broker: Broker, args: argparse.Namespace) -> dict[str, Any]:
-    with sides(broker, args.broker) as (plain, ojs):
-        for side in (plain, ojs):
+    """Every publish scenario, then the drains, per round; medians, ratios and targets.
+
+    Odd rounds run the publish scenarios in reverse order and each drain pair
+    ojs first, so drift on the shared machine hits every contender alike.
+    """
+    pid = os.getpid()
+    dramatiq_queue = f"bench{pid}-dramatiq"
+    fast, single = args.fast_jobs, args.jobs
+    with sides(broker, args.broker) as (plain, plain_nc, ojs), \
+            dramatiq_publishers(broker, args.broker, dramatiq_queue) as (dq, dq_confirm), \
+            _workdir() as workdir:
+        for side in (plain, plain_nc, ojs):
             warm_up(side, broker)
-        published = alternate(lambda side: measure_publish(side, broker, args.jobs),
-                              plain, ojs, args.rounds)
-        drained = alternate(lambda side: measure_drain(side, broker, args.jobs, args.timeout),
-                            plain, ojs, args.rounds)
-    return {"publish": compare("publish", published), "drain": compare("drain", drained)}
+        publish_batches(ojs, WARMUP, WARMUP)
+        broker.purge(ojs.amqp_queue)
+        for publisher in (dq, dq_confirm):
+            publisher.send(WARMUP, TASK_ARGS)
+        broker.purge(dramatiq_queue)
+        publishers: dict[str, tuple[Callable[[int], list[float]], str, int]] = {
+            "plain_publish": (lambda k: publish(plain_nc, k), plain.amqp_queue, fast),
+            "plain_publish_confirm": (lambda k: publish(plain, k), plain.amqp_queue, single),
+            "ojs_publish": (lambda k: publish(ojs, k), ojs.amqp_queue, single),
+            "ojs_batch": (lambda k: publish_batches(ojs, k, args.batch_size),
+                          ojs.amqp_queue, fast),
+            "dramatiq_send": (lambda k: dq.send(k, TASK_ARGS), dramatiq_queue, fast),
+            "dramatiq_send_confirm": (lambda k: dq_confirm.send(k, TASK_ARGS),
+                                      dramatiq_queue, single),
+        }
+        drains: dict[str, Callable[[int], DrainResult]] = {
+            "plain_drain_threads": lambda i: measure_drain(plain, broker, single, args.timeout),
+            "ojs_drain_threads": lambda i: measure_drain(ojs, broker, single, args.timeout),
+            "plain_drain_prefork": lambda i: measure_prefork_drain(
+                plain, broker, single, args.timeout, workdir, f"bench-plain-{pid}-{i}"),
+            "ojs_drain_prefork": lambda i: measure_prefork_drain(
+                ojs, broker, single, args.timeout, workdir, f"bench-ojs-{pid}-{i}"),
+        }
+        rounds: dict[str, list[dict[str, Any]]] = {key: [] for key in [*publishers, *drains]}
+        orders: list[list[str]] = []
+        for i in range(args.rounds):
+            forward = i % 2 == 0
+            order = list(publishers) if forward else list(reversed(publishers))
+            for pair in (("plain_drain_threads", "ojs_drain_threads"),
+                         ("plain_drain_prefork", "ojs_drain_prefork")):
+                order += pair if forward else pair[::-1]
+            orders.append(order)
+            for key in order:
+                _progress(f"throughput: round {i + 1}/{args.rounds}, {report.BY_KEY[key].label}")
+                if key in publishers:
+                    send, queue, n = publishers[key]
+                    rounds[key].append(asdict(measure_calls(send, queue, broker, n)))
+                else:
+                    rounds[key].append(asdict(drains[key](i)))
+    medians = {key: summarize(results) for key, results in rounds.items()}
+    jobs = {key: publishers[key][2] if key in publishers else single for key in rounds}
+    return {"medians": medians, "jobs": jobs, **report.assess(medians), "rounds": rounds,
+            "orders": orders,
+            "settings": {"batch_size": args.batch_size, "warmup": WARMUP,
+                         "threads": {"pool": POOL, "concurrency": CONCURRENCY},
+                         "prefork": {"pool": prefork_drain.POOL,
+                                     "concurrency": prefork_drain.CONCURRENCY},
+                         "dramatiq_queue": dramatiq_queue}}
 
 
 @contextmanager
@@ -574,7 +664,13 @@ def _plain(value: Any) -> Any:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--jobs", type=int, default=2000, help="jobs per side and scenario")
+    parser.add_argument("--jobs", type=int, default=2000,
+                        help="jobs per side for confirmed single publishes, drains and events")
+    parser.add_argument("--fast-jobs", type=int, default=20_000,
+                        help="jobs for the fast publish scenarios: plain Celery and Dramatiq "
+                        "without confirms, ojs_kombu batch")
+    parser.add_argument("--batch-size", type=int, default=BATCH_SIZE,
+                        help="jobs per enqueue_many call")
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON, help="results file")
     parser.add_argument("--rounds", type=int, default=1,
                         help="repeat the throughput and events scenarios, alternating which "
@@ -601,6 +697,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.jobs < 2 or args.rounds < 1:
         parser.error("--jobs must be at least 2 and --rounds at least 1")
+    if args.batch_size < 1 or args.fast_jobs < 2 * args.batch_size:
+        parser.error("--batch-size must be at least 1 and --fast-jobs at least twice it "
+                     "(for the batch latency percentiles)")
     if (args.schedule_jobs < 1 or args.lateness_jobs < 2 or args.settle < 0
             or args.lateness_grace < 0):
         parser.error("--schedule-jobs must be at least 1, --lateness-jobs at least 2, "
@@ -631,7 +730,8 @@ def main(argv: list[str] | None = None) -> int:
     print(render(results))
     write_json(args.json, {
         "timestamp": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "parts": list(args.parts), "jobs": args.jobs, "rounds": args.rounds, "warmup": WARMUP,
+        "parts": list(args.parts), "jobs": args.jobs, "fast_jobs": args.fast_jobs,
+        "batch_size": args.batch_size, "rounds": args.rounds, "warmup": WARMUP,
         "pool": POOL, "concurrency": CONCURRENCY,
         "machine": machine, "results": results,
     })

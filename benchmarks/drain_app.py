@@ -1,0 +1,51 @@
+"""Celery app of the prefork drain, for ``python -m celery -A drain_app worker``.
+
+An in-process worker cannot run the prefork pool reliably, so ``run.py``
+drains with prefork through a worker subprocess built from this module.  It
+takes its settings from the environment (``BENCH_DRAIN_*``, set by
+``prefork_drain.py``) and mirrors ``run.py``'s sides: the same task name,
+``task_acks_late``, no results, no remote control; the ojs side is
+``ojs_kombu.install``-ed with the run's prefix.  Every job appends
+``"<start> <end>\\n"`` (``time.time()``, seconds) to the record file, one
+``O_APPEND`` write, so lines from the pool processes never interleave.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from celery import Celery
+
+import ojs_kombu
+
+TASK_NAME = "bench.noop"  # the same task name as run.py's sides
+
+
+def make_app(broker: str, queue: str, record_path: str, ojs_prefix: str | None) -> Celery:
+    app = Celery("bench_drain", broker=broker, set_as_current=True)
+    if ojs_prefix:
+        ojs_kombu.install(app)
+        app.conf.ojs_prefix = ojs_prefix
+    app.conf.update(
+        task_default_queue=queue,
+        task_acks_late=True,
+        task_ignore_result=True,
+        result_backend=None,
+        worker_enable_remote_control=False,
+        broker_connection_retry_on_startup=True,
+    )
+    record = os.open(record_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+
+    @app.task(name=TASK_NAME, ignore_result=True, shared=False)
+    def noop(*_args: Any) -> None:
+        started = time.time()
+        os.write(record, f"{started:.6f} {time.time():.6f}\n".encode())
+
+    return app
+
+
+app = (make_app(os.environ["BENCH_DRAIN_BROKER"], os.environ["BENCH_DRAIN_QUEUE"],
+                os.environ["BENCH_DRAIN_RECORD"], os.environ.get("BENCH_DRAIN_OJS_PREFIX"))
+       if "BENCH_DRAIN_BROKER" in os.environ else None)

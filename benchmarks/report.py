@@ -1,0 +1,140 @@
+"""Throughput scenarios of ``run.py``: which baseline each is compared with, the
+targets of issue #8, and the table.  Pure functions on the medians, so the
+comparison rules can be tested without a broker (tests/test_benchmark_report.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One measured line.  ``plain_ref``/``dramatiq_ref``: the scenario its ratios divide
+    by (the plain Celery or Dramatiq variant with the same delivery guarantee, for a
+    drain the same pool); ``None`` when there is nothing to compare it with."""
+
+    key: str
+    label: str
+    kind: str  # "publish" or "drain"
+    plain_ref: str | None = None
+    dramatiq_ref: str | None = None
+
+
+@dataclass(frozen=True)
+class Target:
+    """``scenario`` jobs/s must be at least ``minimum`` x ``reference`` jobs/s."""
+
+    name: str
+    scenario: str
+    reference: str
+    minimum: float
+
+
+SCENARIOS: tuple[Scenario, ...] = (
+    Scenario("plain_publish", "plain Celery apply_async, no confirms", "publish",
+             dramatiq_ref="dramatiq_send"),
+    Scenario("plain_publish_confirm", "plain Celery apply_async, confirm_publish", "publish",
+             dramatiq_ref="dramatiq_send_confirm"),
+    Scenario("ojs_publish", "ojs_kombu apply_async (confirmed)", "publish",
+             "plain_publish_confirm", "dramatiq_send_confirm"),
+    Scenario("ojs_batch", "ojs_kombu enqueue_many (all confirmed)", "publish",
+             "plain_publish_confirm", "dramatiq_send"),
+    Scenario("dramatiq_send", "Dramatiq send, no confirms", "publish", "plain_publish"),
+    Scenario("dramatiq_send_confirm", "Dramatiq send, confirm_delivery", "publish",
+             "plain_publish_confirm"),
+    Scenario("plain_drain_threads", "plain Celery drain, threads c4", "drain"),
+    Scenario("ojs_drain_threads", "ojs_kombu drain, threads c4", "drain",
+             "plain_drain_threads"),
+    Scenario("plain_drain_prefork", "plain Celery drain, prefork c2", "drain"),
+    Scenario("ojs_drain_prefork", "ojs_kombu drain, prefork c2", "drain",
+             "plain_drain_prefork"),
+)
+BY_KEY = {s.key: s for s in SCENARIOS}
+
+TARGETS: tuple[Target, ...] = (
+    Target("batch publish >= 1.0x Dramatiq send without confirms", "ojs_batch",
+           "dramatiq_send", 1.0),
+    Target("single apply_async >= 1.0x Dramatiq with confirm_delivery", "ojs_publish",
+           "dramatiq_send_confirm", 1.0),
+    Target("single apply_async >= 1.0x plain Celery with confirm_publish", "ojs_publish",
+           "plain_publish_confirm", 1.0),
+    Target("drain threads c4 >= 0.95x plain Celery", "ojs_drain_threads",
+           "plain_drain_threads", 0.95),
+    Target("drain prefork c2 >= 0.95x plain Celery", "ojs_drain_prefork",
+           "plain_drain_prefork", 0.95),
+)
+
+
+def ratio(medians: dict[str, dict[str, float]], key: str, reference: str | None
+          ) -> float | None:
+    """jobs/s of ``key`` over jobs/s of ``reference``; ``None`` if either was not measured."""
+    if reference is None or key not in medians or reference not in medians:
+        return None
+    return medians[key]["jobs_per_s"] / medians[reference]["jobs_per_s"]
+
+
+def assess(medians: dict[str, dict[str, float]]) -> dict[str, Any]:
+    """Per scenario its two ratios (and their baselines); per target ratio and verdict.
+
+    Also the batch ratio to plain Celery *without* confirms, the comparison the
+    issue quotes ("about 4x plain Celery without confirms").
+    """
+    ratios = {
+        s.key: {"plain": ratio(medians, s.key, s.plain_ref), "plain_ref": s.plain_ref,
+                "dramatiq": ratio(medians, s.key, s.dramatiq_ref),
+                "dramatiq_ref": s.dramatiq_ref}
+        for s in SCENARIOS if s.key in medians
+    }
+    targets = []
+    for t in TARGETS:
+        measured = ratio(medians, t.scenario, t.reference)
+        targets.append({"name": t.name, "scenario": t.scenario, "reference": t.reference,
+                        "minimum": t.minimum, "ratio": measured,
+                        "met": measured is not None and measured >= t.minimum})
+    return {"ratios": ratios, "targets": targets,
+            "batch_vs_plain_no_confirms": ratio(medians, "ojs_batch", "plain_publish")}
+
+
+def _cell(value: float | None, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def render(medians: dict[str, dict[str, float]], jobs: dict[str, int],
+           batch_size: int) -> list[str]:
+    """The scenario table, then the targets table, as text lines."""
+    assessed = assess(medians)
+    rows: list[tuple[str, ...]] = [("scenario", "jobs", "jobs/s", "vs plain Celery",
+                                    "vs Dramatiq", "p50 ms", "p99 ms")]
+    for s in SCENARIOS:
+        if s.key not in medians:
+            continue
+        m, r = medians[s.key], assessed["ratios"][s.key]
+        mark = "*" if s.key == "ojs_batch" else ""
+        p50 = _cell(m.get("p50_ms"), ".3f") + (mark if "p50_ms" in m else "")
+        p99 = _cell(m.get("p99_ms"), ".3f") + (mark if "p99_ms" in m else "")
+        rows.append((s.label, str(jobs.get(s.key, "")), f"{m['jobs_per_s']:.0f}",
+                     _cell(r["plain"], ".2f"), _cell(r["dramatiq"], ".2f"), p50, p99))
+    lines = grid(rows)
+    if "ojs_batch" in medians:
+        batch = medians["ojs_batch"]
+        lines.append(f"* one enqueue_many call of {batch_size} jobs; per job amortised: "
+                     f"p50 {batch['p50_ms'] * 1e3 / batch_size:.1f} us, "
+                     f"p99 {batch['p99_ms'] * 1e3 / batch_size:.1f} us")
+    if assessed["batch_vs_plain_no_confirms"] is not None:
+        lines.append("  batch publish vs plain Celery without confirms: "
+                     f"{assessed['batch_vs_plain_no_confirms']:.2f}x")
+    target_rows: list[tuple[str, ...]] = [("target (issue #8)", "ratio", "status")]
+    for t in assessed["targets"]:
+        target_rows.append((t["name"], _cell(t["ratio"], ".2f"),
+                            "-" if t["ratio"] is None else ("met" if t["met"] else "not met")))
+    return [*lines, "", *grid(target_rows)]
+
+
+def grid(rows: list[tuple[str, ...]]) -> list[str]:
+    """Left-aligned columns separated by `` | ``, a rule under the header row."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    fmt = [" | ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+           for row in rows]
+    return [fmt[0], "-+-".join("-" * w for w in widths), *fmt[1:]]

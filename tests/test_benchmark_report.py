@@ -1,0 +1,101 @@
+"""The benchmark's comparison rules: which baseline each ratio divides by, the targets of
+issue #8, and the table (benchmarks/report.py, benchmarks/prefork_drain.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCHMARKS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+report = _load("report")
+prefork_drain = _load("prefork_drain")
+
+#: Distinct rates, so a ratio against the wrong baseline gives a different number.
+RATES = {
+    "plain_publish": 4000.0, "plain_publish_confirm": 1000.0, "ojs_publish": 1500.0,
+    "ojs_batch": 20000.0, "dramatiq_send": 16000.0, "dramatiq_send_confirm": 1600.0,
+    "plain_drain_threads": 3000.0, "ojs_drain_threads": 2900.0,
+    "plain_drain_prefork": 2000.0, "ojs_drain_prefork": 1800.0,
+}
+
+
+def medians(**overrides: float) -> dict[str, dict[str, float]]:
+    rates = {**RATES, **overrides}
+    return {key: {"jobs_per_s": rate, "p50_ms": 1.0, "p99_ms": 2.0}
+            if "publish" in key or "batch" in key or "send" in key else {"jobs_per_s": rate}
+            for key, rate in rates.items()}
+
+
+def target(assessed: dict, scenario: str, reference: str) -> dict:
+    [found] = [t for t in assessed["targets"]
+               if t["scenario"] == scenario and t["reference"] == reference]
+    return found
+
+
+def test_batch_is_compared_with_dramatiq_without_confirms_and_single_with_confirms() -> None:
+    assessed = report.assess(medians())
+    assert assessed["ratios"]["ojs_batch"]["dramatiq"] == pytest.approx(20000 / 16000)
+    assert assessed["ratios"]["ojs_publish"]["dramatiq"] == pytest.approx(1500 / 1600)
+    assert assessed["ratios"]["ojs_publish"]["plain"] == pytest.approx(1.5)
+    assert assessed["batch_vs_plain_no_confirms"] == pytest.approx(5.0)
+    assert target(assessed, "ojs_batch", "dramatiq_send")["met"] is True
+    assert target(assessed, "ojs_publish", "dramatiq_send_confirm")["met"] is False
+    assert target(assessed, "ojs_publish", "plain_publish_confirm")["met"] is True
+
+
+def test_each_drain_is_compared_with_plain_celery_on_the_same_pool() -> None:
+    assessed = report.assess(medians())
+    threads = target(assessed, "ojs_drain_threads", "plain_drain_threads")
+    prefork = target(assessed, "ojs_drain_prefork", "plain_drain_prefork")
+    assert threads["ratio"] == pytest.approx(2900 / 3000) and threads["met"] is True
+    assert prefork["ratio"] == pytest.approx(0.9) and prefork["met"] is False
+    assert threads["minimum"] == prefork["minimum"] == 0.95
+
+
+def test_a_scenario_not_measured_gives_no_ratio_and_no_verdict() -> None:
+    partial = medians()
+    del partial["dramatiq_send"]
+    assessed = report.assess(partial)
+    missing = target(assessed, "ojs_batch", "dramatiq_send")
+    assert missing["ratio"] is None and missing["met"] is False
+    lines = report.render(partial, {}, 1000)
+    assert any(line.startswith("batch publish >= 1.0x Dramatiq") and line.endswith("| -")
+               for line in lines)
+
+
+def test_table_shows_rates_ratios_amortised_batch_latency_and_verdicts() -> None:
+    data = medians()
+    data["ojs_batch"].update(p50_ms=50.0, p99_ms=80.0)
+    jobs = {key: 20000 if key in ("plain_publish", "ojs_batch", "dramatiq_send") else 2000
+            for key in RATES}
+    text = "\n".join(report.render(data, jobs, 1000))
+    batch_row = next(line for line in text.splitlines() if line.startswith("ojs_kombu enq"))
+    assert [cell.strip() for cell in batch_row.split("|")] == [
+        "ojs_kombu enqueue_many (all confirmed)", "20000", "20000", "20.00", "1.25",
+        "50.000*", "80.000*"]
+    assert "per job amortised: p50 50.0 us, p99 80.0 us" in text
+    assert "drain prefork c2 >= 0.95x plain Celery" in text
+    verdicts = [line.rsplit("|", 1)[1].strip() for line in text.splitlines()
+                if ">=" in line]
+    assert verdicts == ["met", "not met", "met", "met", "not met"]
+
+
+def test_prefork_record_skips_a_line_still_being_written(tmp_path: Path) -> None:
+    record = tmp_path / "r"
+    record.write_text("10.000000 10.000100\n10.500000 10.600000\n11.0000")
+    assert prefork_drain.read_record(record) == [(10.0, 10.0001), (10.5, 10.6)]

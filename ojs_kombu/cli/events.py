@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from ..celery_events import events_exchange
 from ..events.bus import EventFilter
 from ..events.models import Event
+from ..events.wire import InvalidEventMessage, decode_events
 from .broker import binding_of, connect
 from .common import EXIT_TIMEOUT, OJSGroup, common_options, options
 
@@ -84,18 +85,24 @@ def tail(ctx: click.Context, types: tuple[str, ...], queues: tuple[str, ...],
 
     def on_message(message: Any) -> None:
         nonlocal seen
-        if count is not None and seen >= count:
+        try:  # one event, or a batch of them (ojs_kombu.events.wire)
+            items = decode_events(message.body, message.properties.get("content_type"))
+        except InvalidEventMessage as exc:
+            click.echo(f"skipping a message that is not an OJS event: {exc}", err=True)
             return
-        try:
-            event = Event.from_json(message.body)
-        except ValidationError as exc:
-            click.echo(f"skipping a message that is not an OJS event: {exc.errors()[0]['msg']}",
-                       err=True)
-            return
-        if not flt.matches(event):
-            return
-        seen += 1
-        click.echo(event.to_json().decode() if json_mode else format_event(event))
+        for item in items:
+            if count is not None and seen >= count:
+                return
+            try:
+                event = Event.model_validate(item)
+            except ValidationError as exc:
+                click.echo(f"skipping a message that is not an OJS event: "
+                           f"{exc.errors()[0]['msg']}", err=True)
+                continue
+            if not flt.matches(event):
+                continue
+            seen += 1
+            click.echo(event.to_json().decode() if json_mode else format_event(event))
 
     with connect(options(ctx)) as connection:
         exchange = events_exchange(binding_of(connection).names)

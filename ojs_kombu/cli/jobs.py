@@ -33,8 +33,8 @@ def parse_json(value: str, what: str, kind: type) -> Any:
         raise click.BadParameter(f"{value!r} is not valid JSON ({exc})", param_hint=what
                                  ) from None
     if not isinstance(parsed, kind):
-        expected = "an array" if kind is list else "an object"
-        raise click.BadParameter(f"must be a JSON {expected}, got {value!r}", param_hint=what)
+        expected = "a JSON array" if kind is list else "a JSON object"
+        raise click.BadParameter(f"must be {expected}, got {value!r}", param_hint=what)
     return parsed
 
 

@@ -11,7 +11,6 @@ import ``run.py`` (which imports it).  See benchmarks/README.rst.
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from collections import Counter
@@ -24,6 +23,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from ojs_kombu.events.sinks import AMQPSink
+from ojs_kombu.events.wire import InvalidEventMessage, decode_events
 
 #: The events one successful job emits, in lifecycle order.
 JOB_EVENTS = ("job.enqueued", "job.started", "job.completed")
@@ -64,22 +64,28 @@ class Tap:
         self.channel.queue_purge(self.queue)
 
     def take(self, timeout: float) -> list[tuple[str, str | None]]:
-        """Consume (and so remove) every message: ``(event type, subject)`` of each."""
+        """Consume (and so remove) every message: ``(event type, subject)`` of each event
+        (a batch message holds several, see ``ojs_kombu.events.wire``)."""
         wanted = self.depth()
         got: list[tuple[str, str | None]] = []
+        messages = 0
 
         def on_message(message: amqp.Message) -> None:
+            nonlocal messages
+            messages += 1
+            kind = message.delivery_info["routing_key"]
             try:
-                subject = json.loads(message.body).get("subject")
-            except (ValueError, AttributeError):
-                subject = None
-            got.append((message.delivery_info["routing_key"], subject))
+                events = decode_events(message.body, message.properties.get("content_type"))
+            except InvalidEventMessage:
+                got.append((kind, None))
+                return
+            got.extend((kind, event.get("subject")) for event in events)
 
         self.channel.basic_qos(0, 1000, False)
         tag = self.channel.basic_consume(self.queue, no_ack=True, callback=on_message)
         deadline = time.monotonic() + timeout
         try:
-            while len(got) < wanted and time.monotonic() < deadline:
+            while messages < wanted and time.monotonic() < deadline:
                 with suppress(TimeoutError):
                     self.connection.drain_events(timeout=1)
         finally:
@@ -131,8 +137,7 @@ class Probe:
         """The publish measurement's ``job.enqueued`` events: how long the sink still needed
         after the loop, and how many arrived.  Leaves the tap empty."""
         backlog_s = self.flush(timeout)
-        arrived = self.tap.depth()
-        self.tap.purge()
+        arrived = sum(1 for kind, _ in self.tap.take(timeout) if kind == "job.enqueued")
         return {"sink_backlog_s": backlog_s, "enqueued_events": arrived,
                 "every_job_enqueued_event": arrived == n}
 

@@ -18,7 +18,9 @@ from celery import Celery
 
 import ojs_kombu
 from ojs_kombu.events import Event
+from ojs_kombu.events.wire import BATCH_CONTENT_TYPE, COUNT_HEADER, decode_events
 
+from .apps import make_app
 from .conftest import get_message, wait_until
 from .test_helpers import event_schema_validator
 
@@ -124,13 +126,57 @@ def test_amqp_sink_publishes_to_a_topic_exchange(app: Celery, worker: Any,
     seen: list[dict[str, Any]] = []
     while not any(e["type"] == "job.completed" and e["subject"] == result.id for e in seen):
         message = get_message(amqp_channel, "events-tap", timeout=20)
-        seen.append(json.loads(message.body))
-        assert message.delivery_info["routing_key"] == seen[-1]["type"]
+        assert message.properties["content_type"] == BATCH_CONTENT_TYPE  # the default
+        batch = decode_events(message.body, message.properties["content_type"])
+        assert batch and message.properties["application_headers"][COUNT_HEADER] == len(batch)
+        assert {e["type"] for e in batch} == {message.delivery_info["routing_key"]}
+        seen += batch
     mine = [e for e in seen if e["subject"] == result.id]
     assert [e["type"] for e in mine] == ["job.enqueued", "job.started", "job.completed"]
     for event in mine:
         event_schema_validator().validate(event)
         Event.model_validate(event)
+
+
+def tap_events(channel: amqp.Channel, queue: str, until: Any) -> list[dict[str, Any]]:
+    """Every event of the tap's messages, in order, until ``until(events)`` holds."""
+    seen: list[dict[str, Any]] = []
+    while not until(seen):
+        message = get_message(channel, queue, timeout=20)
+        seen += decode_events(message.body, message.properties.get("content_type"))
+    return seen
+
+
+def test_batched_amqp_events_keep_a_retried_job_in_lifecycle_order(
+        app: Celery, worker: Any, amqp_channel: amqp.Channel) -> None:
+    """Batches group events by type; a job's events must still read in lifecycle order
+    (events spec section 9.2) for a consumer of every job event type."""
+    amqp_channel.queue_declare("events-order-tap", exclusive=True)
+    amqp_channel.queue_bind("events-order-tap", "ojs.exchange.events", "job.*")
+    result = app.tasks["flaky.twice"].apply_async(queue="events")
+    assert result.get(timeout=30) == "done on attempt 3"
+    seen = tap_events(amqp_channel, "events-order-tap", lambda seen: any(
+        e["type"] == "job.completed" and e["subject"] == result.id for e in seen))
+    assert [e["type"] for e in seen if e["subject"] == result.id] == ["job.enqueued"] + [
+        "job.started", "job.failed", "job.retrying"] * 2 + ["job.started", "job.completed"]
+
+
+def test_amqp_sink_with_batch_size_1_sends_one_event_per_message(
+        broker_url: str, amqp_channel: amqp.Channel) -> None:
+    producer = make_app("single-events", broker_url,
+                        ojs_event_sinks=[{"amqp": True, "batch_size": 1}])
+    amqp_channel.queue_declare("events-single-tap", exclusive=True)
+    amqp_channel.queue_bind("events-single-tap", "ojs.exchange.events", "job.enqueued")
+    try:
+        job = producer.send_task("math.add", (1, 1), queue="unconsumed-single-events")
+        message = get_message(amqp_channel, "events-single-tap", timeout=20)
+    finally:
+        producer.close()
+    assert message.properties["content_type"] == "application/json"
+    event = json.loads(message.body)
+    assert (event["type"], event["subject"]) == ("job.enqueued", job.id)
+    assert message.properties["message_id"] == event["id"]
+    assert decode_events(message.body, "application/json") == [event]
 
 
 def test_file_sink_writes_json_lines(app: Celery, worker: Any, events_file: Path) -> None:

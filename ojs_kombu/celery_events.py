@@ -42,7 +42,9 @@ def sink_from_spec(spec: Any, app: Celery, names: TopologyNames
 
     ``"amqp"``; ``"file:/var/log/ojs.jsonl"``; ``"webhook:https://..."``; a
     callable; or a dict with one of the keys ``amqp`` (exchange name or
-    ``True``), ``file`` (path), ``webhook`` (URL, with ``secret``,
+    ``True``, with ``batch_size`` and ``batch_ms``: events per message and
+    milliseconds to collect them, default 100 and 50; ``batch_size=1``: one
+    event per message), ``file`` (path), ``webhook`` (URL, with ``secret``,
     ``timeout``, ``max_retries``), ``callback``, and optionally ``filter``
     (``event_types``, ``queues``, ``job_types``, ``sources``).
     """
@@ -60,7 +62,11 @@ def sink_from_spec(spec: Any, app: Celery, names: TopologyNames
         return options["callback"], flt
     if "amqp" in options:
         exchange = options["amqp"] if isinstance(options["amqp"], str) else events_exchange(names)
-        return AMQPSink(app.connection_for_write, exchange), flt
+        extra = {k: options[k] for k in ("batch_size", "batch_ms") if k in options}
+        try:
+            return AMQPSink(app.connection_for_write, exchange, **extra), flt
+        except ValueError as exc:
+            raise OJSConfigurationError(f"ojs_event_sinks entry {spec!r}: {exc}") from None
     if "file" in options:
         return FileSink(options["file"]), flt
     if "webhook" in options:

@@ -20,7 +20,8 @@ from ojs_kombu.celery_events import sink_from_spec
 from ojs_kombu.errors import OJSConfigurationError
 from ojs_kombu.events import Event, EventBus, make_event
 from ojs_kombu.events.emitter import JobEvents, JobInfo, json_result, trace_id_of
-from ojs_kombu.events.sinks import BackgroundSink, FileSink, WebhookSink
+from ojs_kombu.events.sinks import AMQPSink, BackgroundSink, FileSink, WebhookSink
+from ojs_kombu.events.wire import InvalidEventMessage, decode_events, split_batches
 from ojs_kombu.naming import TopologyNames
 
 
@@ -103,18 +104,19 @@ def test_file_sink_appends_json_lines(tmp_path: Path) -> None:
 
 
 def test_a_full_buffer_drops_and_counts_instead_of_blocking() -> None:
-    release = threading.Event()
+    release, entered = threading.Event(), threading.Event()
 
     class Stuck(BackgroundSink):
         def deliver(self, event: Any) -> None:
+            entered.set()
             release.wait(5)
 
     sink = Stuck(capacity=2)
-    started = time.monotonic()
-    for n in range(10):
+    sink(event(0))
+    assert entered.wait(5)  # the thread holds event 0: the buffer has room for 2 more
+    for n in range(1, 10):
         sink(event(n))
-    assert time.monotonic() - started < 0.5
-    assert sink.dropped >= 7
+    assert sink.dropped == 7
     release.set()
     assert sink.flush(5)
 
@@ -235,3 +237,191 @@ def test_cancel_and_heartbeat_hooks_build_valid_events() -> None:
     for event in seen:
         validator.validate(event.to_dict())
         Event.model_validate(event.to_dict())  # the data model, too (built unvalidated)
+
+
+# -- AMQP sink: batches and their wire format (a recording channel stands in for the broker) --
+
+
+class RecordingChannel:
+    """What the AMQP sink needs of an ojs:// channel; records every confirmed publish."""
+
+    def __init__(self) -> None:
+        self.published: list[tuple[Any, str, str]] = []
+        self.declared: list[str] = []
+        self.lock = threading.Lock()
+
+    def exchange_declare(self, exchange: str, *args: Any, **kwargs: Any) -> None:
+        self.declared.append(exchange)
+
+    def publish_many_confirmed(self, messages: list[tuple[Any, str, str]]) -> list[bool]:
+        with self.lock:
+            self.published += messages
+        return [True] * len(messages)
+
+    def events(self) -> list[dict[str, Any]]:
+        with self.lock:
+            return [e for m, _, _ in self.published
+                    for e in decode_events(m.body, m.properties["content_type"])]
+
+
+class RecordingConnection:
+    def __init__(self, channel: RecordingChannel) -> None:
+        self.connection = self
+        self._channel = channel
+
+    def ensure_connection(self, max_retries: int = 1) -> None:
+        pass
+
+    def channel(self) -> RecordingChannel:
+        return self._channel
+
+    def release(self) -> None:
+        pass
+
+
+def recording_sink(**options: Any) -> tuple[AMQPSink, RecordingChannel]:
+    channel = RecordingChannel()
+    return AMQPSink(lambda: RecordingConnection(channel), "t.ojs.exchange.events",
+                    **options), channel
+
+
+def job_event(kind: str, job: str, **data: Any) -> Event:
+    return make_event(kind, {"job_type": "a.b", "queue": "q", **data},
+                      source="ojs://test/workers/1", subject=job)
+
+
+def retried_job(job: str) -> list[Event]:
+    failed = {"attempt": 1, "error": {"code": "E", "message": "m", "retryable": True}}
+    retrying = {"attempt": 1, "max_attempts": 2, "next_retry_at": "2030-01-01T00:00:00Z",
+                "error": {"code": "E", "message": "m"}}
+    return [job_event("job.started", job, worker_id="w", attempt=1),
+            job_event("job.failed", job, **failed),
+            job_event("job.retrying", job, **retrying),
+            job_event("job.started", job, worker_id="w", attempt=2),
+            job_event("job.completed", job, duration_ms=1, attempt=2)]
+
+
+def test_batches_group_by_type_and_keep_each_jobs_lifecycle_order() -> None:
+    busy = []
+    for n in range(50):  # a worker running several jobs at once: started/completed interleave
+        busy += [job_event("job.started", f"j{n}", worker_id="w", attempt=1),
+                 job_event("job.completed", f"j{n - 1}", duration_ms=1, attempt=1)]
+    assert [(kind, len(group)) for kind, group in split_batches(busy)] == [
+        ("job.started", 50), ("job.completed", 50)]
+    events = [*retried_job("r"), job_event("job.started", "other", worker_id="w", attempt=1)]
+    batches = split_batches(events)
+    assert all({e.type for e in group} == {kind} for kind, group in batches)
+    flat = [e for _, group in batches for e in group]
+    assert [e.type for e in flat if e.subject == "r"] == [e.type for e in retried_job("r")]
+    assert len(flat) == len(events)
+
+
+def test_amqp_sink_publishes_cloudevents_batches_by_type() -> None:
+    sink, channel = recording_sink(batch_size=100, batch_ms=5)
+    events = [e for n in range(60) for e in retried_job(f"job-{n}")]
+    for e in events:
+        sink(e)
+    assert sink.flush(10)
+    assert channel.declared == ["t.ojs.exchange.events"]
+    for message, exchange, routing_key in channel.published:
+        batch = decode_events(message.body, message.properties["content_type"])
+        assert message.properties["content_type"] == "application/cloudevents-batch+json"
+        assert exchange == "t.ojs.exchange.events" and message.properties["delivery_mode"] == 2
+        assert {e["type"] for e in batch} == {routing_key} == {message.properties["type"]}
+        assert message.properties["application_headers"]["x-ojs-event-count"] == len(batch)
+        assert 1 <= len(batch) <= 100
+    received = channel.events()
+    assert sorted(e["id"] for e in received) == sorted(e.id for e in events)
+    assert len(channel.published) < len(events) / 4  # batched, not one message per event
+    for n in range(60):  # every job's events read back in lifecycle order
+        assert ([e["type"] for e in received if e["subject"] == f"job-{n}"]
+                == [e.type for e in retried_job("x")])
+    assert (sink.delivered, sink.failed, sink.dropped) == (len(events), 0, 0)
+    for e in received:
+        Event.model_validate(e)
+    sink.close()
+
+
+def test_amqp_sink_with_batch_size_1_publishes_one_json_event_per_message() -> None:
+    sink, channel = recording_sink(batch_size=1)
+    events = retried_job("j")
+    for e in events:
+        sink(e)
+    assert sink.flush(10)
+    assert [m.body for m, _, _ in channel.published] == [e.to_json() for e in events]
+    assert [(m.properties["content_type"], m.properties["message_id"], key)
+            for m, _, key in channel.published] == [
+        ("application/json", e.id, e.type) for e in events]
+    assert sink.delivered == len(events)
+    sink.close()
+
+
+def test_a_full_batch_goes_out_at_once_and_flush_or_close_sends_the_rest() -> None:
+    sink, channel = recording_sink(batch_size=10, batch_ms=60_000)
+    for n in range(25):
+        sink(event(n))
+    wait_for(lambda: len(channel.events()) == 20)  # two full batches, no waiting for 60 s
+    assert len(channel.events()) == 20 and sink._queue.unfinished_tasks == 5
+    assert sink.flush(10)  # flush does not wait out batch_ms either
+    assert [e["subject"] for e in channel.events()] == [f"job-{n}" for n in range(25)]
+    sink(event(99))
+    sink.close(10)
+    assert channel.events()[-1]["subject"] == "job-99" and sink.delivered == 26
+
+
+def test_a_partial_batch_goes_out_after_batch_ms() -> None:
+    sink, channel = recording_sink(batch_size=100, batch_ms=20)
+    sink(event(1))
+    wait_for(lambda: len(channel.published) == 1)  # without flush or close
+    assert channel.events()[0]["subject"] == "job-1"
+    sink.close()
+
+
+def wait_for(condition: Any, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.005)
+
+
+@pytest.mark.parametrize("spec, batched", [
+    ("amqp", True), ({"amqp": True, "batch_size": 1}, False),
+    ({"amqp": True, "batch_size": 500, "batch_ms": 10}, True),
+])
+def test_amqp_batch_options_in_config(spec: Any, batched: bool) -> None:
+    app = Celery("sinks", broker="ojs://", set_as_current=False)
+    sink, _ = sink_from_spec(spec, app, TopologyNames())
+    assert isinstance(sink, AMQPSink) and sink.batched is batched
+    if isinstance(spec, dict) and spec.get("batch_size") == 500:
+        assert (sink.batch_size, sink.linger) == (500, 0.01)
+
+
+@pytest.mark.parametrize("options", [{"batch_size": 0}, {"batch_size": "10"},
+                                     {"batch_ms": -1}, {"batch_ms": True}])
+def test_bad_amqp_batch_options_are_refused(options: dict[str, Any]) -> None:
+    app = Celery("sinks", broker="ojs://", set_as_current=False)
+    with pytest.raises(OJSConfigurationError, match="batch_"):
+        sink_from_spec({"amqp": True, **options}, app, TopologyNames())
+
+
+def test_decode_events_reads_both_formats() -> None:
+    one = event(1).to_dict()
+    assert decode_events(json.dumps(one), "application/json") == [one]
+    assert decode_events(json.dumps([one, one]).encode(),
+                         "application/cloudevents-batch+json") == [one, one]
+    assert decode_events(json.dumps(one)) == [one]  # no content type: by shape
+    assert decode_events(json.dumps([one])) == [one]
+
+
+@pytest.mark.parametrize("body, content_type, error", [
+    (b"{not json", None, "not JSON"),
+    (b'{"a": 1}', "application/cloudevents-batch+json", "must be a JSON array"),
+    (b"[1, 2]", "application/cloudevents-batch+json", "event 0 of the batch is a int"),
+    (b"[]", "application/json", "must be a JSON object"),
+    (b"{}", "text/plain", "content_type 'text/plain'"),
+    (b'"text"', None, "must be a JSON object"),
+])
+def test_decode_events_refuses_what_is_not_events(body: bytes, content_type: str | None,
+                                                  error: str) -> None:
+    with pytest.raises(InvalidEventMessage, match=error):
+        decode_events(body, content_type)

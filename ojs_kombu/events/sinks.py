@@ -10,6 +10,7 @@ flight.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import logging
@@ -23,11 +24,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from . import wire
 from .models import Event
 
 logger = logging.getLogger("ojs_kombu.events")
 
 _STOP = object()
+_FLUSH = object()  # ends the batch being collected at once (``flush``)
+
+
+def _is_marker(item: Any) -> bool:
+    return item is _STOP or item is _FLUSH
 
 
 class BackgroundSink:
@@ -64,6 +71,9 @@ class BackgroundSink:
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until every buffered event was handled; ``False`` on timeout."""
         deadline = time.monotonic() + timeout
+        if self.linger and self._queue.unfinished_tasks and self._thread is not None:
+            with contextlib.suppress(queue.Full):  # full: the batch is sent without waiting
+                self._queue.put_nowait(_FLUSH)
         while self._queue.unfinished_tasks and time.monotonic() < deadline:
             time.sleep(0.01)
         return not self._queue.unfinished_tasks
@@ -92,6 +102,9 @@ class BackgroundSink:
 
     #: Most events handed to :meth:`deliver_batch` at once.
     batch_size = 200
+    #: Seconds the thread keeps collecting after the first event of a batch (0: take
+    #: only what is already buffered), so a busy process sends fewer, bigger batches.
+    linger = 0.0
 
     def deliver_batch(self, events: list[Event]) -> None:
         for event in events:
@@ -103,16 +116,24 @@ class BackgroundSink:
                 logger.exception("%s could not deliver event %s (%s)", self.name,
                                  event.id, event.type)
 
+    def _take(self) -> list[Any]:
+        """The next batch: up to ``batch_size`` events, waiting up to ``linger`` for more."""
+        batch = [self._queue.get()]
+        deadline = time.monotonic() + self.linger
+        while len(batch) < self.batch_size and not _is_marker(batch[-1]):
+            try:
+                remaining = deadline - time.monotonic()
+                batch.append(self._queue.get(timeout=remaining) if remaining > 0
+                             else self._queue.get_nowait())
+            except queue.Empty:
+                break
+        return batch
+
     def _run(self) -> None:
         while True:
-            batch = [self._queue.get()]
-            while len(batch) < self.batch_size:
-                try:
-                    batch.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
-            stop = _STOP in batch
-            events = [e for e in batch if e is not _STOP]
+            batch = self._take()
+            stop = any(e is _STOP for e in batch)
+            events = [e for e in batch if not _is_marker(e)]
             try:
                 if events:
                     self.deliver_batch(events)
@@ -193,39 +214,76 @@ class WebhookSink(BackgroundSink):
 
 
 class AMQPSink(BackgroundSink):
-    """Publishes each event, confirmed, to a durable topic exchange (routing key: its type).
+    """Publishes events, confirmed, to a durable topic exchange (routing key: the event type).
 
     Bind a queue with ``job.*``, ``worker.#`` or an exact type to receive them.
+    With ``batch_size`` > 1 (the default, 100) the thread collects events for up
+    to ``batch_ms`` milliseconds or ``batch_size`` events, whichever comes
+    first, and publishes one ``application/cloudevents-batch+json`` message (a
+    JSON array of events) per event type of that batch (see
+    :mod:`ojs_kombu.events.wire`): a busy worker's two or three events per job
+    cost the broker a few persistent messages per flush instead of one each.
+    ``batch_size=1`` publishes one ``application/json`` message per event.
     """
 
     name = "AMQP event sink"
 
     def __init__(self, connect: Callable[[], Any], exchange: str, capacity: int = 10_000,
-                 max_retries: int = 3) -> None:
+                 max_retries: int = 3, batch_size: int = 100, batch_ms: float = 50.0) -> None:
         super().__init__(capacity)
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+            raise ValueError(f"AMQP event sink batch_size must be an integer >= 1, "
+                             f"not {batch_size!r}")
+        if (not isinstance(batch_ms, int | float) or isinstance(batch_ms, bool)
+                or not 0 <= batch_ms <= 60_000):
+            raise ValueError(f"AMQP event sink batch_ms must be a number of milliseconds "
+                             f"in 0..60000, not {batch_ms!r}")
         self.connect = connect
         self.exchange = exchange
         self.max_retries = max_retries
+        self.batched = batch_size > 1
+        if self.batched:
+            self.batch_size = batch_size
+            self.linger = batch_ms / 1000
         self._connection: Any = None
         self._channel: Any = None
 
     def deliver(self, event: Event) -> None:
         self.deliver_batch([event])
 
-    def deliver_batch(self, events: list[Event]) -> None:
-        """Pipelined publishes and one wait for all confirms; retried as a whole."""
+    def messages(self, events: list[Event]) -> list[tuple[Any, str, str]]:
+        """``(message, exchange, routing key)`` for each message carrying ``events``."""
         import amqp
 
         stamp = int(time.time())
-        messages = [(amqp.Message(
-            event.to_json(), content_type="application/json", content_encoding="utf-8",
-            message_id=event.id, type=event.type, delivery_mode=2, app_id="ojs",
-            timestamp=stamp), self.exchange, event.type) for event in events]
+        if not self.batched:
+            return [(amqp.Message(
+                event.to_json(), content_type=wire.SINGLE_CONTENT_TYPE,
+                content_encoding="utf-8", message_id=event.id, type=event.type,
+                delivery_mode=2, app_id="ojs", timestamp=stamp), self.exchange, event.type)
+                for event in events]
+        return [(amqp.Message(
+            wire.encode_batch(event.to_dict() for event in group),
+            content_type=wire.BATCH_CONTENT_TYPE, content_encoding="utf-8",
+            message_id=group[0].id, type=event_type, delivery_mode=2, app_id="ojs",
+            timestamp=stamp, application_headers={wire.COUNT_HEADER: len(group)}),
+            self.exchange, event_type) for event_type, group in wire.split_batches(events)]
+
+    def deliver_batch(self, events: list[Event]) -> None:
+        """Pipelined publishes and one wait for all confirms; retried as a whole.
+
+        The counters count events: a message's events are delivered or failed together."""
+        messages = self.messages(events)
+        counts = [1] * len(events) if not self.batched else [
+            m.properties["application_headers"][wire.COUNT_HEADER] for m, _, _ in messages]
         for attempt in range(self.max_retries + 1):
             try:
                 accepted = self._open().publish_many_confirmed(messages)
-                self.delivered += sum(accepted)
-                self.failed += len(accepted) - sum(accepted)
+                for ok, count in zip(accepted, counts, strict=True):
+                    if ok:
+                        self.delivered += count
+                    else:
+                        self.failed += count
                 return
             except Exception:
                 self._reset()

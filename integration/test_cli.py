@@ -485,6 +485,7 @@ def test_migrate_check_reports_what_blocks_the_switch(broker_url: str, tmp_path:
         app = Celery("legacyproj", broker="amqp://guest:guest@{HOST}//")
         app.conf.task_serializer = "pickle"
         app.conf.accept_content = ["pickle", "json"]
+        app.conf.task_acks_late = True
 
         @app.task(name="proj.tasks.SendEmail", rate_limit="10/m")
         def send_email(to):

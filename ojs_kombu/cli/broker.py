@@ -151,7 +151,8 @@ def parse_inequivalent(reply: str) -> tuple[str, Any] | None:
     if match["current"] == "none":
         return match["key"], None
     if match["plain"] is not None:
-        return match["key"], _parse_value(match["plain"], "bool")
+        plain = match["plain"]
+        return match["key"], (plain == "true") if plain in ("true", "false") else plain
     return match["key"], _parse_value(match["value"], match["type"])
 
 

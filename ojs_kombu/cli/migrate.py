@@ -129,7 +129,7 @@ def _check_tasks(app: Any, settings: OJSSettings, report: MigrationReport) -> No
                            "with ojs_job_types")
         if builtin:
             continue
-        _check_task_options(name, task, report)
+        _check_task_options(app, name, task, report)
 
 
 def _suggest(name: str) -> str:
@@ -147,8 +147,40 @@ def _suggest(name: str) -> str:
     return ".".join(parts) or "task"
 
 
-def _check_task_options(name: str, task: Any, report: MigrationReport) -> None:
-    from ..worker import task_sets
+#: Task options and the app settings they default from.
+_OPTION_SETTINGS = {
+    "acks_late": "task_acks_late",
+    "acks_on_failure_or_timeout": "task_acks_on_failure_or_timeout",
+    "acks_on_failure": "task_acks_on_failure",
+    "acks_on_timeout": "task_acks_on_timeout",
+    "serializer": "task_serializer",
+    "compression": "task_compression",
+    "rate_limit": "task_default_rate_limit",
+    "soft_time_limit": "task_soft_time_limit",
+    "reject_on_worker_lost": "task_reject_on_worker_lost",
+    "store_errors_even_if_ignored": "task_store_errors_even_if_ignored",
+}
+
+
+def _task_option_set(app: Any, task: Any, option: str) -> bool:
+    """Whether the task itself sets ``option``.  Celery copies the app's settings into
+    every task class, so "set" means: different from the setting it defaults from (or
+    from Celery's own default when there is no such setting)."""
+    from celery.app.task import Task
+
+    value = getattr(task, option, None)
+    setting = _OPTION_SETTINGS.get(option)
+    if setting is not None and setting in app.conf:
+        default = app.conf[setting]
+        if default is None and option in ("acks_on_failure", "acks_on_timeout"):
+            default = app.conf.get("task_acks_on_failure_or_timeout")  # Celery's fallback
+        return bool(value != default)
+    return bool(value != getattr(Task, option, None))
+
+
+def _check_task_options(app: Any, name: str, task: Any, report: MigrationReport) -> None:
+    def task_sets(task: Any, option: str) -> bool:
+        return _task_option_set(app, task, option)
 
     subject = f"task {name}"
     if getattr(task, "acks_late", None) is False and task_sets(task, "acks_late"):

@@ -1,0 +1,132 @@
+"""``migrate check``'s report on Celery apps (no broker: the report never connects)."""
+
+from __future__ import annotations
+
+from celery import Celery
+from kombu import Queue
+
+from ojs_kombu.cli.migrate import build_report, render_report
+
+
+def make_app(**conf: object) -> Celery:
+    app = Celery("proj", broker="amqp://guest:guest@localhost//", set_as_current=False)
+    app.conf.update(**conf)
+    return app
+
+
+def blockers(report: object) -> dict[str, str]:
+    return {f.subject: f.message for f in report.blockers}  # type: ignore[attr-defined]
+
+
+def test_a_plain_json_app_can_switch_and_each_task_gets_its_type() -> None:
+    app = make_app(ojs_job_types={"proj.tasks.SendEmail": "email.send"})
+
+    @app.task(name="proj.tasks.add", max_retries=4, shared=False)
+    def add(x: int, y: int) -> int:
+        return x + y
+
+    @app.task(name="proj.tasks.SendEmail", shared=False)
+    def send(to: str) -> str:
+        return to
+
+    @app.task(name="proj.tasks.Legacy", ojs_type="legacy.run", shared=False)
+    def legacy() -> None:
+        return None
+
+    report = build_report(app)
+    assert report.blockers == []
+    tasks = {t.name: t for t in report.tasks}
+    assert (tasks["proj.tasks.add"].job_type, tasks["proj.tasks.add"].source) == (
+        "proj.tasks.add", "task name")
+    assert tasks["proj.tasks.add"].max_attempts == 5
+    assert (tasks["proj.tasks.SendEmail"].job_type,
+            tasks["proj.tasks.SendEmail"].source) == ("email.send", "ojs_job_types")
+    assert tasks["proj.tasks.Legacy"].source == "ojs_type option"
+    text = render_report(report)
+    assert "proj.tasks.SendEmail" in text and "-> email.send" in text
+    assert text.endswith("0 blocker(s): nothing blocks the switch")
+    assert report.to_dict()["ok"] is True
+
+
+def test_names_needing_a_mapping_and_shared_types_block() -> None:
+    app = make_app()
+
+    @app.task(name="proj.tasks.SendEmail", shared=False)
+    def send(to: str) -> str:
+        return to
+
+    @app.task(name="email.send", shared=False)
+    def send2(to: str) -> str:
+        return to
+
+    @app.task(name="proj.other", ojs_type="email.send", shared=False)
+    def other() -> None:
+        return None
+
+    found = blockers(build_report(app))
+    assert "ojs_job_types" in found["task proj.tasks.SendEmail"]
+    assert "proj.tasks.send_email" in found["task proj.tasks.SendEmail"]  # a suggestion
+    assert "also the type of task" in found["task proj.other"]
+    assert "NEEDS A MAPPING" in render_report(build_report(app))
+
+
+def test_pickle_and_other_serializers_block_or_warn() -> None:
+    app = make_app(task_serializer="pickle", accept_content=["pickle", "json"],
+                   result_serializer="pickle", task_compression="gzip")
+
+    @app.task(name="proj.msg", serializer="msgpack", shared=False)
+    def msg() -> None:
+        return None
+
+    report = build_report(app)
+    found = blockers(report)
+    assert "UnsupportedSerializerError" in found["task_serializer"]
+    assert "task_compression" in found
+    assert "msgpack" in found["task proj.msg"]
+    warnings = {f.subject for f in report.findings if f.level == "warning"}
+    assert {"accept_content", "result_serializer"} <= warnings
+
+
+def test_options_without_ojs_meaning_and_lossy_acks() -> None:
+    # Celery copies task_acks_late into every task: a task's own acks_late=False shows
+    # only against an app that acks late (install() sets it).
+    app = make_app(task_acks_late=True)
+
+    @app.task(name="proj.slow", rate_limit="1/s", soft_time_limit=5, shared=False)
+    def slow() -> None:
+        return None
+
+    @app.task(name="proj.early", acks_late=False, shared=False)
+    def early() -> None:
+        return None
+
+    @app.task(name="proj.auto", autoretry_for=(IOError,), shared=False)
+    def auto() -> None:
+        return None
+
+    report = build_report(app)
+    info = [f.message for f in report.findings if f.subject == "task proj.slow"]
+    assert any(m.startswith("rate_limit") for m in info)
+    assert any(m.startswith("soft_time_limit") for m in info)
+    assert "acks_late=False" in blockers(report)["task proj.early"]
+    assert any(f.level == "warning" and f.subject == "task proj.auto" for f in report.findings)
+
+
+def test_queues_routes_and_pools_that_block() -> None:
+    app = make_app(task_queues=[Queue("High_Priority"), Queue("tmp", durable=False)],
+                   task_routes={"proj.*": {"exchange": "other", "routing_key": "x"}},
+                   worker_pool="gevent")
+    found = blockers(build_report(app))
+    assert "ojs_queue_aliases" in found["queue High_Priority"]
+    assert "AMQP-003" in found["queue tmp"]
+    assert "JobRoutingError" in found["task_routes['proj.*']"]
+    assert "gevent" in found["worker_pool"]
+
+    aliased = make_app(task_queues=[Queue("High_Priority")],
+                       ojs_queue_aliases={"High_Priority": "high-priority"})
+    assert blockers(build_report(aliased)) == {}
+
+
+def test_unknown_ojs_settings_block() -> None:
+    report = build_report(make_app(ojs_perfix="tenant1"))
+    assert "ojs_perfix" in blockers(report)["config"]

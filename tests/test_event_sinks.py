@@ -198,6 +198,40 @@ def test_metrics_follow_events_with_bounded_labels() -> None:
     assert found["ojs.jobs.duration_ms"][0].sum == pytest.approx(42)
 
 
+def test_counters_are_cumulative_monotonic_sums_across_collections_and_threads() -> None:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from ojs_kombu.metrics import OJSMetrics
+
+    reader = InMemoryMetricReader()
+    metrics = OJSMetrics(MeterProvider(metric_readers=[reader]))
+
+    def completed() -> dict[tuple[tuple[str, Any], ...], float]:
+        points = [p for r in reader.get_metrics_data().resource_metrics for s in r.scope_metrics
+                  for m in s.metrics if m.name == "ojs.jobs.completed"
+                  for p in m.data.data_points]
+        for metric in (m for r in reader.get_metrics_data().resource_metrics
+                       for s in r.scope_metrics for m in s.metrics):
+            if metric.name == "ojs.jobs.completed":
+                assert metric.data.is_monotonic
+        return {tuple(sorted(p.attributes.items())): p.value for p in points}
+
+    def add_many(queue: str) -> None:
+        for _ in range(1000):
+            metrics.jobs_completed.add(1, {"job_type": "a.b", "queue": queue})
+
+    threads = [threading.Thread(target=add_many, args=(q,)) for q in ("x", "x", "y")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert completed() == {(("job_type", "a.b"), ("queue", "x")): 2000,
+                           (("job_type", "a.b"), ("queue", "y")): 1000}
+    add_many("y")
+    assert completed()[(("job_type", "a.b"), ("queue", "y"))] == 2000
+
+
 def test_queue_gauges_report_per_queue_and_survive_a_failing_reader() -> None:
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader

@@ -173,6 +173,9 @@ def test_cancel_reaches_the_worker_that_holds_the_job(broker_url: str, tmp_path:
         cancelled = wait_until(lambda: [e for e in events() if e["type"] == "job.cancelled"
                                         and e["subject"] == result.id], timeout=20,
                                what="job.cancelled")
+        # The relay answers the broadcast on its own schedule: wait for it before stopping.
+        wait_until(lambda: f"cancel of job {result.id}: not on this worker now"
+                   in log.read_text(), timeout=30, what="the relay's answer to the broadcast")
     finally:
         for process in workers:
             os.killpg(process.pid, signal.SIGTERM)

@@ -459,3 +459,21 @@ def test_decode_events_refuses_what_is_not_events(body: bytes, content_type: str
                                                   error: str) -> None:
     with pytest.raises(InvalidEventMessage, match=error):
         decode_events(body, content_type)
+
+
+def test_trusted_events_are_what_model_construct_builds() -> None:
+    from ojs_kombu.events.models import trusted_event
+
+    data = {"job_type": "a.b", "queue": "q", "worker_id": "w", "attempt": 1}
+    for subject in ("job-1", None):
+        fast = trusted_event("job.started", data, source="ojs://t/workers/w", subject=subject)
+        fields = {"id": fast.id, "type": "job.started", "source": "ojs://t/workers/w",
+                  "time": fast.time, "data": dict(data)}
+        if subject is not None:
+            fields["subject"] = subject
+        slow = Event.model_construct(**fields)
+        assert fast == slow and fast.to_dict() == slow.to_dict()
+        assert fast.model_dump() == slow.model_dump()
+        assert fast.model_fields_set == slow.model_fields_set
+        assert fast.model_extra == slow.model_extra and fast.__dict__ == slow.__dict__
+        Event.model_validate(fast.to_dict())

@@ -31,10 +31,11 @@ from celery.canvas import Signature, _chain, chord, group
 from celery.result import AsyncResult
 
 from .codec import META_OPTION, RETRY_OPTION, OutgoingJob, build_job, format_time, parse_time
-from .errors import InvalidJobIdError, JobEncodeError, JobRoutingError, QueueNameError
+from .errors import InvalidJobIdError, JobEncodeError
 from .job_ids import new_job_id
 from .naming import is_job_id
 from .tracing import with_current_trace
+from .transport import job_queue_for
 
 #: Options a batch job may carry; everything else is refused by name.
 BATCH_OPTIONS = frozenset({
@@ -205,17 +206,8 @@ class _BatchEncoder:
         target = routed.get("queue")
         exchange = routed.get("exchange") or (target.exchange.name if target else "")
         routing_key = routed.get("routing_key") or (target.routing_key if target else "")
-        names = self.binding.names
-        exchange = getattr(exchange, "name", exchange)
-        if exchange not in (names.direct_exchange, ""):
-            raise JobRoutingError(
-                f"task {name!r} is routed to exchange {exchange!r}; OJS jobs go through "
-                f"{names.direct_exchange!r} with the queue name as routing key"
-            )
-        try:
-            ojs_queue = names.ojs_queue(routing_key)
-        except QueueNameError as exc:
-            raise JobRoutingError(f"task {name!r}: {exc}") from None
+        ojs_queue = job_queue_for(self.binding.names, name, getattr(exchange, "name", exchange),
+                                  routing_key)
         if cacheable:
             self._routes[queue] = ojs_queue
         return ojs_queue

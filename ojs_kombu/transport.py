@@ -68,6 +68,7 @@ from .failures import (
     with_error_headers,
     without_death_headers,
 )
+from .naming import TopologyNames
 from .reconnect import CONSUMER_CANCELLED, DEFAULT_POLICY
 from .reconnect import emit as emit_connection_event
 from .settings import Binding
@@ -121,6 +122,21 @@ class _PublishFrames:
         if self._data:
             self._connection.transport.write(bytes(self._data))
             self._data.clear()
+
+
+def job_queue_for(names: TopologyNames, task: str, exchange: str, routing_key: str) -> str:
+    """The OJS queue a Celery route points at (AMQP-005: direct exchange, key = queue)."""
+    if exchange not in (names.direct_exchange, ""):
+        raise JobRoutingError(
+            f"task {task!r} was routed to exchange {exchange!r} (routing key "
+            f"{routing_key!r}); OJS jobs go through {names.direct_exchange!r} with the "
+            "queue name as routing key. Call ojs_kombu.install(app) and route tasks "
+            "with queue=..., not exchange=/routing_key=",
+        )
+    try:
+        return names.ojs_queue(routing_key)
+    except QueueNameError as exc:
+        raise JobRoutingError(f"task {task!r}: {exc}") from None
 
 
 def _batch_error(tracked: list[PendingPublish], failed: list[PendingPublish],
@@ -230,12 +246,7 @@ class Channel(pyamqp.Channel):
         )
         self.connection.ensure_topology(queue)
         message = amqp.Message(job.body, **job.properties)
-        # Before the publish: a worker may start the job before the confirm arrives,
-        # and the job's events must come in lifecycle order.
-        ojs.events.enqueued(job.job_id, job.job_type, queue,
-                            priority=job.properties.get("priority"), delay_s=job.delay_ms / 1000,
-                            trace_id=trace_id_of(
-                                job.properties["application_headers"].get("x-ojs-trace-id")))
+        self._announce(job)
         if job.delay_ms > 0:
             self.publish_scheduled(message, queue, job.delay_ms, job_id=job.job_id,
                                    timeout=timeout, confirm_timeout=confirm_timeout)
@@ -247,43 +258,25 @@ class Channel(pyamqp.Channel):
                 self.connection.queue_depth)
         ojs.events.metrics.published.add(1, {"queue": queue})
 
+    def _announce(self, job: OutgoingJob) -> None:
+        """``job.enqueued``/``job.scheduled``, before the publish: a worker may start the
+        job before the confirm arrives, and a job's events come in lifecycle order."""
+        self.ojs.events.enqueued(
+            job.job_id, job.job_type, job.queue, priority=job.properties.get("priority"),
+            delay_s=job.delay_ms / 1000,
+            trace_id=trace_id_of(job.properties["application_headers"].get("x-ojs-trace-id")))
+
     def publish_scheduled(self, message: amqp.Message, queue: str, delay_ms: int, *,
                           job_id: str, timeout: float | None = None,
                           confirm_timeout: float | None = None) -> None:
         """Publish a job that the broker holds for ``delay_ms`` (AMQP-022, section 9)."""
-        try:
-            check_schedule_delay(delay_ms)
-        except ValueError as exc:
-            raise JobEncodeError(f"job {job_id}: {exc}", job_id=job_id, queue=queue) from None
-        names = self.ojs.names
-        if self.ojs.settings.delayed_exchange:
-            self.connection.ensure_delayed_exchange(queue)
-            message.properties.setdefault("application_headers", {})["x-delay"] = delay_ms
-            # The plugin routes only when the delay is over: mandatory would always return.
-            self.publish_confirmed(message, names.delayed_exchange, queue, job_id=job_id,
-                                   queue=queue, mandatory=False, timeout=timeout,
-                                   confirm_timeout=confirm_timeout)
-            return
-        self.connection.ensure_schedule(queue)
-        entry = names.schedule_exchange(schedule_levels(delay_ms)[0])
-        self.publish_confirmed(message, entry, schedule_routing_key(delay_ms, queue),
-                               job_id=job_id, queue=queue, timeout=timeout,
+        exchange, routing_key, mandatory = self._schedule_route(message, job_id, queue, delay_ms)
+        self.publish_confirmed(message, exchange, routing_key, job_id=job_id, queue=queue,
+                               mandatory=mandatory, timeout=timeout,
                                confirm_timeout=confirm_timeout)
 
     def _job_queue_for(self, task: str, exchange: str, routing_key: str) -> str:
-        """The OJS queue a Celery route points at (AMQP-005: direct exchange, key = queue)."""
-        names = self.ojs.names
-        if exchange not in (names.direct_exchange, ""):
-            raise JobRoutingError(
-                f"task {task!r} was routed to exchange {exchange!r} (routing key "
-                f"{routing_key!r}); OJS jobs go through {names.direct_exchange!r} with the "
-                "queue name as routing key. Call ojs_kombu.install(app) and route tasks "
-                "with queue=..., not exchange=/routing_key=",
-            )
-        try:
-            return names.ojs_queue(routing_key)
-        except QueueNameError as exc:
-            raise JobRoutingError(f"task {task!r}: {exc}") from None
+        return job_queue_for(self.ojs.names, task, exchange, routing_key)
 
     def publish_confirmed(
         self,
@@ -365,7 +358,6 @@ class Channel(pyamqp.Channel):
         names = ojs.names
         connection = self.connection
         tracker = self._ojs_confirms
-        enqueued = ojs.events.enqueued
         tracked: list[tuple[int, PendingPublish]] = []
         limit = confirm_timeout or ojs.settings.confirm_timeout
         if not connection:
@@ -378,11 +370,9 @@ class Channel(pyamqp.Channel):
                 message = amqp.Message(job.body, **job.properties)
                 exchange, routing_key, mandatory = names.direct_exchange, queue, True
                 if job.delay_ms > 0:
-                    exchange, routing_key, mandatory = self._schedule_route(message, job)
-                enqueued(job.job_id, job.job_type, queue,
-                         priority=job.properties.get("priority"), delay_s=job.delay_ms / 1000,
-                         trace_id=trace_id_of(
-                             job.properties["application_headers"].get("x-ojs-trace-id")))
+                    exchange, routing_key, mandatory = self._schedule_route(
+                        message, job.job_id, queue, job.delay_ms)
+                self._announce(job)
                 tracked.append(tracker.track(job.job_id, queue))
                 frames.publish(message, exchange, routing_key, mandatory)
                 if index % window == window - 1:
@@ -404,21 +394,23 @@ class Channel(pyamqp.Channel):
         if failed or unsent:
             raise _batch_error(outcome, failed, unsent, limit)
 
-    def _schedule_route(self, message: amqp.Message, job: OutgoingJob) -> tuple[str, str, bool]:
-        """Where a job due later goes: the delayed exchange or the schedule ladder."""
+    def _schedule_route(self, message: amqp.Message, job_id: str, queue: str, delay_ms: int
+                        ) -> tuple[str, str, bool]:
+        """Exchange, routing key and ``mandatory`` of a job due in ``delay_ms``: the
+        delayed exchange when configured, else the schedule ladder (declared on first use)."""
         try:
-            check_schedule_delay(job.delay_ms)
+            check_schedule_delay(delay_ms)
         except ValueError as exc:
-            raise JobEncodeError(f"job {job.job_id}: {exc}", job_id=job.job_id,
-                                 queue=job.queue) from None
+            raise JobEncodeError(f"job {job_id}: {exc}", job_id=job_id, queue=queue) from None
         names = self.ojs.names
         if self.ojs.settings.delayed_exchange:
-            self.connection.ensure_delayed_exchange(job.queue)
-            message.properties.setdefault("application_headers", {})["x-delay"] = job.delay_ms
-            return names.delayed_exchange, job.queue, False
-        self.connection.ensure_schedule(job.queue)
-        entry = names.schedule_exchange(schedule_levels(job.delay_ms)[0])
-        return entry, schedule_routing_key(job.delay_ms, job.queue), True
+            self.connection.ensure_delayed_exchange(queue)
+            message.properties.setdefault("application_headers", {})["x-delay"] = delay_ms
+            # The plugin routes only when the delay is over: mandatory would always return.
+            return names.delayed_exchange, queue, False
+        self.connection.ensure_schedule(queue)
+        entry = names.schedule_exchange(schedule_levels(delay_ms)[0])
+        return entry, schedule_routing_key(delay_ms, queue), True
 
     def _wait_outstanding(self, most: int, limit: float) -> bool:
         """Read confirms until at most ``most`` tracked publishes are unconfirmed;

@@ -18,6 +18,24 @@ from celery.contrib.testing.worker import start_worker
 
 from .apps import WORKER_QUEUES, make_app
 
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Run the tests that start an in-process worker of their own before any test
+    starts the session's worker.
+
+    Two in-process Celery workers in one process share Celery's worker globals:
+    once a second one has stopped, the session worker stops taking jobs.  Tests
+    outside this directory keep their place.
+    """
+    here = Path(__file__).parent
+
+    def rank(item: pytest.Item) -> int:
+        if here not in Path(item.path).parents:
+            return 0
+        return 1 if getattr(item.module, "start_worker", None) is start_worker else 2
+
+    items.sort(key=rank)
+
 HOST = os.environ.get("OJS_TEST_RABBITMQ_HOST", "127.0.0.1")
 PORT = int(os.environ.get("OJS_TEST_RABBITMQ_PORT", "5672"))
 

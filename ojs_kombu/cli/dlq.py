@@ -8,6 +8,8 @@ queue, or (at worst) in both; never in neither.
 
 from __future__ import annotations
 
+import signal
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -128,11 +130,17 @@ def replay(ctx: click.Context, queue: str, job_id: str | None, every: bool) -> N
         # on stderr: stdout stays one JSON document with --json
         bar = click.progressbar(length=total, label=f"replaying {total} job(s)",
                                 file=click.get_text_stream("stderr"), show_pos=True)
+        # Ctrl-C takes effect between jobs: an interrupt in the middle of a frame
+        # would leave the AMQP stream half-written and the close waiting for ever.
+        stop = threading.Event()
+        previous = signal.signal(signal.SIGINT, lambda *_: stop.set())
         try:
             with bar:
                 def step(done: str) -> None:
                     replayed.append(done)
                     bar.update(1)
+                    if stop.is_set():
+                        raise KeyboardInterrupt
                 dead_letters.replay_all(progress=step)
         except KeyboardInterrupt:
             click.echo(f"interrupted after {len(replayed)} of {total}; the others are still "
@@ -140,6 +148,8 @@ def replay(ctx: click.Context, queue: str, job_id: str | None, every: bool) -> N
             emit(ctx, {"queue": dead_letters.queue, "replayed": replayed,
                        "interrupted": True})
             ctx.exit(EXIT_INTERRUPTED)
+        finally:
+            signal.signal(signal.SIGINT, previous)
     emit(ctx, {"queue": dead_letters.queue, "replayed": replayed},
          f"replayed {len(replayed)} job(s) to {dead_letters.names.job_queue(dead_letters.queue)}")
 

@@ -13,7 +13,13 @@ from celery import Celery
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from ojs_kombu.errors import JobNackedError, QueueFullError
+import ojs_kombu
+from ojs_kombu.errors import (
+    BatchPublishError,
+    BatchQueueFullError,
+    JobNackedError,
+    QueueFullError,
+)
 
 from .apps import make_app
 from .conftest import body_of, get_message, queue_depth, rabbitmqctl, wait_until
@@ -39,6 +45,8 @@ def bp_app(broker_url: str, metric_reader: InMemoryMetricReader) -> Celery:
                         "bp-drop": {"max_depth": 2, "strategy": "drop_oldest"},
                         "bp-quorum": {"type": "quorum", "max_depth": 2,
                                       "dead_letter_strategy": "at-least-once"},
+                        "bp-batch": {"max_depth": 5},
+                        "bp-batch-race": {"max_depth": 5},
                     })
 
 
@@ -163,3 +171,56 @@ def test_quorum_queue_with_at_least_once_rejects_when_full(
             for _ in range(len(accepted))]
     assert [k["id"] for k in kept] == accepted
     assert queue_depth(amqp_channel, "ojs.queue.bp-quorum") == 0  # the refused one is not there
+
+
+def ids_in(channel: amqp.Channel, queue: str) -> list[str]:
+    """Take every job off ``queue``; their ids in queue order."""
+    return [body_of(get_message(channel, queue))["id"] for _ in range(queue_depth(channel, queue))]
+
+
+def test_a_batch_that_does_not_fit_is_refused_whole_and_nothing_is_sent(
+        bp_app: Celery, events: list[dict[str, Any]], amqp_channel: amqp.Channel) -> None:
+    add = bp_app.tasks["math.add"]
+    eight = [ojs_kombu.new_job_id() for _ in range(8)]
+    with pytest.raises(QueueFullError) as info:  # empty queue, bound 5: 8 cannot fit
+        ojs_kombu.enqueue_many(bp_app, [add.s(i, i).set(queue="bp-batch", task_id=job_id)
+                                        for i, job_id in enumerate(eight)])
+    error = info.value
+    assert isinstance(error, BatchQueueFullError) and isinstance(error, BatchPublishError)
+    assert list(error.rejected) == eight and error.accepted == ()
+    assert (error.queue, error.depth, error.bound) == ("bp-batch", 0, 5)
+    assert queue_depth(amqp_channel, "ojs.queue.bp-batch") == 0
+    kept = [send(bp_app, "bp-batch", i) for i in range(3)]
+    with pytest.raises(BatchQueueFullError) as info:  # 3 + 3 > 5: refused, depth unchanged
+        ojs_kombu.enqueue_many(bp_app, [add.s(i, i).set(queue="bp-batch") for i in range(3)])
+    assert info.value.depth == 3 and not info.value.accepted
+    assert queue_depth(amqp_channel, "ojs.queue.bp-batch") == 3
+    assert [(e["type"], e["data"]["count"], e["data"]["depth"]) for e in events
+            if e["type"] == "backpressure.rejected"] == [("backpressure.rejected", 8, 0),
+                                                         ("backpressure.rejected", 3, 3)]
+    fits = ojs_kombu.enqueue_many(bp_app, [add.s(i, i).set(queue="bp-batch")
+                                           for i in range(2)])
+    assert ids_in(amqp_channel, "ojs.queue.bp-batch") == kept + [r.id for r in fits]
+
+
+def test_broker_nacks_in_a_batch_name_exactly_the_refused_jobs(
+        bp_app: Celery, amqp_channel: amqp.Channel, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The headroom check is made blind (it reads depth 0), so the broker itself
+    refuses the jobs past the bound: the race with another producer, made certain."""
+    monitor = bp_app.amqp.binding.backpressure
+    admit = monitor.admit_batch
+    monkeypatch.setattr(monitor, "admit_batch", lambda jobs, _read: admit(jobs, lambda _q: 0))
+    earlier = [send(bp_app, "bp-batch-race", i) for i in range(3)]
+    add = bp_app.tasks["math.add"]
+    ids = [ojs_kombu.new_job_id() for _ in range(5)]
+    with pytest.raises(BatchPublishError) as info:
+        ojs_kombu.enqueue_many(bp_app, [add.s(i, i).set(queue="bp-batch-race", task_id=job_id)
+                                        for i, job_id in enumerate(ids)])
+    error = info.value
+    assert isinstance(error, BatchQueueFullError) and isinstance(error, QueueFullError)
+    assert error.accepted == tuple(ids[:2]) and list(error.rejected) == ids[2:]
+    assert not error.unconfirmed
+    assert all("Basic.Nack" in reason for reason in error.rejected.values())
+    assert (error.queue, error.depth, error.bound) == ("bp-batch-race", 5, 5)
+    assert ids_in(amqp_channel, "ojs.queue.bp-batch-race") == earlier + ids[:2]
+    assert queue_depth(amqp_channel, "ojs.queue.dlx.bp-batch-race") == 0

@@ -55,12 +55,14 @@ def test_a_batch_names_exactly_the_jobs_the_broker_did_not_take(
     assert queue_depth(amqp_channel, "ojs.queue.batchgone") == 1
 
 
-def test_a_batch_refused_by_the_broker_raises_and_nothing_is_enqueued(
+def test_a_batch_into_a_full_queue_raises_and_nothing_is_enqueued(
         app: Celery, amqp_channel: amqp.Channel) -> None:
-    """``full`` is declared with x-max-length=0 and x-overflow=reject-publish."""
+    """``full`` is declared with x-max-length=0 and x-overflow=reject-publish: the batch
+    is refused before it is sent (broker nacks are in integration/test_backpressure.py)."""
     add = app.tasks["math.add"]
     with pytest.raises(BatchPublishError) as info:
         ojs_kombu.enqueue_many(app, [add.s(i, i).set(queue="full") for i in range(5)])
+    assert isinstance(info.value, ojs_kombu.QueueFullError)
     assert len(info.value.rejected) == 5 and not info.value.accepted
-    assert all("Nack" in reason for reason in info.value.rejected.values())
+    assert all(reason.startswith("not sent") for reason in info.value.rejected.values())
     assert queue_depth(amqp_channel, "ojs.queue.full") == 0

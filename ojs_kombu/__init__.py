@@ -14,6 +14,7 @@ from __future__ import annotations
 from .envelope import CONTENT_TYPE, JobEnvelope, RetryPolicy
 from .errors import (
     BatchPublishError,
+    BatchQueueFullError,
     InvalidJobIdError,
     JobEncodeError,
     JobNackedError,
@@ -55,6 +56,7 @@ __version__ = "0.1.0"
 __all__ = [
     "CONTENT_TYPE",
     "BatchPublishError",
+    "BatchQueueFullError",
     "DeadLetter",
     "DeadLetterNotFound",
     "DeadLetterQueue",

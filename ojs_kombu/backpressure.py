@@ -9,7 +9,10 @@ transport turns that nack into :class:`~ojs_kombu.errors.QueueFullError`
 ``block`` strategy (publish again until a timeout), producer-side retries with
 exponential backoff and the circuit breaker of section 8, pressure sampling
 for the warning threshold, the ``backpressure.*`` events and the
-``ojs.backpressure.*`` metrics.  ``drop_oldest`` is ``x-overflow=drop-head``:
+``ojs.backpressure.*`` metrics.  For a batch, :meth:`BackpressureMonitor.admit_batch`
+refuses the whole batch up front when it cannot fit (section 9.3) and
+:meth:`BackpressureMonitor.batch_error` maps the nacks of a race that got part
+of it refused anyway.  ``drop_oldest`` is ``x-overflow=drop-head``:
 RabbitMQ drops the head and dead-letters it (reason ``maxlen``) into the
 queue's DLQ, because every job queue has a dead-letter exchange.
 
@@ -22,14 +25,20 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .errors import JobNackedError, OJSConfigurationError, QueueFullError
+from .errors import (
+    BatchPublishError,
+    BatchQueueFullError,
+    JobNackedError,
+    OJSConfigurationError,
+    QueueFullError,
+)
 from .job_ids import new_job_id
 
 logger = logging.getLogger("ojs_kombu.backpressure")
@@ -278,6 +287,11 @@ class CircuitBreaker:
         self.opened_at = None
         self._trial = False
 
+    def release(self) -> None:
+        """The trial ended without a verdict (e.g. the connection was lost): the next
+        publish may try again."""
+        self._trial = False
+
 
 EventCallback = Callable[[dict[str, Any]], object]
 DepthReader = Callable[[str], "int | None"]
@@ -394,23 +408,20 @@ class BackpressureMonitor:
             self.metrics.backpressure_rejected.add(1, {"queue": queue})
         return self._full(queue, job_id, bounds, depth)
 
-    def _full(self, queue: str, job_id: str | None, bounds: Bounds, depth: int | None,
-              *, circuit_open: bool = False, retry_after: float | None = None,
-              rejected: tuple[str, ...] = (), accepted: tuple[str, ...] = (),
-              count: int | None = None) -> QueueFullError:
+    def _full(self, queue: str, job_id: str, bounds: Bounds, depth: int | None,
+              *, circuit_open: bool = False, retry_after: float | None = None
+              ) -> QueueFullError:
         which = "depth" if bounds.max_depth is not None else "size"
         limit = (f"{bounds.max_depth} jobs" if bounds.max_depth is not None
                  else f"{bounds.max_bytes} bytes")
         retry_after = self.retry_after(queue) if retry_after is None else retry_after
-        what = f"job {job_id}" if job_id else f"{count or len(rejected)} job(s)"
         why = ("the producer's circuit breaker is open after repeated rejections"
                if circuit_open else f"the queue has reached its {which} bound ({limit})")
         return QueueFullError(
-            f"{what} for queue {queue!r} not enqueued: {why}"
+            f"job {job_id} for queue {queue!r} not enqueued: {why}"
             f"{f', depth {depth}' if depth is not None else ''}; retry after "
             f"{retry_after:g}s", queue=queue, job_id=job_id, depth=depth, bound=bounds.bound,
-            strategy=bounds.strategy, retry_after=retry_after, circuit_open=circuit_open,
-            rejected=rejected, accepted=accepted)
+            strategy=bounds.strategy, retry_after=retry_after, circuit_open=circuit_open)
 
     def publish(self, queue: str, job_id: str, job_type: str, send: Callable[[], None],
                 read_depth: DepthReader | None = None) -> None:
@@ -436,6 +447,10 @@ class BackpressureMonitor:
                     error = exc
                     if state.breaker is not None:
                         state.breaker.failure()
+                except BaseException:  # no verdict (e.g. a lost connection): free the trial
+                    if state.breaker is not None:
+                        state.breaker.release()
+                    raise
                 else:
                     state.consecutive = 0
                     if state.breaker is not None:
@@ -489,30 +504,195 @@ class BackpressureMonitor:
 
     # -- batches ----------------------------------------------------------------
 
-    def check_headroom(self, queue: str, count: int, depth: int | None) -> None:
-        """Before a batch of ``count`` jobs for a ``reject``/``block`` queue: raise
-        :class:`QueueFullError` for the whole batch when it cannot fit at ``depth``
-        (section 9.3: no partial acceptance).  A race with other producers can still
-        make part of the batch fail; :meth:`batch_error` reports that."""
-        bounds = self.bounds_for(queue)
-        if not bounds.rejects or bounds.max_depth is None or depth is None:
-            return
-        if depth + count > bounds.max_depth:
-            if self.metrics is not None:
-                self.metrics.backpressure_rejected.add(count, {"queue": queue})
-            raise self._full(queue, None, bounds, depth, count=count)
+    def admit_batch(self, jobs: Sequence[BatchJob], read_depth: DepthReader | None = None
+                    ) -> BatchAdmission:
+        """Section 9.3 before a batch is sent, for each ``reject``/``block`` queue it
+        publishes into: refuse the whole batch (:class:`BatchQueueFullError`, nothing
+        is sent) while the queue's circuit breaker is open, or when its jobs do not
+        fit at the depth read now; a ``block`` queue first waits for room, reading the
+        depth again, up to its ``block_timeout``.
 
-    def batch_error(self, queue: str, accepted: list[str], rejected: list[str],
-                    read_depth: DepthReader | None = None) -> JobNackedError:
-        """The exception for a batch of which ``rejected`` job ids were nacked."""
-        first = self.nack_error(queue, rejected[0], read_depth)
-        if not isinstance(first, QueueFullError):
-            return first
-        if self.metrics is not None and len(rejected) > 1:
-            self.metrics.backpressure_rejected.add(len(rejected) - 1, {"queue": queue})
+        A race with other producers can still get part of the batch nacked; see
+        :meth:`batch_error`.  Report the broker's answer to the returned admission.
+        """
+        by_queue: dict[str, list[BatchJob]] = {}
+        for job in jobs:
+            if job.delay_ms <= 0:  # scheduled jobs enter their queue later
+                by_queue.setdefault(job.queue, []).append(job)
+        bounded = {q: queued for q, queued in by_queue.items() if self.bounds_for(q).rejects}
+        admission = BatchAdmission(self, bounded)
+        if not bounded:
+            return admission
+        try:
+            for queue, queued in bounded.items():
+                breaker = self._state(queue).breaker
+                wait = breaker.allow() if breaker is not None else 0.0
+                if wait:
+                    raise self._refuse_batch(jobs, queue, queued, None, circuit_open=True,
+                                             retry_after=wait)
+                admission.trials.append(queue)
+            for queue, queued in bounded.items():
+                self._wait_for_room(jobs, queue, queued, read_depth)
+        except BaseException:
+            admission.release()
+            raise
+        return admission
+
+    def _wait_for_room(self, jobs: Sequence[BatchJob], queue: str, queued: list[BatchJob],
+                       read_depth: DepthReader | None) -> None:
         bounds = self.bounds_for(queue)
-        return self._full(queue, None, bounds, first.depth, rejected=tuple(rejected),
-                          accepted=tuple(accepted), retry_after=first.retry_after)
+        count = len(queued)
+        fits_at_all = bounds.max_depth is None or count <= bounds.max_depth
+        deadline = (self.clock() + bounds.block_timeout
+                    if bounds.strategy == "block" and fits_at_all else None)
+        waits = 0
+        while True:
+            depth = _read(read_depth, queue)
+            if depth is None or bounds.max_depth is None or depth + count <= bounds.max_depth:
+                return  # the broker still enforces the bound: see batch_error
+            pause = 0.0
+            if deadline is not None:
+                waits += 1
+                pause = min(max(self.settings.block_poll, backoff(
+                    self.settings.block_poll, self.settings.max_retry_delay, waits)),
+                    deadline - self.clock())
+            if pause <= 0:
+                state = self._state(queue)
+                state.consecutive += 1
+                state.pressure = bounds.pressure(depth)
+                if state.breaker is not None:
+                    state.breaker.failure()
+                raise self._refuse_batch(jobs, queue, queued, depth)
+            self.sleep(pause)
+
+    def _refuse_batch(self, jobs: Sequence[BatchJob], queue: str, queued: list[BatchJob],
+                      depth: int | None, *, circuit_open: bool = False,
+                      retry_after: float | None = None) -> BatchQueueFullError:
+        """The error of a batch refused before sending: every job of it is rejected."""
+        bounds = self.bounds_for(queue)
+        retry_after = self.retry_after(queue) if retry_after is None else retry_after
+        if circuit_open:
+            why = "the producer's circuit breaker is open after repeated rejections"
+        elif bounds.max_depth is not None and len(queued) > bounds.max_depth:
+            why = f"they exceed its depth bound ({bounds.max_depth} jobs)"
+        else:
+            why = (f"they do not fit under its depth bound ({bounds.max_depth} jobs) at "
+                   f"depth {depth}")
+        cause = f"queue {queue!r} cannot take the batch's {len(queued)} job(s)"
+        own = {job.job_id for job in queued}
+        rejected = {job.job_id: f"not sent: {cause}" if job.job_id in own
+                    else f"not sent: the batch was refused ({cause})" for job in jobs}
+        if self.metrics is not None and not circuit_open:
+            self.metrics.backpressure_rejected.add(len(queued), {"queue": queue})
+        self._emit_batch_rejected(queue, queued, bounds, depth, retry_after, circuit_open)
+        return BatchQueueFullError(
+            f"batch of {len(jobs)} job(s) not enqueued: queue {queue!r} cannot take its "
+            f"{len(queued)} job(s): {why}; nothing was sent; retry after {retry_after:g}s",
+            queue=queue, depth=depth, bound=bounds.bound, strategy=bounds.strategy,
+            retry_after=retry_after, circuit_open=circuit_open, rejected=rejected)
+
+    def _emit_batch_rejected(self, queue: str, queued: Sequence[BatchJob], bounds: Bounds,
+                             depth: int | None, retry_after: float,
+                             circuit_open: bool) -> None:
+        """One ``backpressure.rejected`` per queue and batch (``count`` jobs); ``job_type``
+        when they share one."""
+        types = {job.job_type for job in queued}
+        self.emit("backpressure.rejected", queue, depth=depth, bound=bounds.bound,
+                  job_type=types.pop() if len(types) == 1 else None, count=len(queued),
+                  strategy=bounds.strategy, retry_after=retry_after,
+                  circuit_open=circuit_open or None)
+
+    def batch_error(self, jobs: Sequence[BatchJob], error: BatchPublishError,
+                    nacked: Collection[str], read_depth: DepthReader | None = None
+                    ) -> BatchPublishError:
+        """The exception for a sent batch the broker did not wholly accept: ``error``
+        itself, unless jobs of a ``reject``/``block`` queue are among the ``nacked``
+        job ids; then a :class:`BatchQueueFullError` with ``error``'s lists (the
+        nacks of full queues named as such), describing the first full queue.
+
+        Counted in ``ojs.backpressure.rejected_total``; one ``backpressure.rejected``
+        per full queue.
+        """
+        by_queue: dict[str, list[BatchJob]] = {}
+        for job in jobs:
+            if job.job_id in nacked and job.delay_ms <= 0:
+                by_queue.setdefault(job.queue, []).append(job)
+        full: list[QueueFullError] = []
+        rejected = dict(error.rejected)
+        for queue, refused in by_queue.items():
+            first = self.nack_error(queue, refused[0].job_id, read_depth)
+            if not isinstance(first, QueueFullError):
+                continue
+            if self.metrics is not None and len(refused) > 1:
+                self.metrics.backpressure_rejected.add(len(refused) - 1, {"queue": queue})
+            bounds = self.bounds_for(queue)
+            self._emit_batch_rejected(queue, refused, bounds, first.depth, first.retry_after,
+                                      False)
+            for job in refused:
+                rejected[job.job_id] = (f"refused by the broker (Basic.Nack): queue {queue!r} "
+                                        f"is at its bound ({bounds.bound})")
+            full.append(first)
+        if not full:
+            return error
+        head = full[0]
+        names = ", ".join(repr(f.queue) for f in full)
+        return BatchQueueFullError(
+            f"queue(s) {names} full (depth {head.depth}, bound {head.bound}); retry after "
+            f"{head.retry_after:g}s: {error}", queue=head.queue or "", depth=head.depth,
+            bound=head.bound, strategy=head.strategy, retry_after=head.retry_after,
+            rejected=rejected, unconfirmed=error.unconfirmed, accepted=error.accepted)
+
+
+class BatchJob(Protocol):
+    """What the monitor reads of a batch's job (``ojs_kombu.codec.OutgoingJob``)."""
+
+    @property
+    def job_id(self) -> str: ...
+    @property
+    def job_type(self) -> str: ...
+    @property
+    def queue(self) -> str: ...
+    @property
+    def delay_ms(self) -> int: ...
+
+
+class BatchAdmission:
+    """The bounded queues of a batch :meth:`BackpressureMonitor.admit_batch` let through.
+
+    Their circuit breakers may have taken the batch as their half-open trial, so
+    the batch's outcome must come back: :meth:`settle` with the nacked job ids,
+    or :meth:`release` when it never got an answer (a lost connection).
+    """
+
+    def __init__(self, monitor: BackpressureMonitor, queues: Mapping[str, list[BatchJob]]
+                 ) -> None:
+        self.monitor = monitor
+        self.queues = queues
+        self.trials: list[str] = []
+
+    def settle(self, nacked: Collection[str], read_depth: DepthReader | None = None) -> None:
+        """A queue whose jobs were all accepted closes its breaker (and samples its
+        depth, as after a single publish); one with a nacked job counts a failure."""
+        monitor = self.monitor
+        for queue, queued in self.queues.items():
+            state = monitor._state(queue)
+            if any(job.job_id in nacked for job in queued):
+                if state.breaker is not None:
+                    state.breaker.failure()
+                continue
+            state.consecutive = 0
+            if state.breaker is not None:
+                state.breaker.success()
+            monitor._sample(queue, monitor.bounds_for(queue), state, read_depth)
+        self.trials.clear()
+
+    def release(self) -> None:
+        """Free the breakers' trials without a verdict (no-op after :meth:`settle`)."""
+        for queue in self.trials:
+            breaker = self.monitor._state(queue).breaker
+            if breaker is not None:
+                breaker.release()
+        self.trials.clear()
 
 
 def _read(read_depth: DepthReader | None, queue: str) -> int | None:

@@ -105,8 +105,8 @@ class QueueFullError(JobNackedError):
     ``depth`` is the queue's message count read right after the refusal (``None``
     when it could not be read), ``bound`` the ``max_depth`` (or, for a size bound
     only, ``max_size_bytes``) it hit.  ``circuit_open`` is true when the producer's
-    circuit breaker refused the job without sending it.  For a batch,
-    ``rejected``/``accepted`` list the job ids refused and enqueued.
+    circuit breaker refused the job without sending it.  ``rejected`` is
+    ``(job_id,)``; a batch raises :class:`BatchQueueFullError` instead.
     """
 
     code = "QUEUE_FULL"
@@ -151,6 +151,38 @@ class BatchPublishError(JobPublishError):
         self.unconfirmed = unconfirmed
         self.accepted = accepted
         super().__init__(message)
+
+
+class BatchQueueFullError(QueueFullError, BatchPublishError):
+    """A batch (``enqueue_many``) refused because a bounded queue is full: either
+    up front, before anything was sent (:attr:`accepted` is empty), or in part by
+    the broker while the batch was sent.
+
+    It is both errors at once, so ``except QueueFullError`` (429 handling:
+    ``queue``, ``depth``, ``bound``, ``strategy``, ``retry_after``,
+    ``circuit_open``, ``to_dict()``) and ``except BatchPublishError`` (which
+    jobs to resend) both catch it.  The :class:`BatchPublishError` attributes
+    describe the whole batch: :attr:`rejected` maps every job id that was not
+    enqueued, of any queue, to why (iterating it gives the ids, in batch
+    order), as for any batch.  The :class:`QueueFullError` attributes describe
+    the first full queue; the message names every one.
+    """
+
+    def __init__(self, message: str, *, queue: str, depth: int | None, bound: int | None,
+                 strategy: str, retry_after: float, circuit_open: bool = False,
+                 rejected: Mapping[str, str], unconfirmed: tuple[str, ...] = (),
+                 accepted: tuple[str, ...] = ()) -> None:
+        # QueueFullError's and BatchPublishError's __init__ take different arguments:
+        # set both sets of attributes here.
+        self.depth = depth
+        self.bound = bound
+        self.strategy = strategy
+        self.retry_after = retry_after
+        self.circuit_open = circuit_open
+        self.rejected = dict(rejected)  # type: ignore[assignment]
+        self.unconfirmed = tuple(unconfirmed)
+        self.accepted = tuple(accepted)
+        JobPublishError.__init__(self, message, job_id=None, queue=queue)
 
 
 class JobRejected(OJSError):

@@ -348,10 +348,14 @@ class Channel(pyamqp.Channel):
                      window: int = BATCH_WINDOW) -> None:
         """Batch PUSH (section 5): pipelined, mandatory publishes on this one channel.
 
-        At most ``2 * window`` publishes are in flight; returns once the broker
-        confirmed every job, else raises :class:`BatchPublishError` naming each
-        job that was refused, returned or left unconfirmed (no partial success
-        goes unreported, nothing is retried).
+        Before sending, a bounded ``reject``/``block`` queue that cannot take the
+        batch's jobs at its current depth (or whose circuit breaker is open)
+        refuses the whole batch: :class:`BatchQueueFullError`, nothing sent
+        (backpressure section 9.3).  At most ``2 * window`` publishes are in
+        flight; returns once the broker confirmed every job, else raises
+        :class:`BatchPublishError` (:class:`BatchQueueFullError` when a full queue
+        nacked some) naming each job that was refused, returned or left
+        unconfirmed (no partial success goes unreported, nothing is retried).
         """
         self._confirm_mode()
         ojs = self.ojs
@@ -362,37 +366,45 @@ class Channel(pyamqp.Channel):
         limit = confirm_timeout or ojs.settings.confirm_timeout
         if not connection:
             raise RecoverableConnectionError("publish_jobs: connection closed")
+        for queue in dict.fromkeys(job.queue for job in jobs):
+            connection.ensure_topology(queue)  # before its depth is read
+        admission = ojs.backpressure.admit_batch(jobs, connection.queue_depth)
         frames = _PublishFrames(connection, self.channel_id)
         try:
-            for index, job in enumerate(jobs):
-                queue = job.queue
-                connection.ensure_topology(queue)
-                message = amqp.Message(job.body, **job.properties)
-                exchange, routing_key, mandatory = names.direct_exchange, queue, True
-                if job.delay_ms > 0:
-                    exchange, routing_key, mandatory = self._schedule_route(
-                        message, job.job_id, queue, job.delay_ms)
-                self._announce(job)
-                tracked.append(tracker.track(job.job_id, queue))
-                frames.publish(message, exchange, routing_key, mandatory)
-                if index % window == window - 1:
-                    frames.flush()
-                    if not self._wait_outstanding(window, limit):
-                        break  # the broker stopped confirming: send no more
-            frames.flush()
-            self._wait_outstanding(0, limit)
+            try:
+                for index, job in enumerate(jobs):
+                    queue = job.queue
+                    message = amqp.Message(job.body, **job.properties)
+                    exchange, routing_key, mandatory = names.direct_exchange, queue, True
+                    if job.delay_ms > 0:
+                        exchange, routing_key, mandatory = self._schedule_route(
+                            message, job.job_id, queue, job.delay_ms)
+                    self._announce(job)
+                    tracked.append(tracker.track(job.job_id, queue))
+                    frames.publish(message, exchange, routing_key, mandatory)
+                    if index % window == window - 1:
+                        frames.flush()
+                        if not self._wait_outstanding(window, limit):
+                            break  # the broker stopped confirming: send no more
+                frames.flush()
+                self._wait_outstanding(0, limit)
+            finally:
+                for tag, pending in tracked:
+                    tracker.forget(tag, pending)
+            outcome = [p for _, p in tracked]
+            nacked = {p.job_id for p in outcome if p.nacked}
+            admission.settle(nacked, connection.queue_depth)
         finally:
-            for tag, pending in tracked:
-                tracker.forget(tag, pending)
+            admission.release()  # no answer from the broker: no verdict for the breakers
         published = ojs.events.metrics.published
-        outcome = [p for _, p in tracked]
         for pending in outcome:
             if pending.settled and not pending.nacked and pending.returned is None:
                 published.add(1, {"queue": pending.queue})
         failed = [p for p in outcome if not p.settled or p.nacked or p.returned is not None]
         unsent = [job.job_id for job in jobs[len(outcome):]]
         if failed or unsent:
-            raise _batch_error(outcome, failed, unsent, limit)
+            raise ojs.backpressure.batch_error(jobs, _batch_error(outcome, failed, unsent, limit),
+                                               nacked, connection.queue_depth)
 
     def _schedule_route(self, message: amqp.Message, job_id: str, queue: str, delay_ms: int
                         ) -> tuple[str, str, bool]:

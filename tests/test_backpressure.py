@@ -3,6 +3,7 @@ circuit breaker, pressure events."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -16,7 +17,13 @@ from ojs_kombu.backpressure import (
     ProducerBackpressure,
     backoff,
 )
-from ojs_kombu.errors import JobNackedError, OJSConfigurationError, QueueFullError
+from ojs_kombu.errors import (
+    BatchPublishError,
+    BatchQueueFullError,
+    JobNackedError,
+    OJSConfigurationError,
+    QueueFullError,
+)
 from ojs_kombu.metrics import OJSMetrics
 from ojs_kombu.naming import TopologyNames
 from ojs_kombu.settings import Binding, OJSSettings
@@ -383,14 +390,148 @@ def test_unbounded_queue_publishes_straight_through() -> None:
     assert sent == [1] and events == []
 
 
-def test_batch_headroom_and_partial_rejections() -> None:
-    monitor, _ = monitor_for(Bounds(max_depth=10, overflow="reject-publish"), Clock())
-    monitor.check_headroom("email", 3, depth=7)
-    with pytest.raises(QueueFullError, match="4 job"):
-        monitor.check_headroom("email", 4, depth=7)
-    error = monitor.batch_error("email", ["a", "b"], ["c", "d"], lambda _q: 10)
-    assert isinstance(error, QueueFullError)
-    assert error.accepted == ("a", "b") and error.rejected == ("c", "d") and error.depth == 10
+@dataclass(frozen=True)
+class Job:
+    job_id: str
+    queue: str = "email"
+    job_type: str = "email.send"
+    delay_ms: int = 0
+
+
+def batch_monitor(bounds: Bounds, clock: Clock, **settings: Any
+                  ) -> tuple[BackpressureMonitor, list[dict[str, Any]]]:
+    """``email`` has ``bounds``; every other queue is unbounded."""
+    monitor = BackpressureMonitor(ProducerBackpressure(**settings),
+                                  lambda q: bounds if q == "email" else Bounds(),
+                                  clock=clock, sleep=clock.sleep)
+    events: list[dict[str, Any]] = []
+    monitor.subscribe(events.append)
+    return monitor, events
+
+
+BOUND_10 = Bounds(max_depth=10, overflow="reject-publish")
+
+
+def test_a_batch_that_does_not_fit_is_refused_whole_before_sending() -> None:
+    reader = InMemoryMetricReader()
+    metrics = OJSMetrics(MeterProvider(metric_readers=[reader]))
+    monitor, events = batch_monitor(BOUND_10, Clock())
+    monitor.metrics = metrics
+    # scheduled jobs and jobs of other queues do not count against email's bound
+    jobs = [Job("a"), Job("b", queue="reports"), Job("c"), Job("d", delay_ms=5000), Job("e"),
+            Job("f")]
+    reads: list[str] = []
+    monitor.admit_batch(jobs, lambda q: reads.append(q) or 6).settle(set())
+    assert reads == ["email"]  # only the bounded queue's depth is read
+    with pytest.raises(QueueFullError) as info:
+        monitor.admit_batch(jobs, lambda _q: 7)
+    error = info.value
+    assert isinstance(error, BatchQueueFullError) and isinstance(error, BatchPublishError)
+    assert list(error.rejected) == ["a", "b", "c", "d", "e", "f"]  # nothing was sent
+    assert "cannot take the batch's 4 job(s)" in error.rejected["a"]
+    assert "the batch was refused" in error.rejected["b"]
+    assert error.accepted == () and error.unconfirmed == ()
+    assert (error.queue, error.depth, error.bound, error.strategy) == ("email", 7, 10, "reject")
+    assert error.retry_after == 1.0 and error.to_dict()["code"] == "QUEUE_FULL"
+    assert "nothing was sent" in str(error)
+    assert [e["data"] for e in events if e["type"] == "backpressure.rejected"] == [{
+        "queue": "email", "depth": 7, "bound": 10, "job_type": "email.send", "count": 4,
+        "strategy": "reject", "retry_after": 1.0}]
+    points = {m.name: m.data.data_points for rm in reader.get_metrics_data().resource_metrics
+              for sm in rm.scope_metrics for m in sm.metrics}
+    assert [p.value for p in points["ojs.backpressure.rejected_total"]] == [4]
+
+
+def test_a_batch_for_unbounded_or_drop_oldest_queues_reads_no_depth() -> None:
+    for bounds in (Bounds(), Bounds(max_depth=1, overflow="drop-head",
+                                    strategy="drop_oldest")):
+        monitor, _ = batch_monitor(bounds, Clock())
+        monitor.admit_batch([Job("a"), Job("b")],
+                            lambda _q: pytest.fail("no depth read")).settle(set())
+
+
+def test_a_block_queue_waits_for_room_for_the_whole_batch_then_gives_up() -> None:
+    clock = Clock()
+    bounds = Bounds(max_depth=3, overflow="reject-publish", strategy="block", block_timeout=5)
+    monitor, _ = batch_monitor(bounds, clock, block_poll=0.5, max_retry_delay=1.0)
+    depth = 3
+
+    def drain(seconds: float) -> None:
+        nonlocal depth
+        Clock.sleep(clock, seconds)
+        depth = 1 if clock.now >= 2 else depth
+    monitor.sleep = drain
+    monitor.admit_batch([Job("a"), Job("b")], lambda _q: depth).settle(set())
+    assert 2 <= clock.now < 5 and clock.sleeps
+    clock.sleeps.clear()
+    monitor.sleep = clock.sleep
+    start = clock.now
+    with pytest.raises(BatchQueueFullError) as info:
+        monitor.admit_batch([Job("c"), Job("d"), Job("e")], lambda _q: 1)
+    assert clock.now - start == pytest.approx(5.0) and info.value.strategy == "block"
+    clock.sleeps.clear()
+    with pytest.raises(BatchQueueFullError, match="exceed its depth bound"):  # never fits
+        monitor.admit_batch([Job(str(i)) for i in range(4)], lambda _q: 0)
+    assert clock.sleeps == []
+
+
+def test_an_open_circuit_refuses_a_batch_and_a_half_open_one_takes_it_as_its_trial() -> None:
+    clock = Clock()
+    monitor, _ = batch_monitor(BOUND_10, clock, circuit_breaker=True, breaker_threshold=1,
+                               breaker_cooldown=10.0)
+    with pytest.raises(BatchQueueFullError):
+        monitor.admit_batch([Job(str(i)) for i in range(11)], lambda _q: 0)
+    with pytest.raises(BatchQueueFullError) as info:  # open: no depth read, nothing sent
+        monitor.admit_batch([Job("a")], lambda _q: pytest.fail("no depth read"))
+    assert info.value.circuit_open and info.value.retry_after == pytest.approx(10.0)
+    clock.now = 10.0
+    trial = monitor.admit_batch([Job("a")], lambda _q: 0)  # half-open: this batch is the trial
+    with pytest.raises(BatchQueueFullError, match="circuit breaker"):
+        monitor.admit_batch([Job("b")], lambda _q: 0)
+    trial.settle({"a"})  # nacked: open again
+    with pytest.raises(BatchQueueFullError, match="circuit breaker"):
+        monitor.admit_batch([Job("b")], lambda _q: 0)
+    clock.now = 20.0
+    lost = monitor.admit_batch([Job("b")], lambda _q: 0)
+    lost.release()  # e.g. the connection was lost: no verdict, the next batch may try
+    monitor.admit_batch([Job("c")], lambda _q: 0).settle(set())  # accepted: closed
+    monitor.admit_batch([Job("d")], lambda _q: 0).settle(set())
+
+
+def test_broker_nacks_of_a_full_queue_become_a_batch_queue_full_error() -> None:
+    monitor, events = batch_monitor(BOUND_10, Clock())
+    jobs = [Job("a"), Job("b"), Job("c"), Job("d"), Job("x", queue="reports")]
+    base = BatchPublishError("3 of 5 jobs were not accepted", rejected={
+        "c": "refused by the broker (Basic.Nack), queue 'email'",
+        "d": "refused by the broker (Basic.Nack), queue 'email'",
+        "x": "returned by the broker (NO_ROUTE)"}, unconfirmed=(), accepted=("a", "b"))
+    error = monitor.batch_error(jobs, base, {"c", "d"}, lambda _q: 10)
+    assert isinstance(error, BatchQueueFullError) and isinstance(error, QueueFullError)
+    assert list(error.rejected) == ["c", "d", "x"] and error.accepted == ("a", "b")
+    assert "at its bound (10)" in error.rejected["c"] and "NO_ROUTE" in error.rejected["x"]
+    assert (error.queue, error.depth, error.bound) == ("email", 10, 10)
+    assert str(base) in str(error)
+    assert [e["data"]["count"] for e in events if e["type"] == "backpressure.rejected"] == [2]
+    # nacks of a queue without a rejecting bound stay a plain BatchPublishError
+    assert monitor.batch_error([Job("x", queue="reports")], base, {"x"}) is base
+
+
+def test_a_publish_that_ends_without_a_verdict_frees_the_half_open_trial() -> None:
+    clock = Clock()
+    monitor, _ = monitor_for(REJECT, clock, circuit_breaker=True, breaker_threshold=1,
+                             breaker_cooldown=10.0)
+    broker = Broker(monitor, "email", 0)
+    with pytest.raises(QueueFullError):
+        monitor.publish("email", "j1", "email.send", broker.send)
+    clock.now = 10.0
+
+    def connection_lost() -> None:
+        raise ConnectionError("gone")
+    with pytest.raises(ConnectionError):
+        monitor.publish("email", "j2", "email.send", connection_lost)
+    broker.bound = 1
+    monitor.publish("email", "j3", "email.send", broker.send)  # the next trial goes out
+    assert broker.depth == 1
 
 
 def test_subscriber_failure_does_not_stop_publishing(caplog: pytest.LogCaptureFixture) -> None:

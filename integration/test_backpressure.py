@@ -10,6 +10,7 @@ from typing import Any
 import amqp
 import pytest
 from celery import Celery
+from celery.contrib.testing.worker import start_worker
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
@@ -45,6 +46,7 @@ def bp_app(broker_url: str, metric_reader: InMemoryMetricReader) -> Celery:
                         "bp-drop": {"max_depth": 2, "strategy": "drop_oldest"},
                         "bp-quorum": {"type": "quorum", "max_depth": 2,
                                       "dead_letter_strategy": "at-least-once"},
+                        "bp-drop-tap": {"max_depth": 2, "strategy": "drop_oldest"},
                         "bp-batch": {"max_depth": 5},
                         "bp-batch-race": {"max_depth": 5},
                     })
@@ -62,15 +64,19 @@ def send(app: Celery, queue: str, n: int) -> str:
     return app.tasks["math.add"].apply_async((n, n), queue=queue).id
 
 
-def rejected_total(reader: InMemoryMetricReader, queue: str) -> int:
+def counted(reader: InMemoryMetricReader, name: str, queue: str) -> int:
     data = reader.get_metrics_data()
     for rm in data.resource_metrics if data else ():
         for sm in rm.scope_metrics:
             for metric in sm.metrics:
-                if metric.name == "ojs.backpressure.rejected_total":
+                if metric.name == name:
                     return sum(p.value for p in metric.data.data_points
                                if p.attributes.get("queue") == queue)
     return 0
+
+
+def rejected_total(reader: InMemoryMetricReader, queue: str) -> int:
+    return counted(reader, "ojs.backpressure.rejected_total", queue)
 
 
 def test_queue_arguments_on_the_broker(bp_app: Celery, vhost: str) -> None:
@@ -155,6 +161,50 @@ def test_drop_oldest_dead_letters_the_oldest_job(bp_app: Celery,
     assert dropped.properties["application_headers"]["x-first-death-reason"] == "maxlen"
     kept = [body_of(get_message(amqp_channel, "ojs.queue.bp-drop"))["id"] for _ in range(2)]
     assert kept == ids[1:]
+
+
+def test_a_worker_reports_each_job_a_drop_oldest_queue_dropped(
+        bp_app: Celery, events: list[dict[str, Any]], amqp_channel: amqp.Channel,
+        metric_reader: InMemoryMetricReader, vhost: str) -> None:
+    """The tap ``ojs.queue.dropped.{q}`` is part of the queue's topology, so drops made
+    while no worker runs are reported once one starts."""
+    from ojs_kombu import declare_topology
+
+    declare_topology(bp_app, ["bp-drop-tap"])
+    listing = rabbitmqctl("list_queues", "--no-table-headers", "-p", vhost, "name", "arguments")
+    tap = next(line for line in listing.splitlines()
+               if line.startswith("ojs.queue.dropped.bp-drop-tap\t"))
+    assert '{"x-max-length",10000}' in tap and '"x-message-ttl"' in tap
+    assert not any(line.startswith("ojs.queue.dropped.bp-reject\t")
+                   for line in listing.splitlines())  # reject queues have none
+    # a scheduled job reaches the queue through the ladder (its first death: "expired")
+    scheduled = bp_app.tasks["math.add"].apply_async((0, 0), queue="bp-drop-tap",
+                                                     countdown=0.05).id
+    wait_until(lambda: queue_depth(amqp_channel, "ojs.queue.bp-drop-tap") == 1,
+               what="the scheduled job in its queue")
+    later = [send(bp_app, "bp-drop-tap", i) for i in range(1, 5)]
+    dropped_ids = [scheduled, *later[:2]]  # bound 2: the three oldest are dropped
+    assert queue_depth(amqp_channel, "ojs.queue.dropped.bp-drop-tap") == 3
+    assert not [e for e in events if e["type"] == "backpressure.dropped"]
+    with start_worker(bp_app, pool="solo", concurrency=1, perform_ping_check=False,
+                      queues=["bp-drop-tap"], shutdown_timeout=30, loglevel="WARNING"):
+        wait_until(lambda: queue_depth(amqp_channel, "ojs.queue.dropped.bp-drop-tap") == 0
+                   and len([e for e in events if e["type"] == "backpressure.dropped"]) == 3,
+                   30, "three backpressure.dropped events")
+        for job_id in later[2:]:  # the kept jobs run as usual
+            bp_app.calls.wait_for(job_id, timeout=30)
+    dropped = [e for e in events if e["type"] == "backpressure.dropped"]
+    assert [e["data"]["job_id"] for e in dropped] == dropped_ids
+    assert all(e["subject"] == "bp-drop-tap" and e["data"]["queue"] == "bp-drop-tap"
+               and e["data"]["job_type"] == "math.add" and e["data"]["dropped_at"]
+               for e in dropped)
+    assert counted(metric_reader, "ojs.backpressure.dropped_total", "bp-drop-tap") == 3
+    # the DLQ still holds every dropped job
+    dead = [get_message(amqp_channel, "ojs.queue.dlx.bp-drop-tap") for _ in range(3)]
+    assert [body_of(m)["id"] for m in dead] == dropped_ids
+    assert dead[0].properties["application_headers"]["x-first-death-reason"] == "expired"
+    assert all(m.properties["application_headers"]["x-death"][0]["reason"] == "maxlen"
+               for m in dead)
 
 
 def test_quorum_queue_with_at_least_once_rejects_when_full(

@@ -148,6 +148,31 @@ def queue_arguments(config: QueueConfig, default_max_priority: int | None) -> di
     return args
 
 
+def drops_head(arguments: Mapping[str, Any]) -> bool:
+    """Whether a job queue declared with ``arguments`` drops its oldest jobs when full
+    (``drop_oldest``), which makes RabbitMQ dead-letter them with reason ``maxlen``."""
+    bounded = "x-max-length" in arguments or "x-max-length-bytes" in arguments
+    return bounded and arguments.get("x-overflow") == "drop-head"
+
+
+def maxlen_death(headers: Mapping[str, Any], job_queue: str) -> Mapping[str, Any] | None:
+    """The ``x-death`` entry of a message RabbitMQ dropped from ``job_queue`` (the
+    AMQP name) because the queue was at its bound, else ``None``.
+
+    The entry that counts is the latest, ``x-death[0]``: a retried or scheduled
+    job arrives through TTL queues, so its ``x-first-death-reason`` is
+    ``expired`` even when it is later dropped for ``maxlen``.
+    """
+    deaths = headers.get("x-death")
+    if not isinstance(deaths, list | tuple) or not deaths:
+        return None
+    latest = deaths[0]
+    if (isinstance(latest, Mapping) and latest.get("reason") == "maxlen"
+            and latest.get("queue") == job_queue):
+        return latest
+    return None
+
+
 def check_arguments(queue: str, arguments: Mapping[str, Any]) -> None:
     """Refuse argument combinations RabbitMQ rejects, whatever setting they came from."""
     quorum = arguments.get("x-queue-type") == "quorum"
@@ -195,6 +220,11 @@ class Bounds:
     @property
     def bounded(self) -> bool:
         return self.max_depth is not None or self.max_bytes is not None
+
+    @property
+    def drops(self) -> bool:
+        """Whether the broker drops the oldest job when the queue is full (``drop_oldest``)."""
+        return self.bounded and self.overflow == "drop-head"
 
     @property
     def rejects(self) -> bool:
@@ -363,6 +393,16 @@ class BackpressureMonitor:
             except Exception:
                 logger.exception("backpressure subscriber %r failed on %s", callback, event_type)
         return event
+
+    def dropped(self, queue: str, job_id: str | None, job_type: str | None,
+                dropped_at: str | None = None) -> dict[str, Any]:
+        """A ``drop_oldest`` queue dropped a job (section 5.3): ``backpressure.dropped``
+        and ``ojs.backpressure.dropped_total``.  Called by the worker that consumes
+        the queue's dropped-job tap, once per dropped job."""
+        if self.metrics is not None:
+            self.metrics.backpressure_dropped.add(1, {"queue": queue})
+        return self.emit("backpressure.dropped", queue, job_id=job_id, job_type=job_type,
+                         dropped_at=dropped_at)
 
     def pressures(self) -> list[tuple[str, float]]:
         """``(queue, depth / bound)`` last sampled, for the ``ojs.backpressure.pressure`` gauge."""

@@ -13,6 +13,8 @@
   ``task_acks_late=True`` (ack after success), ``task_acks_on_failure_or_timeout=False``
   (a failed job is nacked into its dead-letter queue, never acked and lost),
   and the ``ojs`` content type in ``accept_content`` (the pool reads envelopes);
+* adds consumer bootsteps for worker events, the control queues, reconnection
+  reports and the dropped jobs of ``drop_oldest`` queues (``backpressure.dropped``);
 * adds a worker bootstep that refuses to start a worker whose tasks, queues
   or ``ojs_*`` settings cannot be mapped onto OJS (the same checks are
   :func:`check_app`, for a project's own test suite).
@@ -34,6 +36,7 @@ from kombu import Queue
 from kombu.utils.objects import cached_property
 
 from .celery_control import ControlQueues
+from .celery_dropped import DroppedJobs
 from .celery_events import WorkerEvents, build_events
 from .celery_reconnect import ConsumerReconnections
 from .codec import CELERY_JSON
@@ -180,6 +183,7 @@ def install(app: Celery) -> Celery:
     app.steps["worker"].add(OJSPreflight)
     app.steps["consumer"].add(WorkerEvents)
     app.steps["consumer"].add(ControlQueues)
+    app.steps["consumer"].add(DroppedJobs)
     app.steps["consumer"].add(ConsumerReconnections)
     setattr(app, _INSTALLED_FLAG, True)
     return app

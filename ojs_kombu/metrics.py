@@ -68,6 +68,9 @@ class OJSMetrics:
         self.backpressure_rejected = Tally(meter,
             "ojs.backpressure.rejected_total", unit="{job}",
             description="Enqueues rejected because the queue was at its bound")
+        self.backpressure_dropped = Tally(meter,
+            "ojs.backpressure.dropped_total", unit="{job}",
+            description="Jobs a drop_oldest queue dropped (counted by its workers)")
         self._pressure_observed = False
 
     def observe_backpressure(self, pressure: QueueReadings) -> None:

@@ -22,10 +22,10 @@ QUEUE_MAX = 128
 #: Lowercase UUIDv7, 8-4-4-4-12.
 JOB_ID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")
 
-#: Queue names that would collide with the per-queue dead-letter, retry and
-#: control queues and the scheduling ladder (``ojs.queue.dlx.email`` is the
-#: DLQ of ``email``, so an OJS queue called ``dlx.email`` cannot exist).
-RESERVED_QUEUE_PREFIXES = ("dlx.", "retry.", "control.", "schedule.")
+#: Queue names that would collide with the per-queue dead-letter, retry,
+#: control and dropped-job queues and the scheduling ladder (``ojs.queue.dlx.email``
+#: is the DLQ of ``email``, so an OJS queue called ``dlx.email`` cannot exist).
+RESERVED_QUEUE_PREFIXES = ("dlx.", "retry.", "control.", "schedule.", "dropped.")
 
 #: Celery's built-in default queue name maps onto OJS's default queue.
 DEFAULT_QUEUE_ALIASES: Mapping[str, str] = {"celery": "default"}
@@ -55,7 +55,7 @@ def check_queue_name(name: str) -> str:
     if name.startswith(RESERVED_QUEUE_PREFIXES):
         raise QueueNameError(
             name, f"names starting with {', '.join(RESERVED_QUEUE_PREFIXES)} collide "
-            "with OJS dead-letter, retry and control queues"
+            "with OJS dead-letter, retry, control and dropped-job queues"
         )
     return name
 
@@ -139,6 +139,11 @@ class TopologyNames:
 
     def control_queue(self, queue: str) -> str:
         return f"{self.prefix}ojs.queue.control.{queue}"
+
+    def dropped_queue(self, queue: str) -> str:
+        """Where a ``drop_oldest`` queue's dropped jobs are reported to its workers
+        (a copy of each, beside the DLQ's; see :mod:`ojs_kombu.celery_dropped`)."""
+        return f"{self.prefix}ojs.queue.dropped.{queue}"
 
     def queue_from_job_queue(self, amqp_name: str) -> str | None:
         """``ojs.queue.email`` -> ``email``; ``None`` for anything that is not a job queue."""

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from amqp.exceptions import PreconditionFailed
 
+from .backpressure import drops_head
 from .delays import SCHEDULE_LEVELS, delivery_binding_key, level_binding_keys
 from .errors import OJSConfigurationError, TopologyConflictError
 from .naming import TopologyNames
@@ -21,6 +22,15 @@ from .naming import TopologyNames
 #: Arguments ojs_kombu owns on every job queue; user arguments may not override them.
 OWNED_ARGUMENTS = ("x-dead-letter-exchange", "x-dead-letter-routing-key")
 
+
+#: ``ojs.queue.dropped.{q}`` is a notification tap, not storage (the DLQ keeps the
+#: dropped jobs): bounded so that it stays small while no worker consumes it.
+DROPPED_QUEUE_ARGUMENTS: Mapping[str, Any] = {
+    "x-max-length": 10_000,
+    "x-max-length-bytes": 64 * 1024 * 1024,
+    "x-message-ttl": 24 * 3600 * 1000,
+    "x-overflow": "drop-head",
+}
 
 #: Idle retry queues expire this long after their TTL (``x-expires``); ojs_kombu
 #: re-declares a retry queue it keeps using well before that.
@@ -60,7 +70,9 @@ def declare_queue_topology(
     arguments: Mapping[str, Any] | None = None,
 ) -> None:
     """Declare both exchanges, ``ojs.queue.{q}``, ``ojs.queue.dlx.{q}``,
-    ``ojs.queue.control.{q}`` (routing key: its own name, section 5.6) and their bindings."""
+    ``ojs.queue.control.{q}`` (routing key: its own name, section 5.6) and their bindings;
+    for a ``drop_oldest`` queue also ``ojs.queue.dropped.{q}``, which gets a copy of
+    every dead letter of ``q`` so that its workers can report the dropped ones."""
     job_args = job_queue_arguments(names, queue, arguments)
     _exchange(channel, names.direct_exchange)
     _exchange(channel, names.dlx_exchange)
@@ -71,6 +83,9 @@ def declare_queue_topology(
                        routing_key=names.control_queue(queue))
     channel.queue_bind(names.job_queue(queue), names.direct_exchange, routing_key=queue)
     channel.queue_bind(names.dead_letter_queue(queue), names.dlx_exchange, routing_key=queue)
+    if drops_head(job_args):
+        _queue(channel, names.dropped_queue(queue), dict(DROPPED_QUEUE_ARGUMENTS))
+        channel.queue_bind(names.dropped_queue(queue), names.dlx_exchange, routing_key=queue)
 
 
 def dead_letter_queue_arguments(job_arguments: Mapping[str, Any] | None) -> dict[str, Any]:

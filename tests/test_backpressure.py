@@ -3,7 +3,8 @@ circuit breaker, pressure events."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -16,6 +17,8 @@ from ojs_kombu.backpressure import (
     CircuitBreaker,
     ProducerBackpressure,
     backoff,
+    drops_head,
+    maxlen_death,
 )
 from ojs_kombu.errors import (
     BatchPublishError,
@@ -24,10 +27,16 @@ from ojs_kombu.errors import (
     OJSConfigurationError,
     QueueFullError,
 )
+from ojs_kombu.events.bus import EventBus
+from ojs_kombu.events.emitter import JobEvents
 from ojs_kombu.metrics import OJSMetrics
 from ojs_kombu.naming import TopologyNames
 from ojs_kombu.settings import Binding, OJSSettings
-from ojs_kombu.topology import dead_letter_queue_arguments, retry_queue_arguments
+from ojs_kombu.topology import (
+    dead_letter_queue_arguments,
+    declare_queue_topology,
+    retry_queue_arguments,
+)
 
 
 def settings(**options: Any) -> OJSSettings:
@@ -611,3 +620,103 @@ def test_celery_does_not_see_quorum_queues_configured_through_ojs_queues() -> No
     assert "x-queue-type" not in queue.queue_arguments  # Celery's native delays stay off
     assert not detect_quorum_queues(app, "pyamqp")[0]
     assert app.amqp.binding.declare_arguments("email")["x-queue-type"] == "quorum"
+
+
+# -- drop_oldest: the dropped-job tap --------------------------------------------------------
+
+
+class RecordingChannel:
+    """Records what a topology declaration does (no broker)."""
+
+    def __init__(self) -> None:
+        self.queues: dict[str, dict[str, Any]] = {}
+        self.bindings: list[tuple[str, str, str]] = []
+
+    def exchange_declare(self, exchange: str, type: str, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def exchange_bind(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def queue_declare(self, queue: str = "", *args: Any, **kwargs: Any) -> None:
+        self.queues[queue] = kwargs["arguments"]
+
+    def queue_bind(self, queue: str, exchange: str = "", *args: Any,
+                   routing_key: str = "", **kwargs: Any) -> None:
+        self.bindings.append((queue, exchange, routing_key))
+
+
+def test_only_drop_oldest_queues_get_a_bounded_dropped_job_tap_on_the_dlx() -> None:
+    binding = Binding.from_settings(settings(prefix="t1", queues={
+        "news": {"max_depth": 2, "strategy": "drop_oldest"}, "email": {"max_depth": 2}}))
+    assert binding.bounds("news").drops and not binding.bounds("email").drops
+    assert not binding.bounds("other").drops
+    for queue, tapped in (("news", True), ("email", False), ("other", False)):
+        channel = RecordingChannel()
+        declare_queue_topology(channel, binding.names, queue, binding.declare_arguments(queue))
+        tap = f"t1.ojs.queue.dropped.{queue}"
+        assert (tap in channel.queues) is tapped
+        assert ((tap, "t1.ojs.exchange.dlx", queue) in channel.bindings) is tapped
+    channel = RecordingChannel()
+    declare_queue_topology(channel, binding.names, "news", binding.declare_arguments("news"))
+    arguments = channel.queues["t1.ojs.queue.dropped.news"]
+    assert arguments["x-max-length"] > 0 and arguments["x-message-ttl"] > 0
+    assert "x-dead-letter-exchange" not in arguments  # a dropped tap message goes nowhere
+    # ``ojs-kombu topology show/declare`` lists it as declared
+    from ojs_kombu.cli.topology import expected_topology
+
+    shown = expected_topology(binding, "news")
+    assert {"name": "t1.ojs.queue.dropped.news", "role": "dropped jobs",
+            "arguments": arguments} in shown["queues"]
+    assert "t1.ojs.queue.dropped.email" not in str(expected_topology(binding, "email"))
+    assert drops_head({"x-max-length-bytes": 10, "x-overflow": "drop-head"})
+    assert not drops_head({"x-overflow": "drop-head"})
+
+
+def death(reason: str, queue: str) -> dict[str, Any]:
+    return {"reason": reason, "queue": queue, "count": 1, "exchange": "",
+            "routing-keys": ["news"], "time": datetime(2026, 3, 1, 12, 0, 5)}
+
+
+def test_the_latest_death_tells_whether_the_bound_dropped_the_job() -> None:
+    queue = "ojs.queue.news"
+    assert maxlen_death({"x-death": [death("maxlen", queue)]}, queue) is not None
+    # a scheduled (or retried) job came through TTL queues: its first death is "expired"
+    scheduled = {"x-first-death-reason": "expired",
+                 "x-death": [death("maxlen", queue),
+                             death("expired", "ojs.queue.schedule.3")]}
+    assert maxlen_death(scheduled, queue) is not None
+    for headers in ({}, {"x-death": []}, {"x-death": [death("rejected", queue)]},
+                    {"x-death": [death("maxlen", "ojs.queue.other")]},
+                    {"x-death": [death("expired", "ojs.queue.retry.news.500"),
+                                 death("maxlen", queue)]}):
+        assert maxlen_death(headers, queue) is None
+
+
+def test_a_dropped_job_becomes_a_dropped_event_and_a_count() -> None:
+    import amqp
+
+    from ojs_kombu.celery_dropped import report_dropped
+
+    reader = InMemoryMetricReader()
+    binding = replace(
+        Binding.from_settings(settings(queues={"news": {"max_depth": 2,
+                                                        "strategy": "drop_oldest"}})),
+        events=JobEvents(EventBus(), "ojs://test",
+                         OJSMetrics(MeterProvider(metric_readers=[reader]))))
+    events: list[dict[str, Any]] = []
+    binding.backpressure.subscribe(events.append)
+
+    def message(reason: str, job_id: str) -> amqp.Message:
+        return amqp.Message(b"{}", message_id=job_id, type="news.push",
+                            application_headers={"x-death": [death(reason, "ojs.queue.news")]})
+    assert report_dropped(binding, "news", message("maxlen", "j1"))
+    assert not report_dropped(binding, "news", message("rejected", "j2"))
+    assert [(e["type"], e["subject"], e["data"]) for e in events] == [
+        ("backpressure.dropped", "news", {"queue": "news", "job_id": "j1",
+                                          "job_type": "news.push",
+                                          "dropped_at": "2026-03-01T12:00:05.000Z"})]
+    points = {m.name: m.data.data_points for rm in reader.get_metrics_data().resource_metrics
+              for sm in rm.scope_metrics for m in sm.metrics}
+    assert [(p.value, dict(p.attributes)) for p in points["ojs.backpressure.dropped_total"]] \
+        == [(1, {"queue": "news"})]

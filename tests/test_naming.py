@@ -16,6 +16,7 @@ def test_spec_names_without_prefix() -> None:
     assert names.dead_letter_queue("email") == "ojs.queue.dlx.email"
     assert names.retry_queue("email", 5000) == "ojs.queue.retry.email.5000"
     assert names.control_queue("email") == "ojs.queue.control.email"
+    assert names.dropped_queue("email") == "ojs.queue.dropped.email"
 
 
 @pytest.mark.parametrize("prefix", ["tenant1", "tenant1."])
@@ -23,6 +24,7 @@ def test_prefix_for_multi_tenancy(prefix: str) -> None:
     names = TopologyNames(prefix=prefix)
     assert names.job_queue("email") == "tenant1.ojs.queue.email"
     assert names.dlx_exchange == "tenant1.ojs.exchange.dlx"
+    assert names.dropped_queue("email") == "tenant1.ojs.queue.dropped.email"
     assert names.queue_from_job_queue("tenant1.ojs.queue.email") == "email"
     assert names.queue_from_job_queue("ojs.queue.email") is None
 
@@ -37,7 +39,8 @@ def test_job_queue_recognition_skips_dlx_retry_control() -> None:
     assert names.queue_from_job_queue("ojs.queue.email") == "email"
     assert names.queue_from_job_queue("ojs.queue.reports.eu") == "reports.eu"
     for other in ("ojs.queue.dlx.email", "ojs.queue.retry.email.500",
-                  "ojs.queue.control.email", "celery", "celeryev.abc", "ojs.queue."):
+                  "ojs.queue.control.email", "ojs.queue.dropped.email", "celery",
+                  "celeryev.abc", "ojs.queue."):
         assert names.queue_from_job_queue(other) is None
 
 
@@ -52,7 +55,7 @@ def test_celery_queue_names_map_to_ojs_names() -> None:
 
 
 @pytest.mark.parametrize("bad", ["High", "with_underscore", "-dash", "a" * 129, "", "a b",
-                                 "dlx.email", "retry.x", "control.y"])
+                                 "dlx.email", "retry.x", "control.y", "dropped.z"])
 def test_invalid_queue_names_are_explained(bad: str) -> None:
     with pytest.raises(QueueNameError) as info:
         check_queue_name(bad)

@@ -6,10 +6,11 @@ from typing import Any
 
 import click
 
+from ..backpressure import drops_head
 from ..celery_events import events_exchange
 from ..naming import TopologyNames
 from ..settings import Binding
-from ..topology import OWNED_ARGUMENTS, job_queue_arguments
+from ..topology import DROPPED_QUEUE_ARGUMENTS, OWNED_ARGUMENTS, job_queue_arguments
 from .broker import (
     binding_of,
     connect,
@@ -46,8 +47,9 @@ def topology() -> None:
 def declare(ctx: click.Context, queues: tuple[str, ...], schedule: bool) -> None:
     """Declare the OJS topology of each QUEUE (idempotent).
 
-    Both exchanges, ojs.queue.{q}, ojs.queue.dlx.{q}, ojs.queue.control.{q} and
-    their bindings, exactly as ojs_kombu workers and producers declare them.
+    Both exchanges, ojs.queue.{q}, ojs.queue.dlx.{q}, ojs.queue.control.{q}
+    (ojs.queue.dropped.{q} for drop_oldest queues) and their bindings, exactly
+    as ojs_kombu workers and producers declare them.
     A queue that exists with other arguments is left alone and reported
     (exit 1).
     """
@@ -81,13 +83,13 @@ def expected_topology(binding: Binding, queue: str) -> dict[str, Any]:
     """The entities ojs_kombu declares for ``queue`` (section 4, 7), as plain data."""
     names: TopologyNames = binding.names
     control = names.control_queue(queue)
-    return {
+    job_arguments = job_queue_arguments(names, queue, binding.declare_arguments(queue))
+    topology: dict[str, Any] = {
         "queue": queue,
         "exchanges": [{"name": names.direct_exchange, "type": "direct"},
                       {"name": names.dlx_exchange, "type": "direct"}],
         "queues": [
-            {"name": names.job_queue(queue), "role": "job",
-             "arguments": job_queue_arguments(names, queue, binding.declare_arguments(queue))},
+            {"name": names.job_queue(queue), "role": "job", "arguments": job_arguments},
             {"name": names.dead_letter_queue(queue), "role": "dead letters", "arguments": {}},
             {"name": control, "role": "control", "arguments": {}},
         ],
@@ -99,6 +101,13 @@ def expected_topology(binding: Binding, queue: str) -> dict[str, Any]:
             {"source": names.direct_exchange, "destination": control, "routing_key": control},
         ],
     }
+    if drops_head(job_arguments):
+        tap = names.dropped_queue(queue)
+        topology["queues"].append({"name": tap, "role": "dropped jobs",
+                                   "arguments": dict(DROPPED_QUEUE_ARGUMENTS)})
+        topology["bindings"].append({"source": names.dlx_exchange, "destination": tap,
+                                     "routing_key": queue})
+    return topology
 
 
 def inspect_topology(amqp_connection: Any, binding: Binding, queue: str) -> dict[str, Any]:

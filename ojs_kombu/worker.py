@@ -267,6 +267,14 @@ class JobRequest(Request):
 
     _ojs_exc_info: Any = None
 
+    def __init__(self, message: Any, *args: Any, **kwargs: Any) -> None:
+        if isinstance(message, JobMessage):
+            # The transport already decoded the envelope into Celery's
+            # ``(args, kwargs, embed)``: hand that to the pool instead of the
+            # body, so no pool decodes the JSON a second time.
+            kwargs["body"], kwargs["decoded"] = message.payload, True
+        super().__init__(message, *args, **kwargs)
+
     @property
     def _ojs_events(self) -> JobEvents:
         return self._app.amqp.binding.events

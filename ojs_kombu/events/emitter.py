@@ -100,12 +100,16 @@ class JobEvents:
         if job.enqueued_at is not None:
             waited = (datetime.now(UTC) - job.enqueued_at).total_seconds()
             self.metrics.wait.record(max(waited * 1000, 0), job.labels())
+        if not self.active:
+            return
         self.emit("job.started", job.job_id, **job.data(), worker_id=worker_id,
                   attempt=job.attempt)
 
     def completed(self, job: JobInfo, duration_s: float, result: Any) -> None:
         self.metrics.jobs_completed.add(1, job.labels())
         self.metrics.duration.record(duration_s * 1000, job.labels())
+        if not self.active:
+            return
         self.emit("job.completed", job.job_id, **job.data(), duration_ms=_ms(duration_s),
                   attempt=job.attempt, result=json_result(result))
 
@@ -154,7 +158,7 @@ class JobEvents:
 class JobInfo:
     """What every job event says about its job."""
 
-    __slots__ = ("attempt", "enqueued_at", "job_id", "job_type", "queue", "trace_id")
+    __slots__ = ("_labels", "attempt", "enqueued_at", "job_id", "job_type", "queue", "trace_id")
 
     def __init__(self, job_id: str, job_type: str, queue: str, attempt: int,
                  trace_id: str | None = None, enqueued_at: datetime | None = None) -> None:
@@ -164,6 +168,7 @@ class JobInfo:
         self.attempt = attempt
         self.trace_id = trace_id
         self.enqueued_at = enqueued_at
+        self._labels: dict[str, str] | None = None
 
     @classmethod
     def from_headers(cls, job_id: str, job_type: str, queue: str,
@@ -177,7 +182,9 @@ class JobInfo:
         return {"job_type": self.job_type, "queue": self.queue, "trace_id": self.trace_id}
 
     def labels(self) -> dict[str, str]:
-        return labels(self.job_type, self.queue)
+        if self._labels is None:  # several metrics per job take the same labels
+            self._labels = labels(self.job_type, self.queue)
+        return self._labels
 
 
 def _timestamp(value: Any) -> datetime | None:

@@ -160,8 +160,10 @@ class Counts:
 
     published: list[str] = field(default_factory=list)
     confirmed: list[str] = field(default_factory=list)
-    #: job id (or attempt number) -> the exception the producer got
-    refused: dict[str, str] = field(default_factory=dict)
+    #: job id -> the exception ``apply_async`` raised for it
+    refused: dict[str, BaseException] = field(default_factory=dict)
+    #: job id -> seconds its refused ``apply_async`` took (reported, not checked)
+    refused_after: dict[str, float] = field(default_factory=dict)
 
     def completions(self, done_file: Path) -> collections.Counter[str]:
         if not done_file.exists():
@@ -175,11 +177,17 @@ class Counts:
             "published": len(self.published) + len(self.refused),
             "confirmed": len(self.confirmed),
             "refused": len(self.refused),
+            # raised to the producer, yet it ran: the broker had it before the
+            # connection died (at-least-once; the producer may publish it again)
+            "refused_but_ran": sum(job in done for job in self.refused),
             "completed": len(done),
             "duplicated": sum(n - 1 for n in done.values()),
             "lost": len(lost),
         }
         print(f"\n[{name}] " + " ".join(f"{k}={v}" for k, v in numbers.items()))
+        for job, exc in self.refused.items():
+            print(f"  refused {job} after {self.refused_after.get(job, 0):.1f}s: "
+                  f"{type(exc).__module__}.{type(exc).__qualname__}: {exc}")
         return numbers
 
     def wait_completed(self, done_file: Path, timeout: float) -> None:

@@ -1,7 +1,9 @@
 """Fault tests with counts (issue #6 item 3): nothing confirmed is ever lost.
 
-Each test prints ``published / confirmed / refused / completed / duplicated /
-lost`` and asserts ``lost == 0`` and duplicates within the in-flight window.
+Each test prints ``published / confirmed / refused / refused_but_ran /
+completed / duplicated / lost`` and asserts ``lost == 0``, that every job was
+confirmed or raised a typed exception to the producer, and duplicates within
+the in-flight window.
 Run with ``.venv/bin/python -m pytest faults -s``; see faults/README.rst.
 """
 
@@ -9,16 +11,20 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from celery import Celery
+from kombu.exceptions import OperationalError
 
 from ojs_kombu import reconnect
+from ojs_kombu.errors import JobPublishError
+from ojs_kombu.job_ids import new_job_id
 
 from .app import make_app
-from .conftest import Counts, Workers, await_broker, rabbitmqctl, wait_until
+from .conftest import PORT, Counts, Workers, await_broker, rabbitmqctl, wait_until
 
 #: Celery publishes with retries; give them room to span a broker restart
 #: (1 + 2 + 4 + 8 + 16 s on the reconnection schedule).
@@ -27,6 +33,21 @@ PUBLISH_RETRY = {"max_retries": 5}
 
 def producer(url: str) -> Celery:
     return make_app(url, task_publish_retry_policy=PUBLISH_RETRY)
+
+
+def producer_without_retries(url: str) -> Celery:
+    """Celery's own switch (the app-wide ``apply_async(retry=False)``): a publish the
+    broker does not confirm raises at once instead of being retried."""
+    return make_app(url, task_publish_retry=False)
+
+
+def refusal_is_typed(exc: BaseException, job_id: str) -> bool:
+    """What a producer may see for a job that was not confirmed: kombu's
+    ``OperationalError`` naming the broker (the connection failed), or an
+    ``ojs_kombu`` publish error naming the job (the broker answered, or did not in time)."""
+    if isinstance(exc, OperationalError):
+        return f"(broker ojs://guest:**@127.0.0.1:{PORT}//)" in str(exc)
+    return isinstance(exc, JobPublishError) and job_id in str(exc)
 
 
 def queue_depth(queue: str) -> int:
@@ -40,14 +61,17 @@ def queue_depth(queue: str) -> int:
 def publish(app: Celery, counts: Counts, n: int, *, seconds: float = 0.0,
             queue: str) -> None:
     task = app.tasks["faults.record"]
-    for i in range(n):
+    for _ in range(n):
+        job_id = new_job_id()  # known before the publish: a refused job may still run
+        started = time.monotonic()
         try:
-            result = task.apply_async((seconds,), queue=queue)
+            task.apply_async((seconds,), queue=queue, task_id=job_id)
         except Exception as exc:  # surfaced to the producer: counted, never silent
-            counts.refused[f"attempt-{i}"] = repr(exc)
+            counts.refused[job_id] = exc
+            counts.refused_after[job_id] = time.monotonic() - started
             continue
-        counts.published.append(result.id)
-        counts.confirmed.append(result.id)  # apply_async returns after the confirm
+        counts.published.append(job_id)
+        counts.confirmed.append(job_id)  # apply_async returns after the confirm
 
 
 def test_kill_9_of_a_busy_worker_loses_nothing(fault_broker_url: str, workers: Workers) -> None:
@@ -73,13 +97,13 @@ def test_kill_9_of_a_busy_worker_loses_nothing(fault_broker_url: str, workers: W
     assert numbers["duplicated"] <= kills * concurrency
 
 
-def _stream(fault_broker_url: str, workers: Workers, queue: str, total: int,
-            disrupt: Any, name: str) -> tuple[dict[str, int], list[dict[str, Any]]]:
-    """A producer publishes ``total`` confirmed jobs while a worker consumes;
-    ``disrupt()`` runs once a fifth of them are confirmed."""
+def _stream(app: Celery, workers: Workers, queue: str, total: int,
+            disrupt: Callable[[Counts], Any], name: str
+            ) -> tuple[dict[str, int], list[dict[str, Any]]]:
+    """``app`` publishes ``total`` confirmed jobs while a worker consumes;
+    ``disrupt(counts)`` runs once a fifth of them are confirmed."""
     events: list[dict[str, Any]] = []
     unsubscribe = reconnect.subscribe(events.append)
-    app = producer(fault_broker_url)
     prefetch_multiplier, concurrency = 4, 4
     workers.start(queue, "--pool", "threads", "-c", str(concurrency),
                   "--prefetch-multiplier", str(prefetch_multiplier))
@@ -88,7 +112,7 @@ def _stream(fault_broker_url: str, workers: Workers, queue: str, total: int,
     try:
         thread.start()
         wait_until(lambda: len(counts.confirmed) >= total // 5, 120, "a fifth confirmed")
-        disrupt()
+        disrupt(counts)
         thread.join(240)
         assert not thread.is_alive(), "the producer never finished"
         counts.wait_completed(workers.done_file, timeout=120)
@@ -99,8 +123,11 @@ def _stream(fault_broker_url: str, workers: Workers, queue: str, total: int,
     numbers = counts.report(name, workers.done_file)
     log = workers.log.read_text()
     assert numbers["lost"] == 0, log[-5000:]
-    # every job was either confirmed or surfaced as an exception to the producer
+    # every job was either confirmed or surfaced as an exception to the producer,
+    # a typed one that says what failed
     assert numbers["confirmed"] + numbers["refused"] == total
+    for job, exc in counts.refused.items():
+        assert refusal_is_typed(exc, job), f"{job}: {type(exc)}: {exc}"
     # redelivered: what the worker held unacked (one prefetch window per lost
     # connection); republished: a publish whose confirm the lost connection took
     # (at most one per producer reconnection)
@@ -115,14 +142,36 @@ def test_broker_restart_mid_stream(fault_broker_url: str, workers: Workers,
                                    broker_app_running: None) -> None:
     """(b) ``stop_app``/``start_app`` while 5,000 confirmed jobs are published and consumed."""
 
-    def restart() -> None:
+    def restart(counts: Counts) -> None:
         rabbitmqctl("stop_app")
         time.sleep(2)
         rabbitmqctl("start_app")
         await_broker()
 
-    _, events = _stream(fault_broker_url, workers, "restart", 5000, restart,
-                              "broker restart")
+    _, events = _stream(producer(fault_broker_url), workers, "restart", 5000, restart,
+                        "broker restart")
+    assert any(e["data"]["role"] == "client" for e in events
+               if e["type"] == reconnect.RECONNECTED), events
+
+
+def test_broker_restart_with_a_producer_that_does_not_retry(
+        fault_broker_url: str, workers: Workers, broker_app_running: None) -> None:
+    """(b), the other branch: with ``task_publish_retry=False`` every publish the
+    restart breaks raises to the producer, typed; the producer goes on publishing and
+    every job it saw confirmed runs."""
+
+    def restart(counts: Counts) -> None:
+        rabbitmqctl("stop_app")
+        # down until two publishes failed: the one in flight when the broker went
+        # (or the first to find its connection closed) and one that found no broker
+        wait_until(lambda: len(counts.refused) >= 2, 120, "two publishes to be refused")
+        rabbitmqctl("start_app")
+        await_broker()
+
+    numbers, events = _stream(producer_without_retries(fault_broker_url), workers,
+                              "restart-noretry", 2000, restart,
+                              "broker restart, no publish retries")
+    assert numbers["refused"] >= 2, numbers  # the branch ran
     assert any(e["data"]["role"] == "client" for e in events
                if e["type"] == reconnect.RECONNECTED), events
 
@@ -130,8 +179,8 @@ def test_broker_restart_mid_stream(fault_broker_url: str, workers: Workers,
 def test_close_all_connections_mid_stream(fault_broker_url: str, workers: Workers) -> None:
     """(c) ``close_all_connections`` while confirmed jobs are published and consumed."""
     numbers, events = _stream(
-        fault_broker_url, workers, "closeall", 2000,
-        lambda: rabbitmqctl("close_all_connections", "ojs_kombu fault test"),
+        producer(fault_broker_url), workers, "closeall", 2000,
+        lambda counts: rabbitmqctl("close_all_connections", "ojs_kombu fault test"),
         "close_all_connections")
     assert numbers["refused"] == 0  # the broker stayed up: every publish got through
     assert any(e["type"] == reconnect.RECONNECTED for e in events), events

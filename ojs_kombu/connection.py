@@ -11,14 +11,21 @@ worker's ``broker_connection_retry`` loop and ``apply_async``'s
 
 * waits follow :class:`~ojs_kombu.reconnect.ReconnectPolicy` (1, 2, 4, ...
   60 s, +-25 %) instead of kombu's ``interval_start/step/max`` arithmetic;
-  ``max_retries`` and ``timeout`` still bound the retrying;
+  ``max_retries`` and ``timeout`` still bound the retrying, and no wait runs
+  past ``timeout`` (a publish without retries that finds no broker, which
+  reconnects through ``default_channel`` with ``timeout=connect_timeout``,
+  raises after about ``broker_connection_timeout``, not up to twice that);
 * with several broker URLs (``ojs://h1;ojs://h2``) kombu's failover strategy
   still picks the next URL at once after a failure, and the wait happens
   once every URL of the cycle has failed;
 * each failed attempt and each re-established connection is counted in
   ``ojs_amqp_reconnections_total`` (``outcome`` ``failed``/``succeeded``); a
   re-established connection is logged and emitted as ``connection.reconnected``
-  (:func:`ojs_kombu.reconnect.subscribe`).
+  (:func:`ojs_kombu.reconnect.subscribe`), also when kombu closed the lost
+  connection first (its producer pool does so after a failed publish);
+* a connection error names the broker it came from
+  (``kombu.exceptions.OperationalError: ... (broker ojs://guest:**@host:5672//)``):
+  that is what a producer whose publish failed sees.
 
 Topology is re-declared after a reconnection because its cache lives on the
 py-amqp connection (:class:`ojs_kombu.transport.Connection`), which every
@@ -30,6 +37,8 @@ the queues it consumes when its consumer restarts.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from itertools import count
 from time import monotonic
 from typing import Any
@@ -37,6 +46,7 @@ from typing import Any
 import kombu
 from kombu.connection import ConnectionPool as KombuConnectionPool
 from kombu.connection import PooledConnection
+from kombu.exceptions import OperationalError
 from kombu.utils.functional import retry_over_time
 
 from .reconnect import DEFAULT_POLICY, RECONNECTED, ReconnectPolicy, emit
@@ -93,12 +103,14 @@ class BrokerConnection(kombu.Connection):
         policy = self.reconnect_policy
         rounds = count(1)
         self._ojs_attempts = 0
-        self._ojs_retry_started = monotonic()
+        started = self._ojs_retry_started = monotonic()
 
         def on_error(exc: Exception, _intervals: Any, retries: int) -> float:
             # with several URLs, the next one is tried at once; the wait comes
             # when the whole cycle has failed (kombu's own failover rule)
             interval = policy.delay(next(rounds)) if self.completes_cycle(retries) else 0.0
+            if timeout:  # kombu would sleep the whole wait, then try once more
+                interval = max(0.0, min(interval, started + timeout - monotonic()))
             self._ojs_attempts += 1
             binding = self.ojs_binding
             if binding is not None:
@@ -135,9 +147,33 @@ class BrokerConnection(kombu.Connection):
         return connection
 
     def _close(self) -> None:
-        # a connection closed on purpose and opened again is not a reconnection
-        self._ojs_established = False
+        # A connection closed on purpose and opened again is not a reconnection.
+        # One the broker had already dropped is: kombu's producer pool closes
+        # ("replaces") the connection of a publish that raised, and a producer
+        # publishing without retries opens it again on its next publish.
+        if self.connected:
+            self._ojs_established = False
         super()._close()
+
+    @contextmanager
+    def _reraise_as_library_errors(
+        self, ConnectionError: type[Exception] = OperationalError,
+        ChannelError: type[Exception] = OperationalError,
+    ) -> Iterator[None]:
+        """kombu's translation into library errors, naming the broker: a producer
+        (``apply_async`` runs inside this context) sees ``OperationalError: [Errno
+        111] Connection refused (broker ojs://guest:**@host:5672//)``."""
+        try:
+            yield
+        except (ConnectionError, ChannelError):
+            raise
+        except self.recoverable_connection_errors as exc:
+            raise ConnectionError(self._naming_broker(exc)) from exc
+        except self.recoverable_channel_errors as exc:
+            raise ChannelError(self._naming_broker(exc)) from exc
+
+    def _naming_broker(self, exc: BaseException) -> str:
+        return f"{str(exc) or type(exc).__name__} (broker {self.as_uri()})"
 
     def clone(self, **kwargs: Any) -> BrokerConnection:
         clone = super().clone(**kwargs)

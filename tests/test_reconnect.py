@@ -90,6 +90,65 @@ def test_failover_tries_the_next_url_at_once_and_waits_per_cycle() -> None:
     assert tried == [(first, 0), (second, 0.001), (first, 0), (second, 0.002), (first, 0)]
 
 
+def test_no_wait_runs_past_the_timeout() -> None:
+    """``default_channel`` (a publish without retries) reconnects with
+    ``timeout=connect_timeout``: kombu would sleep a whole wait past it and try again."""
+    connection = BrokerConnection(f"ojs://guest:guest@127.0.0.1:{_closed_port()}//",
+                                  connect_timeout=1)
+    connection.reconnect_policy = ReconnectPolicy(initial=0.2, random=lambda: 0.5)
+    waits: list[float] = []
+    with pytest.raises(OperationalError):
+        connection.ensure_connection(errback=lambda exc, interval: waits.append(interval),
+                                     timeout=0.5)
+    assert waits[0] == 0.2  # the schedule: 0.2, then 0.4, which would end at 0.6
+    assert len(waits) >= 2 and sum(waits) <= 0.5, waits
+
+
+def test_connection_errors_name_the_broker_without_its_password() -> None:
+    """What a producer's failed ``apply_async`` raises (Celery publishes inside
+    ``_reraise_as_library_errors``), and a failed connect."""
+    port = _closed_port()
+    connection = BrokerConnection(f"ojs://guest:secret@127.0.0.1:{port}//", connect_timeout=1)
+    with pytest.raises(OperationalError) as lost, connection._reraise_as_library_errors():
+        raise ConnectionResetError(104, "Connection reset by peer")
+    assert str(lost.value) == (f"[Errno 104] Connection reset by peer "
+                               f"(broker ojs://guest:**@127.0.0.1:{port}//)")
+    assert isinstance(lost.value.__cause__, ConnectionResetError)
+    with pytest.raises(OperationalError, match=rf"refused \(broker ojs://guest:\*\*@"
+                                               rf"127\.0\.0\.1:{port}//\)") as refused:
+        connection.ensure_connection(max_retries=0)
+    assert "secret" not in str(refused.value)
+
+
+@pytest.mark.parametrize("lost", [True, False])
+def test_a_connection_the_pool_replaced_after_a_failed_publish(
+        lost: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """kombu's ``Producer.__exit__`` closes its pooled connection on any error; opened
+    again, it is a reconnection when the broker had dropped it, not when it was alive."""
+    from kombu import Producer
+
+    from ojs_kombu import reconnect
+
+    pool = BrokerConnection("memory://").Pool(limit=1)
+    member = pool.acquire()
+    member.ensure_connection()
+    if lost:
+        monkeypatch.setattr(member.transport, "verify_connection", lambda connection: False)
+    seen: list[dict[str, object]] = []
+    unsubscribe = reconnect.subscribe(seen.append)
+    try:
+        with pytest.raises(OperationalError), Producer(member):
+            raise OperationalError("the publish failed")
+        member.ensure_connection()  # the producer's next publish
+    finally:
+        unsubscribe()
+        member.release()
+    reconnected = [e for e in seen if e["type"] == reconnect.RECONNECTED]
+    assert len(reconnected) == (1 if lost else 0), seen
+    if lost:
+        assert reconnected[0]["data"]["role"] == "client"  # type: ignore[index]
+
+
 def test_pooled_connections_reconnect_on_the_schedule_too() -> None:
     """Celery's producers publish through a pool: its members must be ours."""
     connection = BrokerConnection("ojs://guest:guest@127.0.0.1:1//")

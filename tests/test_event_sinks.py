@@ -395,7 +395,7 @@ def test_a_full_batch_goes_out_at_once_and_flush_or_close_sends_the_rest() -> No
     for n in range(25):
         sink(event(n))
     wait_for(lambda: len(channel.events()) == 20)  # two full batches, no waiting for 60 s
-    assert len(channel.events()) == 20 and sink._queue.unfinished_tasks == 5
+    assert len(channel.events()) == 20 and sink.pending == 5
     assert sink.flush(10)  # flush does not wait out batch_ms either
     assert [e["subject"] for e in channel.events()] == [f"job-{n}" for n in range(25)]
     sink(event(99))

@@ -10,16 +10,15 @@ flight.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import hmac
 import logging
 import os
-import queue
 import threading
 import time
 import urllib.error
 import urllib.request
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,17 +29,25 @@ from .models import Event
 logger = logging.getLogger("ojs_kombu.events")
 
 _STOP = object()
-_FLUSH = object()  # ends the batch being collected at once (``flush``)
-
-
-def _is_marker(item: Any) -> bool:
-    return item is _STOP or item is _FLUSH
 
 
 class BackgroundSink:
-    """Base of the sinks: hand-off in O(1), delivery on a daemon thread."""
+    """Base of the sinks: hand-off in O(1), delivery on a daemon thread.
+
+    The hand-off is a ``deque`` append plus, at most, setting an event that is
+    not set yet: the emitting thread (a job's pool thread) never takes a lock
+    the delivery thread holds, and the delivery thread wakes once per batch,
+    not once per event, so it does not make the worker's threads hand the GIL
+    around for every event.
+    """
 
     name = "sink"
+
+    #: Most events handed to :meth:`deliver_batch` at once.
+    batch_size = 200
+    #: Seconds the thread keeps collecting after the first event of a batch (0: take
+    #: only what is already buffered), so a busy process sends fewer, bigger batches.
+    linger = 0.0
 
     def __init__(self, capacity: int = 10_000) -> None:
         self.capacity = capacity
@@ -49,18 +56,33 @@ class BackgroundSink:
         self.dropped = 0
         self._lock = threading.Lock()
         self._pid = -1
-        self._queue: queue.Queue[Any] = queue.Queue(capacity)
+        self._buffer: deque[Any] = deque()
+        #: Set when the buffer may hold something the thread has not seen.
+        self._wake = threading.Event()
+        #: Ends a linger early: a full batch is waiting, or a flush or close.
+        self._hurry = threading.Event()
         self._thread: threading.Thread | None = None
+        self._in_hand = 0
+
+    @property
+    def pending(self) -> int:
+        """Events handed over and not yet delivered (or failed)."""
+        return sum(1 for item in tuple(self._buffer) if not _is_marker(item)) + self._in_hand
 
     def __call__(self, event: Event) -> None:
         self._ensure_thread()
-        try:
-            self._queue.put_nowait(event)
-        except queue.Full:
+        buffer = self._buffer
+        if len(buffer) >= self.capacity:
             self.dropped += 1
             if self.dropped == 1 or self.dropped % 1000 == 0:
                 logger.warning("%s: buffer of %d events is full; %d event(s) dropped",
                                self.name, self.capacity, self.dropped)
+            return
+        buffer.append(event)
+        if not self._wake.is_set():
+            self._wake.set()
+        if self.linger and len(buffer) >= self.batch_size and not self._hurry.is_set():
+            self._hurry.set()
 
     def deliver(self, event: Event) -> None:
         raise NotImplementedError
@@ -69,21 +91,24 @@ class BackgroundSink:
         """In a forked child: forget what belongs to the parent (never close it)."""
 
     def flush(self, timeout: float = 10.0) -> bool:
-        """Wait until every buffered event was handled; ``False`` on timeout."""
-        deadline = time.monotonic() + timeout
-        if self.linger and self._queue.unfinished_tasks and self._thread is not None:
-            with contextlib.suppress(queue.Full):  # full: the batch is sent without waiting
-                self._queue.put_nowait(_FLUSH)
-        while self._queue.unfinished_tasks and time.monotonic() < deadline:
-            time.sleep(0.01)
-        return not self._queue.unfinished_tasks
+        """Wait until every event handed over so far was handled; ``False`` on timeout."""
+        if self._thread is None or not self._thread.is_alive():
+            return self.pending == 0
+        done = threading.Event()
+        self._buffer.append(done)  # handled in order, after every earlier event
+        self._hurry.set()
+        self._wake.set()
+        return done.wait(timeout)
 
     def close(self, timeout: float = 10.0) -> None:
         """Deliver what is buffered and stop the thread; the next event starts a new one."""
-        if self._thread is not None and self._thread.is_alive():
+        thread = self._thread
+        if thread is not None and thread.is_alive():
             self.flush(timeout)
-            self._queue.put(_STOP)
-            self._thread.join(timeout)
+            self._buffer.append(_STOP)
+            self._hurry.set()
+            self._wake.set()
+            thread.join(timeout)
         with self._lock:
             self._thread, self._pid = None, -1
 
@@ -94,17 +119,12 @@ class BackgroundSink:
             if self._pid != os.getpid():  # new process (fork) or closed: fresh thread
                 if self._pid != -1:
                     self.forked()
-                    self._queue = queue.Queue(self.capacity)
+                    self._buffer = deque()
+                    self._wake, self._hurry = threading.Event(), threading.Event()
                 self._pid = os.getpid()
                 self._thread = threading.Thread(target=self._run, name=f"ojs-{self.name}",
                                                 daemon=True)
                 self._thread.start()
-
-    #: Most events handed to :meth:`deliver_batch` at once.
-    batch_size = 200
-    #: Seconds the thread keeps collecting after the first event of a batch (0: take
-    #: only what is already buffered), so a busy process sends fewer, bigger batches.
-    linger = 0.0
 
     def deliver_batch(self, events: list[Event]) -> None:
         for event in events:
@@ -116,32 +136,41 @@ class BackgroundSink:
                 logger.exception("%s could not deliver event %s (%s)", self.name,
                                  event.id, event.type)
 
-    def _take(self) -> list[Any]:
-        """The next batch: up to ``batch_size`` events, waiting up to ``linger`` for more."""
-        batch = [self._queue.get()]
-        deadline = time.monotonic() + self.linger
-        while len(batch) < self.batch_size and not _is_marker(batch[-1]):
-            try:
-                remaining = deadline - time.monotonic()
-                batch.append(self._queue.get(timeout=remaining) if remaining > 0
-                             else self._queue.get_nowait())
-            except queue.Empty:
-                break
-        return batch
+    def _take(self) -> tuple[list[Event], Any]:
+        """Up to ``batch_size`` events from the front, and the marker that ended them."""
+        buffer, events = self._buffer, []
+        while buffer and len(events) < self.batch_size:
+            item = buffer.popleft()
+            if _is_marker(item):
+                return events, item
+            events.append(item)
+        return events, None
 
     def _run(self) -> None:
+        buffer = self._buffer
         while True:
-            batch = self._take()
-            stop = any(e is _STOP for e in batch)
-            events = [e for e in batch if not _is_marker(e)]
-            try:
-                if events:
-                    self.deliver_batch(events)
-            finally:
-                for _ in batch:
-                    self._queue.task_done()
-            if stop:
-                return
+            self._wake.wait()
+            self._wake.clear()  # anything appended from now on sets it again
+            while buffer:
+                if (self.linger and len(buffer) < self.batch_size
+                        and not self._hurry.is_set()):
+                    self._hurry.wait(self.linger)
+                self._hurry.clear()
+                events, marker = self._take()
+                self._in_hand = len(events)
+                try:
+                    if events:
+                        self.deliver_batch(events)
+                finally:
+                    self._in_hand = 0
+                if marker is _STOP:
+                    return
+                if marker is not None:
+                    marker.set()
+
+
+def _is_marker(item: Any) -> bool:
+    return item is _STOP or isinstance(item, threading.Event)
 
 
 class FileSink(BackgroundSink):

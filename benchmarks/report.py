@@ -138,3 +138,16 @@ def grid(rows: list[tuple[str, ...]]) -> list[str]:
     fmt = [" | ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
            for row in rows]
     return [fmt[0], "-+-".join("-" * w for w in widths), *fmt[1:]]
+
+
+def block_sizes(n: int, blocks: int) -> list[int]:
+    """``n`` jobs cut into ``blocks`` near-equal parts (none empty)."""
+    blocks = max(1, min(blocks, n))
+    return [n // blocks + (1 if i < n % blocks else 0) for i in range(blocks)]
+
+
+def block_orders(keys: list[str], blocks: int, forward: bool) -> list[list[str]]:
+    """The scenario order of each publish block: rotated by one per block, so each
+    block starts with another scenario, and reversed on odd rounds (``forward`` false)."""
+    keys = list(keys) if forward else list(reversed(keys))
+    return [keys[b % len(keys):] + keys[:b % len(keys)] for b in range(blocks)]

@@ -335,13 +335,56 @@ def measure_publish(side: Side, broker: Broker, n: int) -> PublishResult:
 def measure_calls(send: Callable[[int], list[float]], queue: str, broker: Broker,
                   n: int) -> PublishResult:
     """Time ``send(n)`` (which returns per-call latencies) into the purged ``queue``."""
+    seconds, latencies = time_block(send, queue, broker, n)
+    return publish_result(n, seconds, latencies)
+
+
+def time_block(send: Callable[[int], list[float]], queue: str, broker: Broker,
+               n: int) -> tuple[float, list[float]]:
+    """Seconds ``send(n)`` took into the purged ``queue``, and its per-call latencies."""
     broker.purge(queue)
     started = time.perf_counter()
     latencies = send(n)
     seconds = time.perf_counter() - started
     broker.purge(queue)
+    return seconds, latencies
+
+
+def publish_result(n: int, seconds: float, latencies: list[float]) -> PublishResult:
     cuts = statistics.quantiles(latencies, n=100, method="inclusive")
     return PublishResult(n / seconds, seconds, cuts[49] * 1e3, cuts[98] * 1e3)
+
+
+def interleaved_publishes(
+    publishers: dict[str, tuple[Callable[[int], list[float]], str, int]], broker: Broker,
+    blocks: int, forward: bool, round_label: str,
+) -> tuple[dict[str, PublishResult], list[list[str]]]:
+    """Every publish scenario, each cut into ``blocks`` blocks run in turns.
+
+    Block ``b`` runs every scenario once, in an order rotated by one per block
+    (and reversed on odd rounds), so a slow patch of the shared machine (the
+    broker's disk flushes dominate confirmed publishes) lands on every
+    contender alike instead of on whichever ran during it.  A scenario's rate
+    is its jobs over the sum of its blocks' times.
+    """
+    keys = list(publishers)
+    sizes = {key: report.block_sizes(publishers[key][2], blocks) for key in keys}
+    spent = dict.fromkeys(keys, 0.0)
+    latencies: dict[str, list[float]] = {key: [] for key in keys}
+    orders = report.block_orders(keys, blocks, forward)
+    for b, order in enumerate(orders):
+        for key in order:
+            if b >= len(sizes[key]):
+                continue
+            _progress(f"throughput: {round_label}, block {b + 1}/{len(orders)}, "
+                      f"{report.BY_KEY[key].label}")
+            send, queue, _n = publishers[key]
+            seconds, lat = time_block(send, queue, broker, sizes[key][b])
+            spent[key] += seconds
+            latencies[key] += lat
+    results = {key: publish_result(publishers[key][2], spent[key], latencies[key])
+               for key in orders[0]}
+    return results, orders
 
 
 def measure_drain(side: Side, broker: Broker, n: int, timeout: float, *,
@@ -516,10 +559,11 @@ def _progress(message: str) -> None:
 
 
 def run_throughput(broker: Broker, args: argparse.Namespace) -> dict[str, Any]:
-    """Every publish scenario, then the drains, per round; medians, ratios and targets.
+    """Every publish scenario (interleaved in ``--blocks`` blocks), then the drains, per
+    round; medians, ratios and targets.
 
-    Odd rounds run the publish scenarios in reverse order and each drain pair
-    ojs first, so drift on the shared machine hits every contender alike.
+    Odd rounds run the publish blocks in reverse order and each drain pair ojs
+    first, so drift on the shared machine hits every contender alike.
     """
     pid = os.getpid()
     dramatiq_queue = f"bench{pid}-dramatiq"
@@ -554,25 +598,29 @@ def run_throughput(broker: Broker, args: argparse.Namespace) -> dict[str, Any]:
         }
         rounds: dict[str, list[dict[str, Any]]] = {key: [] for key in [*publishers, *drains]}
         orders: list[list[str]] = []
+        block_orders: list[list[list[str]]] = []
         for i in range(args.rounds):
             forward = i % 2 == 0
-            order = list(publishers) if forward else list(reversed(publishers))
+            label = f"round {i + 1}/{args.rounds}"
+            published, blocks = interleaved_publishes(publishers, broker, args.blocks, forward,
+                                                      label)
+            block_orders.append(blocks)
+            for key, result in published.items():
+                rounds[key].append(asdict(result))
+            order = list(published)
             for pair in (("plain_drain_threads", "ojs_drain_threads"),
                          ("plain_drain_prefork", "ojs_drain_prefork")):
                 order += pair if forward else pair[::-1]
             orders.append(order)
-            for key in order:
-                _progress(f"throughput: round {i + 1}/{args.rounds}, {report.BY_KEY[key].label}")
-                if key in publishers:
-                    send, queue, n = publishers[key]
-                    rounds[key].append(asdict(measure_calls(send, queue, broker, n)))
-                else:
-                    rounds[key].append(asdict(drains[key](i)))
+            for key in order[len(published):]:
+                _progress(f"throughput: {label}, {report.BY_KEY[key].label}")
+                rounds[key].append(asdict(drains[key](i)))
     medians = {key: summarize(results) for key, results in rounds.items()}
     jobs = {key: publishers[key][2] if key in publishers else single for key in rounds}
     return {"medians": medians, "jobs": jobs, **report.assess(medians), "rounds": rounds,
-            "orders": orders,
+            "orders": orders, "publish_block_orders": block_orders,
             "settings": {"batch_size": args.batch_size, "warmup": WARMUP,
+                         "publish_blocks": args.blocks,
                          "threads": {"pool": POOL, "concurrency": CONCURRENCY},
                          "prefork": {"pool": prefork_drain.POOL,
                                      "concurrency": prefork_drain.CONCURRENCY},
@@ -676,6 +724,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="repeat the throughput and events scenarios, alternating which "
                         "side goes first, and report medians (steadier ratios on a noisy "
                         "machine)")
+    parser.add_argument("--blocks", type=int, default=5,
+                        help="throughput: cut each publish scenario of a round into this many "
+                        "blocks, run in turns with the other scenarios (1: one block each)")
     parser.add_argument("--broker", default=DEFAULT_BROKER, help="amqp:// URL of RabbitMQ")
     parser.add_argument("--timeout", type=float, default=300.0,
                         help="seconds a drain may take before it counts as an error")
@@ -695,8 +746,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="scheduling: seconds after the last due time before jobs that "
                         "have not run count as missing")
     args = parser.parse_args(argv)
-    if args.jobs < 2 or args.rounds < 1:
-        parser.error("--jobs must be at least 2 and --rounds at least 1")
+    if args.jobs < 2 or args.rounds < 1 or args.blocks < 1:
+        parser.error("--jobs must be at least 2, --rounds and --blocks at least 1")
+    if args.jobs < 2 * args.blocks:
+        parser.error("--jobs must be at least twice --blocks (every block needs jobs)")
     if args.batch_size < 1 or args.fast_jobs < 2 * args.batch_size:
         parser.error("--batch-size must be at least 1 and --fast-jobs at least twice it "
                      "(for the batch latency percentiles)")

@@ -99,3 +99,15 @@ def test_prefork_record_skips_a_line_still_being_written(tmp_path: Path) -> None
     record = tmp_path / "r"
     record.write_text("10.000000 10.000100\n10.500000 10.600000\n11.0000")
     assert prefork_drain.read_record(record) == [(10.0, 10.0001), (10.5, 10.6)]
+
+
+
+def test_publish_blocks_cover_every_job_and_rotate_the_scenarios() -> None:
+    """Interleaved publishing times every job of a scenario once, in near-equal blocks,
+    and each block starts with another scenario (so a slow patch hits all alike)."""
+    assert report.block_sizes(10, 3) == [4, 3, 3]
+    assert report.block_sizes(2, 5) == [1, 1]
+    assert sum(report.block_sizes(2000, 7)) == 2000
+    orders = report.block_orders(["a", "b", "c"], 4, True)
+    assert orders == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
+    assert report.block_orders(["a", "b", "c"], 2, False) == [["c", "b", "a"], ["b", "a", "c"]]

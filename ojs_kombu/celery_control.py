@@ -19,6 +19,7 @@ import signal
 import threading
 import time
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -145,6 +146,12 @@ def job_info(app: Celery, job_id: str, timeout: float = 1.0) -> dict[str, Any]:
     return {"job_id": job_id, "state": "not_found"}
 
 
+#: INFO requests a worker answers at the same time (each waits for the other workers).
+INFO_THREADS = 4
+#: INFO requests a worker holds (answering or waiting); more are dropped with a warning.
+INFO_BACKLOG = 64
+
+
 class ControlQueues(bootsteps.StartStopStep):
     """Consumer bootstep: consume the control queues and publish job heartbeats."""
 
@@ -155,6 +162,10 @@ class ControlQueues(bootsteps.StartStopStep):
         super().__init__(parent, **kwargs)
         self._channel: Any = None
         self._timer: Any = None
+        # A burst of INFO requests must not start a thread each: a few answer,
+        # a bounded backlog waits, the rest are dropped (their callers time out).
+        self._info_pool = ThreadPoolExecutor(INFO_THREADS, thread_name_prefix="ojs-info")
+        self._info_slots = threading.BoundedSemaphore(INFO_BACKLOG)
 
     def start(self, parent: Any) -> None:
         binding = parent.app.amqp.binding
@@ -183,7 +194,9 @@ class ControlQueues(bootsteps.StartStopStep):
             except Exception:
                 logger.debug("closing the control channel failed", exc_info=True)
 
-    shutdown = stop
+    def shutdown(self, parent: Any) -> None:
+        self.stop(parent)
+        self._info_pool.shutdown(wait=False, cancel_futures=True)
 
     def on_message(self, parent: Any, message: amqp.Message) -> None:
         try:
@@ -208,12 +221,34 @@ class ControlQueues(bootsteps.StartStopStep):
             elif kind == INFO:
                 reply_to = message.properties.get("reply_to")
                 if reply_to:
-                    threading.Thread(target=self.answer, daemon=True, args=(
-                        parent.app, body["job_id"], reply_to,
-                        message.properties.get("correlation_id"))).start()
+                    self.answer_later(parent.app, body["job_id"], reply_to,
+                                      message.properties.get("correlation_id"))
             elif kind == HEARTBEAT:
                 logger.debug("heartbeat of job %s from %s", body["job_id"],
                              body.get("worker_id"))
+
+    def answer_later(self, app: Celery, job_id: str, reply_to: str,
+                     correlation_id: str | None) -> bool:
+        """Queue an INFO reply; ``False`` (and a warning) when the backlog is full."""
+        if not self._info_slots.acquire(blocking=False):
+            logger.warning("dropping INFO request for job %s: %d INFO requests are already "
+                           "waiting on this worker", job_id, INFO_BACKLOG)
+            return False
+
+        def run() -> None:
+            try:
+                self.answer(app, job_id, reply_to, correlation_id)
+            except Exception:
+                logger.exception("INFO reply for job %s could not be sent", job_id)
+            finally:
+                self._info_slots.release()
+
+        try:
+            self._info_pool.submit(run)
+        except RuntimeError:  # the pool was shut down (worker stopping)
+            self._info_slots.release()
+            return False
+        return True
 
     @staticmethod
     def answer(app: Celery, job_id: str, reply_to: str, correlation_id: str | None) -> None:

@@ -1,0 +1,51 @@
+"""INFO requests are answered by a bounded pool with a bounded backlog (worker side)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from ojs_kombu import celery_control
+from ojs_kombu.celery_control import INFO_BACKLOG, INFO_THREADS, ControlQueues
+
+
+def test_a_burst_of_info_requests_uses_a_few_threads_and_drops_beyond_the_backlog(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    release = threading.Event()
+    running: set[int] = set()
+    answered: list[str] = []
+    lock = threading.Lock()
+
+    def slow_answer(app: Any, job_id: str, reply_to: str, correlation_id: Any) -> None:
+        with lock:
+            running.add(threading.get_ident())
+        release.wait(10)
+        with lock:
+            answered.append(job_id)
+
+    monkeypatch.setattr(ControlQueues, "answer", staticmethod(slow_answer))
+    step = ControlQueues.__new__(ControlQueues)
+    step._channel = step._timer = None
+    step._info_pool = celery_control.ThreadPoolExecutor(INFO_THREADS)
+    step._info_slots = threading.BoundedSemaphore(INFO_BACKLOG)
+    app = Celery("info", set_as_current=False)
+    before = threading.active_count()
+    with caplog.at_level(logging.WARNING, logger="ojs_kombu.celery_control"):
+        taken = [step.answer_later(app, f"job-{n}", "reply", None)
+                 for n in range(INFO_BACKLOG + 10)]
+    assert taken.count(True) == INFO_BACKLOG and taken[-10:] == [False] * 10
+    assert threading.active_count() - before <= INFO_THREADS
+    assert "dropping INFO request for job job-" in caplog.text
+    release.set()
+    step._info_pool.shutdown(wait=True)
+    assert sorted(answered) == sorted(f"job-{n}" for n in range(INFO_BACKLOG))
+    assert len(running) <= INFO_THREADS
+    # slots come back once answered
+    step._info_pool = celery_control.ThreadPoolExecutor(INFO_THREADS)
+    assert step.answer_later(app, "again", "reply", None)
+    step._info_pool.shutdown(wait=True)
+    assert answered[-1] == "again"

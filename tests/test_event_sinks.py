@@ -403,6 +403,31 @@ def test_a_full_batch_goes_out_at_once_and_flush_or_close_sends_the_rest() -> No
     assert channel.events()[-1]["subject"] == "job-99" and sink.delivered == 26
 
 
+def test_flush_with_more_than_a_batch_buffered_does_not_wait_out_the_linger() -> None:
+    """A flush asked for while full batches are still queued ends the linger of the
+    partial batch behind them (it used to wait the whole linger, here 60 s)."""
+
+    class Gated(BackgroundSink):
+        batch_size, linger = 10, 60.0
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.gate, self.got = threading.Event(), []
+
+        def deliver_batch(self, events: list[Any]) -> None:
+            self.gate.wait(10)
+            self.got += events
+
+    sink = Gated()
+    for n in range(25):
+        sink(event(n))
+    time.sleep(0.05)  # the thread holds the first batch at the gate
+    sink.gate.set()
+    assert sink.flush(10)
+    assert len(sink.got) == 25
+    sink.close()
+
+
 def test_a_partial_batch_goes_out_after_batch_ms() -> None:
     sink, channel = recording_sink(batch_size=100, batch_ms=20)
     sink(event(1))

@@ -95,9 +95,7 @@ class BackgroundSink:
         if self._thread is None or not self._thread.is_alive():
             return self.pending == 0
         done = threading.Event()
-        self._buffer.append(done)  # handled in order, after every earlier event
-        self._hurry.set()
-        self._wake.set()
+        self._mark(done)  # handled in order, after every earlier event
         return done.wait(timeout)
 
     def close(self, timeout: float = 10.0) -> None:
@@ -105,12 +103,16 @@ class BackgroundSink:
         thread = self._thread
         if thread is not None and thread.is_alive():
             self.flush(timeout)
-            self._buffer.append(_STOP)
-            self._hurry.set()
-            self._wake.set()
+            self._mark(_STOP)
             thread.join(timeout)
         with self._lock:
             self._thread, self._pid = None, -1
+
+    def _mark(self, marker: Any) -> None:
+        """Queue a flush or stop marker behind every event so far, ending any linger."""
+        self._buffer.append(marker)
+        self._hurry.set()
+        self._wake.set()
 
     def _ensure_thread(self) -> None:
         if self._pid == os.getpid() and self._thread is not None:
@@ -152,10 +154,12 @@ class BackgroundSink:
             self._wake.wait()
             self._wake.clear()  # anything appended from now on sets it again
             while buffer:
-                if (self.linger and len(buffer) < self.batch_size
-                        and not self._hurry.is_set()):
-                    self._hurry.wait(self.linger)
-                self._hurry.clear()
+                if self.linger and len(buffer) < self.batch_size:
+                    # Clear first, then look: a marker or a full batch that arrives
+                    # from here on sets _hurry again and ends the wait.
+                    self._hurry.clear()
+                    if not any(_is_marker(item) for item in tuple(buffer)):
+                        self._hurry.wait(self.linger)
                 events, marker = self._take()
                 self._in_hand = len(events)
                 try:

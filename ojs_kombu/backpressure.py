@@ -27,7 +27,6 @@ import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -39,7 +38,7 @@ from .errors import (
     OJSConfigurationError,
     QueueFullError,
 )
-from .job_ids import new_job_id
+from .events.side import SideEvents
 
 logger = logging.getLogger("ojs_kombu.backpressure")
 
@@ -245,9 +244,6 @@ class Bounds:
         return min(max(depth / self.max_depth, 0.0), 1.0)
 
 
-UNBOUNDED = Bounds()
-
-
 class ProducerBackpressure(BaseModel):
     """``ojs_backpressure``: how producers react to a full queue (sections 8.1, 8.2)."""
 
@@ -357,7 +353,7 @@ class BackpressureMonitor:
         self.sleep = sleep
         self._lock = threading.Lock()
         self._queues: dict[str, _QueueState] = {}
-        self._subscribers: tuple[EventCallback, ...] = ()
+        self._events = SideEvents("backpressure")
         if metrics is not None:
             metrics.observe_backpressure(self.pressures)
 
@@ -367,32 +363,13 @@ class BackpressureMonitor:
         """Call ``callback(event)`` with every ``backpressure.*`` event (an OJS-envelope
         dict: specversion, id, type, source, time, subject = queue, data); returns a
         function that unsubscribes."""
-        with self._lock:
-            self._subscribers = (*self._subscribers, callback)
-
-        def unsubscribe() -> None:
-            with self._lock:
-                self._subscribers = tuple(s for s in self._subscribers if s is not callback)
-        return unsubscribe
+        return self._events.subscribe(callback)
 
     def emit(self, event_type: str, queue: str, **data: Any) -> dict[str, Any]:
-        now = datetime.now(UTC)
-        event = {
-            "specversion": "1.0", "id": "evt_" + new_job_id(), "type": event_type,
-            "source": self.source,
-            "time": now.replace(tzinfo=None).isoformat(timespec="milliseconds") + "Z",
-            "subject": queue,
-            "data": {"queue": queue, **{k: v for k, v in data.items() if v is not None}},
-        }
+        details = {k: v for k, v in data.items() if v is not None}
         level = logging.INFO if event_type == "backpressure.cleared" else logging.WARNING
-        logger.log(level, "%s: queue %r %s", event_type, queue,
-                   {k: v for k, v in event["data"].items() if k != "queue"})
-        for callback in self._subscribers:
-            try:
-                callback(event)
-            except Exception:
-                logger.exception("backpressure subscriber %r failed on %s", callback, event_type)
-        return event
+        logger.log(level, "%s: queue %r %s", event_type, queue, details)
+        return self._events.emit(event_type, self.source, queue, {"queue": queue, **details})
 
     def dropped(self, queue: str, job_id: str | None, job_type: str | None,
                 dropped_at: str | None = None) -> dict[str, Any]:

@@ -219,9 +219,7 @@ def check_app(app: Celery) -> dict[str, str]:
     app.finalize(auto=True)
     binding = app.amqp.binding
     queues = app.amqp.queues
-    for queue in queues.values():  # bad ojs_queues / argument combinations fail here
-        if isinstance(queue, JobQueue):
-            binding.declare_arguments(queue.ojs_queue)
+    # Bad ojs_queues / argument combinations fail here, before any warning is logged.
     binding.warn_unbounded(q.ojs_queue for q in queues.values() if isinstance(q, JobQueue))
     types = binding.job_types.validate()
     for name, task in app.tasks.items():

@@ -31,13 +31,8 @@ class ConsumerReconnections(bootsteps.StartStopStep):
     def __init__(self, parent: Any, **kwargs: Any) -> None:
         super().__init__(parent, **kwargs)
         self._lost_at: float | None = None
-        #: prefetch count of the first start: a restart must restore it
-        self.prefetch_count: int | None = None
 
     def start(self, parent: Any) -> None:
-        prefetch = _prefetch(parent)
-        if self.prefetch_count is None:
-            self.prefetch_count = prefetch
         if self._lost_at is None:
             return
         lost_at, self._lost_at = self._lost_at, None
@@ -47,7 +42,7 @@ class ConsumerReconnections(bootsteps.StartStopStep):
             broker=connection.as_uri() if connection is not None else "?",
             attempts=getattr(connection, "_ojs_attempts", 0) + 1,
             duration_s=monotonic() - lost_at, worker_id=parent.hostname,
-            queues=consumed_queues(parent.app), prefetch_count=prefetch)
+            queues=consumed_queues(parent.app), prefetch_count=_prefetch(parent))
 
     def stop(self, parent: Any) -> None:
         """Called on every consumer restart (a lost connection) and at shutdown."""

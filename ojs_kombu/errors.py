@@ -114,16 +114,16 @@ class QueueFullError(JobNackedError):
     def __init__(self, message: str, *, queue: str, job_id: str | None = None,
                  depth: int | None = None, bound: int | None = None,
                  strategy: str = "reject", retry_after: float = 1.0,
-                 circuit_open: bool = False, rejected: tuple[str, ...] = (),
-                 accepted: tuple[str, ...] = ()) -> None:
+                 circuit_open: bool = False, accepted: tuple[str, ...] = ()) -> None:
         self.depth = depth
         self.bound = bound
         self.strategy = strategy
         self.retry_after = retry_after
         self.circuit_open = circuit_open
-        self.rejected = tuple(rejected) or ((job_id,) if job_id else ())
+        self.rejected = (job_id,) if job_id else ()
         self.accepted = tuple(accepted)
-        super().__init__(message, job_id=job_id, queue=queue)
+        # Not super(): in BatchQueueFullError the next class is BatchPublishError.
+        JobPublishError.__init__(self, message, job_id=job_id, queue=queue)
 
     def to_dict(self) -> dict[str, Any]:
         """The section 7.1 error body, for callers that relay it (e.g. an HTTP 429)."""
@@ -172,17 +172,11 @@ class BatchQueueFullError(QueueFullError, BatchPublishError):
                  strategy: str, retry_after: float, circuit_open: bool = False,
                  rejected: Mapping[str, str], unconfirmed: tuple[str, ...] = (),
                  accepted: tuple[str, ...] = ()) -> None:
-        # QueueFullError's and BatchPublishError's __init__ take different arguments:
-        # set both sets of attributes here.
-        self.depth = depth
-        self.bound = bound
-        self.strategy = strategy
-        self.retry_after = retry_after
-        self.circuit_open = circuit_open
+        QueueFullError.__init__(self, message, queue=queue, depth=depth, bound=bound,
+                                strategy=strategy, retry_after=retry_after,
+                                circuit_open=circuit_open, accepted=accepted)
         self.rejected = dict(rejected)  # type: ignore[assignment]
         self.unconfirmed = tuple(unconfirmed)
-        self.accepted = tuple(accepted)
-        JobPublishError.__init__(self, message, job_id=None, queue=queue)
 
 
 class JobRejected(OJSError):

@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import logging
 import random
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
-from .job_ids import new_job_id
+from .events.side import SideEventCallback, SideEvents
 
 logger = logging.getLogger(__name__)
 
@@ -77,41 +75,13 @@ RECONNECTED = "connection.reconnected"
 CONSUMER_CANCELLED = "consumer.cancelled"
 CONNECTION_EVENT_TYPES = (RECONNECTED, CONSUMER_CANCELLED)
 
-ConnectionEventCallback = Callable[[dict[str, Any]], Any]
-_subscribers: tuple[ConnectionEventCallback, ...] = ()
-_lock = threading.Lock()
-
-
-def subscribe(callback: ConnectionEventCallback) -> Callable[[], None]:
-    """Call ``callback(event)`` with every connection event of this process (an
-    OJS-envelope dict: specversion, id, type, source, time, subject, data);
-    returns a function that unsubscribes."""
-    global _subscribers
-    with _lock:
-        _subscribers = (*_subscribers, callback)
-
-    def unsubscribe() -> None:
-        global _subscribers
-        with _lock:
-            _subscribers = tuple(s for s in _subscribers if s is not callback)
-    return unsubscribe
+ConnectionEventCallback = SideEventCallback
+_events = SideEvents("connection event")
+#: ``subscribe(callback)``: every connection event of this process; returns an unsubscriber.
+subscribe = _events.subscribe
 
 
 def emit(event_type: str, subject: str | None, source: str, **data: Any) -> dict[str, Any]:
     """Hand one connection event to every subscriber; ``None`` values are left out."""
-    now = datetime.now(UTC)
-    event: dict[str, Any] = {
-        "specversion": "1.0", "id": "evt_" + new_job_id(), "type": event_type,
-        "source": source,
-        "time": now.replace(tzinfo=None).isoformat(timespec="milliseconds") + "Z",
-        "data": {k: v for k, v in data.items() if v is not None},
-    }
-    if subject is not None:
-        event["subject"] = subject
-    for callback in _subscribers:
-        try:
-            callback(event)
-        except Exception:
-            logger.exception("connection event subscriber %r failed on %s", callback,
-                             event_type)
-    return event
+    return _events.emit(event_type, source, subject,
+                        {k: v for k, v in data.items() if v is not None})

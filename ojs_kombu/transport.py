@@ -428,8 +428,13 @@ class Channel(pyamqp.Channel):
         """Read confirms until at most ``most`` tracked publishes are unconfirmed;
         ``False`` when ``limit`` seconds passed first."""
         tracker = self._ojs_confirms
+        return self._drain_until(lambda: tracker.outstanding <= most, limit)
+
+    def _drain_until(self, done: Callable[[], bool], limit: float) -> bool:
+        """Read incoming frames until ``done()``; ``False`` when ``limit`` seconds passed
+        first."""
         deadline = monotonic() + limit
-        while tracker.outstanding > most:
+        while not done():
             remaining = deadline - monotonic()
             if remaining <= 0:
                 return False
@@ -483,19 +488,12 @@ class Channel(pyamqp.Channel):
 
     def _wait_settled(self, pending: PendingPublish, confirm_timeout: float | None) -> None:
         limit = confirm_timeout or self.ojs.settings.confirm_timeout
-        deadline = monotonic() + limit
-        while not pending.settled:
-            remaining = deadline - monotonic()
-            if remaining <= 0:
-                raise PublishConfirmTimeout(
-                    f"no publisher confirm for job {pending.job_id} (queue {pending.queue!r}) "
-                    f"within {limit}s: it may or may not be enqueued",
-                    job_id=pending.job_id, queue=pending.queue,
-                )
-            try:
-                self.connection.drain_events(timeout=remaining)
-            except TimeoutError:
-                continue
+        if not self._drain_until(lambda: pending.settled, limit):
+            raise PublishConfirmTimeout(
+                f"no publisher confirm for job {pending.job_id} (queue {pending.queue!r}) "
+                f"within {limit}s: it may or may not be enqueued",
+                job_id=pending.job_id, queue=pending.queue,
+            )
 
     # -- consume -----------------------------------------------------------
 

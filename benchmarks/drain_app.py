@@ -23,19 +23,25 @@ import ojs_kombu
 TASK_NAME = "bench.noop"  # the same task name as run.py's sides
 
 
-def make_app(broker: str, queue: str, record_path: str, ojs_prefix: str | None) -> Celery:
-    app = Celery("bench_drain", broker=broker, set_as_current=True)
-    if ojs_prefix:
-        ojs_kombu.install(app)
-        app.conf.ojs_prefix = ojs_prefix
+def common_conf(app: Celery, queue: str) -> None:
+    """Settings every benchmark side shares, in process (run.py) and in the prefork
+    worker here: acks_late (ojs_kombu forces it), no results, no pidbox."""
     app.conf.update(
         task_default_queue=queue,
         task_acks_late=True,
         task_ignore_result=True,
         result_backend=None,
-        worker_enable_remote_control=False,
+        worker_enable_remote_control=False,  # no pidbox queues/exchanges left behind
         broker_connection_retry_on_startup=True,
     )
+
+
+def make_app(broker: str, queue: str, record_path: str, ojs_prefix: str | None) -> Celery:
+    app = Celery("bench_drain", broker=broker, set_as_current=True)
+    if ojs_prefix:
+        ojs_kombu.install(app)
+        app.conf.ojs_prefix = ojs_prefix
+    common_conf(app, queue)
     record = os.open(record_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
 
     @app.task(name=TASK_NAME, ignore_result=True, shared=False)

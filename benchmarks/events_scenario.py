@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import amqp
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from report import grid
 
 from ojs_kombu.events.sinks import AMQPSink
 from ojs_kombu.events.wire import InvalidEventMessage, decode_events
@@ -243,7 +244,7 @@ def render(result: dict[str, Any]) -> list[str]:
         ("publish p99 ms", f"{pub['off']['p99_ms']:.3f}", f"{pub['on']['p99_ms']:.3f}", "", "",
          ""),
     ]
-    lines = _grid(rows)
+    lines = grid(rows)
     lines.append("")
     detail: list[tuple[str, ...]] = [("events on, per round", "value")]
     for i, rnd in enumerate(result["rounds"], 1):
@@ -271,11 +272,4 @@ def render(result: dict[str, Any]) -> list[str]:
              f"{events['metrics'].get('ojs.jobs.enqueued', 0):.0f} / "
              f"{events['metrics'].get('ojs.jobs.completed', 0):.0f}"),
         ]
-    return lines + _grid(detail)
-
-
-def _grid(rows: list[tuple[str, ...]]) -> list[str]:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    text = [" | ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-            for row in rows]
-    return [text[0], "-+-".join("-" * w for w in widths), *text[1:]]
+    return lines + grid(detail)

@@ -60,11 +60,11 @@ import events_scenario
 import prefork_drain
 import report
 import scheduling
+from drain_app import TASK_NAME, common_conf
 from dramatiq_side import DramatiqPublisher, queues_of
 
 DEFAULT_BROKER = "amqp://guest:guest@127.0.0.1:5672//"
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "latest.json"
-TASK_NAME = "bench.noop"  # fits the OJS job type grammar
 TASK_ARGS = (42, "benchmark")
 WARMUP = 100
 POOL = "threads"
@@ -192,18 +192,6 @@ class Side:
     sweep_prefix: str | None = None
 
 
-def _common_conf(app: Celery, queue: str) -> None:
-    """Settings both sides share: acks_late (ojs_kombu forces it), no results, no pidbox."""
-    app.conf.update(
-        task_default_queue=queue,
-        task_acks_late=True,
-        task_ignore_result=True,
-        result_backend=None,
-        worker_enable_remote_control=False,  # no pidbox queues/exchanges left behind
-        broker_connection_retry_on_startup=True,
-    )
-
-
 def _register_noop(app: Celery, recorder: DrainRecorder) -> Task:
     """Register the no-op on ``app`` only (``shared=False``): a shared task would reach
     the other app too and tick the wrong recorder."""
@@ -220,7 +208,7 @@ def make_plain_side(broker_url: str, pid: int, *, confirm: bool = True) -> Side:
     (both variants use the same queue)."""
     app = Celery("bench_plain", broker=broker_url, set_as_current=False)
     queue = f"bench-plain-{pid}"
-    _common_conf(app, queue)
+    common_conf(app, queue)
     if confirm:
         app.conf.broker_transport_options = {"confirm_publish": True}
     recorder = DrainRecorder()
@@ -241,7 +229,7 @@ def make_ojs_side(broker_url: str, pid: int, *, prefix: str | None = None,
     app = Celery("bench_ojs", broker=_ojs_url(broker_url), set_as_current=False)
     ojs_kombu.install(app)
     queue = "bench"
-    _common_conf(app, queue)
+    common_conf(app, queue)
     app.conf.ojs_prefix = prefix or f"bench{pid}"
     app.conf.update(conf or {})
     recorder = DrainRecorder()

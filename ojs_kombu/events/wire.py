@@ -116,7 +116,12 @@ def decode_events(body: bytes | str, content_type: str | None = None) -> list[di
     return result
 
 
+def compact_json(value: Any) -> bytes:
+    """Compact UTF-8 JSON, as every event body is written."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False,
+                      allow_nan=False).encode()
+
+
 def encode_batch(events: Iterable[Mapping[str, Any]]) -> bytes:
     """A batch body: compact UTF-8 JSON array of event objects."""
-    return json.dumps(list(events), separators=(",", ":"), ensure_ascii=False,
-                      allow_nan=False).encode()
+    return compact_json(list(events))

@@ -720,3 +720,17 @@ def test_a_dropped_job_becomes_a_dropped_event_and_a_count() -> None:
               for sm in rm.scope_metrics for m in sm.metrics}
     assert [(p.value, dict(p.attributes)) for p in points["ojs.backpressure.dropped_total"]] \
         == [(1, {"queue": "news"})]
+
+
+@pytest.mark.parametrize("config", [{}, {"type": "quorum"}, {"max_depth": 3,
+                                                            "strategy": "drop_oldest"}])
+def test_topology_show_lists_the_arguments_ojs_kombu_declares(config: dict[str, Any]) -> None:
+    """``ojs-kombu topology show/declare`` lists every queue with the arguments
+    ``declare_queue_topology`` really gives it (a quorum DLQ is quorum too)."""
+    from ojs_kombu.cli.topology import expected_topology
+
+    binding = Binding.from_settings(settings(prefix="t2", queues={"jobs": config}))
+    channel = RecordingChannel()
+    declare_queue_topology(channel, binding.names, "jobs", binding.declare_arguments("jobs"))
+    shown = {q["name"]: q["arguments"] for q in expected_topology(binding, "jobs")["queues"]}
+    assert shown == channel.queues

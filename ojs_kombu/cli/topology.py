@@ -10,7 +10,12 @@ from ..backpressure import drops_head
 from ..celery_events import events_exchange
 from ..naming import TopologyNames
 from ..settings import Binding
-from ..topology import DROPPED_QUEUE_ARGUMENTS, OWNED_ARGUMENTS, job_queue_arguments
+from ..topology import (
+    DROPPED_QUEUE_ARGUMENTS,
+    OWNED_ARGUMENTS,
+    dead_letter_queue_arguments,
+    job_queue_arguments,
+)
 from .broker import (
     binding_of,
     connect,
@@ -83,14 +88,16 @@ def expected_topology(binding: Binding, queue: str) -> dict[str, Any]:
     """The entities ojs_kombu declares for ``queue`` (section 4, 7), as plain data."""
     names: TopologyNames = binding.names
     control = names.control_queue(queue)
-    job_arguments = job_queue_arguments(names, queue, binding.declare_arguments(queue))
+    arguments = binding.declare_arguments(queue)
+    job_arguments = job_queue_arguments(names, queue, arguments)
     topology: dict[str, Any] = {
         "queue": queue,
         "exchanges": [{"name": names.direct_exchange, "type": "direct"},
                       {"name": names.dlx_exchange, "type": "direct"}],
         "queues": [
             {"name": names.job_queue(queue), "role": "job", "arguments": job_arguments},
-            {"name": names.dead_letter_queue(queue), "role": "dead letters", "arguments": {}},
+            {"name": names.dead_letter_queue(queue), "role": "dead letters",
+             "arguments": dead_letter_queue_arguments(arguments)},
             {"name": control, "role": "control", "arguments": {}},
         ],
         "bindings": [

@@ -12,10 +12,8 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-import pytest
 from celery import Celery
 from kombu.exceptions import OperationalError
 
@@ -184,8 +182,3 @@ def test_close_all_connections_mid_stream(fault_broker_url: str, workers: Worker
         "close_all_connections")
     assert numbers["refused"] == 0  # the broker stayed up: every publish got through
     assert any(e["type"] == reconnect.RECONNECTED for e in events), events
-
-
-@pytest.fixture(autouse=True)
-def _clean_done(tmp_path: Path) -> None:
-    (tmp_path / "done.txt").unlink(missing_ok=True)

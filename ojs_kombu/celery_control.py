@@ -252,7 +252,8 @@ class ControlQueues(bootsteps.StartStopStep):
 
     @staticmethod
     def answer(app: Celery, job_id: str, reply_to: str, correlation_id: str | None) -> None:
-        """INFO reply (its own thread and connection: it waits for the workers' answers)."""
+        """INFO reply, on an INFO pool thread and a producer connection of its own (it waits
+        for the other workers' answers)."""
         try:
             answer = job_info(app, job_id)
         except Exception as exc:

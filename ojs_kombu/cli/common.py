@@ -9,7 +9,6 @@ one per line), errors included, so scripts never parse prose.
 from __future__ import annotations
 
 import json
-import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -136,8 +135,8 @@ def classify(exc: BaseException) -> CLIError | None:
         return CLIError(f"not found: {getattr(exc, 'reply_text', text)}", EXIT_NOT_FOUND,
                         "not_found")
     if isinstance(exc, (amqp.exceptions.AccessRefused, amqp.exceptions.NotAllowed,
-                        kombu.exceptions.OperationalError, ConnectionError, socket.timeout,
-                        socket.gaierror, amqp.exceptions.RecoverableConnectionError,
+                        kombu.exceptions.OperationalError,
+                        amqp.exceptions.RecoverableConnectionError,
                         amqp.exceptions.IrrecoverableConnectionError)):
         return CLIError(f"cannot reach the broker: {text}", EXIT_UNREACHABLE, "unreachable")
     if isinstance(exc, amqp.exceptions.AMQPError):

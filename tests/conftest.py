@@ -16,6 +16,14 @@ SHARED = Path(os.environ.get("OJS_SHARED_DIR", ROOT.parent / "shared"))
 SCHEMAS = SHARED / "ojs-json-schema" / "schemas" / "v1"
 FIXTURES = SHARED / "ojs-json-schema" / "tests"
 
+if not SCHEMAS.is_dir() or not FIXTURES.is_dir():
+    # Without them the schema tests would have nothing to check (an empty
+    # directory parametrises no case), so refuse to run at all.
+    raise pytest.UsageError(
+        f"the OJS JSON Schemas and fixtures are not at {SHARED / 'ojs-json-schema'}: "
+        "put the repository next to the shared spec folder (../shared) or set "
+        "OJS_SHARED_DIR to that folder")
+
 
 def schema_validator(name: str) -> Draft202012Validator:
     """A validator for ``{name}.schema.json`` that resolves ``$ref``s by ``$id``."""

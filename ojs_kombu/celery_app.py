@@ -138,6 +138,24 @@ class OJSAMQP(AMQP):
 
     BrokerConnection = Connection
 
+    def _create_task_sender(self) -> Any:
+        """Celery's task sender, without kombu's per-publish declare of the queue.
+
+        The ``ojs`` transport declares a job queue's whole OJS topology on the
+        first publish to it (once per connection) and again after a return, so
+        kombu's ``maybe_declare`` of the queue object on every ``apply_async``
+        only repeated that check, through a fresh retry wrapper each time.  An
+        explicit ``declare=[...]`` option is still honoured.
+        """
+        send = super()._create_task_sender()
+
+        def send_task_message(producer: Any, name: str, message: Any, *,
+                              declare: Any = None, **options: Any) -> Any:
+            return send(producer, name, message,
+                        declare=[] if declare is None else declare, **options)
+
+        return send_task_message
+
     def as_task_v2(self, task_id: str, name: str, *args: Any, **kwargs: Any) -> Any:
         """Celery's task message, without the ``argsrepr``/``kwargsrepr`` it would compute.
 

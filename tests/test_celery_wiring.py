@@ -190,3 +190,27 @@ def test_reprs_are_left_to_the_consumer_unless_given_or_shown_in_sent_events() -
     shown = _task_message(app, create_sent_event=True)
     assert shown.headers["argsrepr"] == "(1, 'secret')"
     assert shown.sent_event["kwargs"] == "{'k': 2}"
+
+
+class _RecordingProducer:
+    """Stands in for kombu's Producer: records what Celery asks it to publish."""
+
+    def __init__(self) -> None:
+        self.published: list[dict[str, Any]] = []
+        self.serializer = self.exchange = None
+
+    def publish(self, body: Any, **options: Any) -> None:
+        self.published.append(options)
+
+
+def test_task_queues_are_left_to_the_transport_to_declare() -> None:
+    """kombu would re-check the queue's declaration on every publish; the ojs
+    transport declares a job queue's topology itself on first use."""
+    app = make_app()
+    producer = _RecordingProducer()
+    send = app.amqp.send_task_message
+    send(producer, "tasks.add", _task_message(app), queue="email")
+    explicit = Queue("audit")
+    send(producer, "tasks.add", _task_message(app), queue="email", declare=[explicit])
+    assert [options["declare"] for options in producer.published] == [[], [explicit]]
+    assert producer.published[0]["routing_key"] == "email"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -230,6 +231,63 @@ def test_counters_are_cumulative_monotonic_sums_across_collections_and_threads()
                            (("job_type", "a.b"), ("queue", "y")): 1000}
     add_many("y")
     assert completed()[(("job_type", "a.b"), ("queue", "y"))] == 2000
+
+
+def test_histograms_report_every_value_from_every_thread_at_each_collection() -> None:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from ojs_kombu.metrics import OJSMetrics
+
+    reader = InMemoryMetricReader()
+    metrics = OJSMetrics(MeterProvider(metric_readers=[reader]))
+    labels = {"job_type": "a.b", "queue": "x"}
+
+    def durations() -> tuple[int, float]:
+        points = [p for r in reader.get_metrics_data().resource_metrics
+                  for s in r.scope_metrics for m in s.metrics
+                  if m.name == "ojs.jobs.duration_ms" for p in m.data.data_points]
+        return sum(p.count for p in points), sum(p.sum for p in points)
+
+    def record_many() -> None:
+        for _ in range(1000):  # several flushes of the buffer, and a remainder
+            metrics.duration.record(2.0, labels)
+
+    metrics.duration.record(5.0, labels)
+    assert durations() == (1, 5.0)  # one value, far below a flush: collected anyway
+    threads = [threading.Thread(target=record_many) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(metrics.duration) < metrics.duration.flush_at  # the buffer stays bounded
+    assert durations() == (4001, 8005.0)
+    assert len(metrics.duration) == 0
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_does_not_report_what_its_parent_recorded() -> None:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from ojs_kombu.metrics import OJSMetrics
+
+    reader = InMemoryMetricReader()
+    metrics = OJSMetrics(MeterProvider(metric_readers=[reader]))
+    metrics.wait.record(10.0, {"queue": "x"})  # buffered in the parent
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: what it buffered is its own values only
+        try:
+            metrics.wait.record(1.0, {"queue": "x"})
+            os.write(write, str(len(metrics.wait)).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    with os.fdopen(read) as pipe:
+        assert pipe.read() == "1"
+    assert len(metrics.wait) == 1  # the parent's value is still the parent's to report
 
 
 def test_queue_gauges_report_per_queue_and_survive_a_failing_reader() -> None:

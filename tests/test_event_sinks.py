@@ -19,7 +19,7 @@ from celery import Celery
 import ojs_kombu
 from ojs_kombu.celery_events import sink_from_spec
 from ojs_kombu.errors import OJSConfigurationError
-from ojs_kombu.events import Event, EventBus, make_event
+from ojs_kombu.events import Event, EventBus, EventFilter, make_event
 from ojs_kombu.events.emitter import JobEvents, JobInfo, json_result, trace_id_of
 from ojs_kombu.events.sinks import AMQPSink, BackgroundSink, FileSink, WebhookSink
 from ojs_kombu.events.wire import InvalidEventMessage, decode_events, split_batches
@@ -560,3 +560,59 @@ def test_trusted_events_are_what_model_construct_builds() -> None:
         assert fast.model_fields_set == slow.model_fields_set
         assert fast.model_extra == slow.model_extra and fast.__dict__ == slow.__dict__
         Event.model_validate(fast.to_dict())
+
+
+def test_event_bodies_are_compact_utf8_json_even_for_values_orjson_refuses() -> None:
+    from ojs_kombu.events.wire import compact_json
+
+    value = {"queue": "émail", "result": {"value": 2**70, "ratio": 0.1, "1": [True, None]},
+             "count": 3}
+    body = compact_json(value)
+    assert json.loads(body) == value
+    assert b" " not in body and "émail".encode() in body
+    plain = {"job_type": "email.send", "data": {"attempt": 1, 2: "int keys become strings"}}
+    assert json.loads(compact_json(plain)) == json.loads(json.dumps(plain))
+
+
+def test_a_job_events_draft_is_the_event_in_process_subscribers_get() -> None:
+    from ojs_kombu.events.models import EventDraft
+
+    data = {"job_type": "a.b", "queue": "q", "worker_id": "w", "attempt": 1}
+    draft = EventDraft("job.started", dict(data), source="ojs://t/workers/w", subject="job-1")
+    event = draft.event()
+    assert draft.event() is event  # built once
+    assert (event.id, event.type, event.subject, event.data) == (
+        draft.id, "job.started", "job-1", data)
+    assert event.time.microsecond % 1000 == 0 and event.time.tzinfo is not None
+    assert draft.to_dict() == event.to_dict()
+    assert json.loads(draft.to_json()) == event.to_dict()
+    assert Event.model_validate(draft.to_dict()) == event  # valid per the data models
+
+
+def test_background_sinks_take_drafts_and_other_subscribers_get_events() -> None:
+    from ojs_kombu.events.models import EventDraft
+
+    bus = EventBus()
+    seen: list[Any] = []
+    sink, channel = recording_sink(batch_ms=0)
+    bus.subscribe(seen.append)
+    bus.subscribe(sink)
+    bus.subscribe(seen.append, EventFilter(queues=["other"]))  # filters apply to drafts too
+    events = JobEvents(bus, "ojs://t/workers/w", None)
+    job = JobInfo("019461a8-1a2b-7c3d-8e4f-5a6b7c8d9e0f", "email.send", "email", 2,
+                  trace_id="4bf92f3577b34da6a3ce929d0e0e4736")
+    events.started(job, "worker-1")
+    events.completed(job, 0.25, {"sent": True})
+    assert [type(e) for e in seen] == [Event, Event]  # synchronous, built from the draft
+    assert sink.flush(5)
+    delivered = channel.events()
+    assert [e["id"] for e in delivered] == [e.id for e in seen]
+    assert delivered == [e.to_dict() for e in seen]
+    assert delivered[1]["data"] == {"job_type": "email.send", "queue": "email",
+                                    "trace_id": "4bf92f3577b34da6a3ce929d0e0e4736",
+                                    "duration_ms": 250, "attempt": 2,
+                                    "result": {"sent": True}}
+    for event in delivered:
+        Event.model_validate(event)
+    assert not any(isinstance(e, EventDraft) for e in seen)
+    sink.close()

@@ -13,12 +13,12 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, StringConstraints, field_validator
 
 from ..job_ids import new_job_id
-from .models import EVENT_TYPES, Event
+from .models import EVENT_TYPES, Event, EventDraft
 
 logger = logging.getLogger("ojs_kombu.events")
 
@@ -76,7 +76,7 @@ class EventFilter(BaseModel):
     def _source_patterns(cls, value: list[str] | None) -> list[str] | None:
         return _check_patterns(value, "sources")
 
-    def matches(self, event: Event) -> bool:
+    def matches(self, event: Event | EventDraft) -> bool:
         data = event.data
         return (
             _matches_pattern(self.event_types, event.type)
@@ -103,7 +103,7 @@ class Subscription:
         """Stop delivery (also of an event being published right now); idempotent."""
         self._bus._remove(self)
 
-    def wants(self, event: Event) -> bool:
+    def wants(self, event: Event | EventDraft) -> bool:
         return self.active and (self.filter is None or self.filter.matches(event))
 
     def __repr__(self) -> str:
@@ -147,18 +147,35 @@ class EventBus:
 
     def publish(self, event: Event) -> int:
         """Call every matching subscriber in subscription order; return how many were called."""
+        return self._deliver(event, None)
+
+    def publish_draft(self, draft: EventDraft) -> int:
+        """As :meth:`publish`, for an event still in its draft form.
+
+        Subscribers that take drafts (the background sinks, which serialise it
+        on their own thread) get the draft; every other subscriber gets the
+        :class:`Event`, built once, synchronously as with :meth:`publish`.
+        """
+        return self._deliver(None, draft)
+
+    def _deliver(self, event: Event | None, draft: EventDraft | None) -> int:
         called = 0
+        subject: Any = event if draft is None else draft
         for subscription in self._subscriptions:
-            if not subscription.wants(event):
+            if not subscription.wants(subject):
                 continue
             called += 1
+            callback = subscription.callback
             try:
-                subscription.callback(event)
+                if draft is None or not getattr(callback, "takes_drafts", False):
+                    callback(event if draft is None else draft.event())
+                else:
+                    callback(draft)
             except Exception:
                 with self._lock:
                     self.failures += 1
                 logger.exception(
                     "event subscriber %r failed on %s event %s",
-                    subscription.callback, event.type, event.id,
+                    callback, subject.type, subject.id,
                 )
         return called

@@ -24,7 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from . import wire
-from .models import Event
+from .models import Event, EventDraft
+
+#: What a sink is handed: an event, or the draft of one.
+AnyEvent = Event | EventDraft
 
 logger = logging.getLogger("ojs_kombu.events")
 
@@ -42,6 +45,11 @@ class BackgroundSink:
     """
 
     name = "sink"
+
+    #: Takes an :class:`~ojs_kombu.events.models.EventDraft` in place of an
+    #: :class:`Event` (see :meth:`EventBus.publish_draft`): a sink only serialises,
+    #: which a draft does as well, on the sink's thread.
+    takes_drafts = True
 
     #: Most events handed to :meth:`deliver_batch` at once.
     batch_size = 200
@@ -69,7 +77,7 @@ class BackgroundSink:
         """Events handed over and not yet delivered (or failed)."""
         return sum(1 for item in tuple(self._buffer) if not _is_marker(item)) + self._in_hand
 
-    def __call__(self, event: Event) -> None:
+    def __call__(self, event: AnyEvent) -> None:
         self._ensure_thread()
         buffer = self._buffer
         if len(buffer) >= self.capacity:
@@ -84,7 +92,7 @@ class BackgroundSink:
         if self.linger and len(buffer) >= self.batch_size and not self._hurry.is_set():
             self._hurry.set()
 
-    def deliver(self, event: Event) -> None:
+    def deliver(self, event: AnyEvent) -> None:
         raise NotImplementedError
 
     def forked(self) -> None:
@@ -128,7 +136,7 @@ class BackgroundSink:
                                                 daemon=True)
                 self._thread.start()
 
-    def deliver_batch(self, events: list[Event]) -> None:
+    def deliver_batch(self, events: list[AnyEvent]) -> None:
         for event in events:
             try:
                 self.deliver(event)
@@ -138,7 +146,7 @@ class BackgroundSink:
                 logger.exception("%s could not deliver event %s (%s)", self.name,
                                  event.id, event.type)
 
-    def _take(self) -> tuple[list[Event], Any]:
+    def _take(self) -> tuple[list[AnyEvent], Any]:
         """Up to ``batch_size`` events from the front, and the marker that ended them."""
         buffer, events = self._buffer, []
         while buffer and len(events) < self.batch_size:
@@ -190,7 +198,7 @@ class FileSink(BackgroundSink):
     def forked(self) -> None:
         self._file = None
 
-    def deliver(self, event: Event) -> None:
+    def deliver(self, event: AnyEvent) -> None:
         if self._file is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._file = self.path.open("ab")
@@ -225,7 +233,7 @@ class WebhookSink(BackgroundSink):
         digest = hmac.new(self.secret.encode(), body, hashlib.sha256).hexdigest()
         return f"sha256={digest}"
 
-    def deliver(self, event: Event) -> None:
+    def deliver(self, event: AnyEvent) -> None:
         body = event.to_json()
         headers = {"Content-Type": "application/json", "User-Agent": "ojs-kombu"}
         if self.secret:
@@ -281,10 +289,10 @@ class AMQPSink(BackgroundSink):
         self._connection: Any = None
         self._channel: Any = None
 
-    def deliver(self, event: Event) -> None:
+    def deliver(self, event: AnyEvent) -> None:
         self.deliver_batch([event])
 
-    def messages(self, events: list[Event]) -> list[tuple[Any, str, str]]:
+    def messages(self, events: list[AnyEvent]) -> list[tuple[Any, str, str]]:
         """``(message, exchange, routing key)`` for each message carrying ``events``."""
         import amqp
 
@@ -302,7 +310,7 @@ class AMQPSink(BackgroundSink):
             timestamp=stamp, application_headers={wire.COUNT_HEADER: len(group)}),
             self.exchange, event_type) for event_type, group in wire.split_batches(events)]
 
-    def deliver_batch(self, events: list[Event]) -> None:
+    def deliver_batch(self, events: list[AnyEvent]) -> None:
         """Pipelined publishes and one wait for all confirms; retried as a whole.
 
         The counters count events: a message's events are delivered or failed together."""

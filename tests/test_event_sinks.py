@@ -587,6 +587,11 @@ def test_a_job_events_draft_is_the_event_in_process_subscribers_get() -> None:
     assert draft.to_dict() == event.to_dict()
     assert json.loads(draft.to_json()) == event.to_dict()
     assert Event.model_validate(draft.to_dict()) == event  # valid per the data models
+    for milliseconds in (0, 999, 1_763_752_800_000, 1_763_752_800_001, 1_763_752_859_999,
+                         1_763_752_860_042, 1_763_752_800_999):
+        other = EventDraft("job.started", dict(data), source="ojs://t/workers/w")
+        other.milliseconds = milliseconds
+        assert other.to_dict() == other.event().to_dict()
 
 
 def test_background_sinks_take_drafts_and_other_subscribers_get_events() -> None:

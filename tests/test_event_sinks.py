@@ -621,3 +621,20 @@ def test_background_sinks_take_drafts_and_other_subscribers_get_events() -> None
         Event.model_validate(event)
     assert not any(isinstance(e, EventDraft) for e in seen)
     sink.close()
+
+
+def test_a_sink_subclass_of_its_own_gets_events_not_drafts() -> None:
+    got: list[Any] = []
+
+    class Collecting(BackgroundSink):
+        def deliver(self, event: Any) -> None:
+            got.append(event)
+
+    bus = EventBus()
+    sink = Collecting()
+    bus.subscribe(sink)
+    JobEvents(bus, "ojs://t/workers/w", None).started(
+        JobInfo("019461a8-1a2b-7c3d-8e4f-5a6b7c8d9e0f", "email.send", "email", 1), "w1")
+    assert sink.flush(5)
+    assert [type(e) for e in got] == [Event] and got[0].type == "job.started"
+    sink.close()

@@ -47,9 +47,10 @@ class BackgroundSink:
     name = "sink"
 
     #: Takes an :class:`~ojs_kombu.events.models.EventDraft` in place of an
-    #: :class:`Event` (see :meth:`EventBus.publish_draft`): a sink only serialises,
-    #: which a draft does as well, on the sink's thread.
-    takes_drafts = True
+    #: :class:`Event` (see :meth:`EventBus.publish_draft`).  The built-in sinks
+    #: only serialise, which a draft does as well, on the sink's thread; a
+    #: subclass that needs the :class:`Event` itself leaves this ``False``.
+    takes_drafts = False
 
     #: Most events handed to :meth:`deliver_batch` at once.
     batch_size = 200
@@ -189,6 +190,7 @@ class FileSink(BackgroundSink):
     """One JSON object per line, appended to ``path``."""
 
     name = "file sink"
+    takes_drafts = True
 
     def __init__(self, path: str | os.PathLike[str], capacity: int = 10_000) -> None:
         super().__init__(capacity)
@@ -216,6 +218,7 @@ class WebhookSink(BackgroundSink):
     """
 
     name = "webhook sink"
+    takes_drafts = True
 
     def __init__(self, url: str, secret: str | None = None, timeout: float = 30.0,
                  max_retries: int = 5, backoff: float = 0.5, capacity: int = 10_000) -> None:
@@ -268,6 +271,7 @@ class AMQPSink(BackgroundSink):
     """
 
     name = "AMQP event sink"
+    takes_drafts = True
 
     def __init__(self, connect: Callable[[], Any], exchange: str, capacity: int = 10_000,
                  max_retries: int = 3, batch_size: int = 100, batch_ms: float = 50.0) -> None:

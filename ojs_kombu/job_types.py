@@ -44,6 +44,7 @@ class JobTypeRegistry:
         self._reverse: dict[str, str] | None = None
         self._reverse_size = -1
         self._types: dict[str, str] = {}
+        self._task_names: dict[str, str] = {}
 
     def type_for(self, task_name: str) -> str:
         """OJS type of ``task_name``; raises :class:`JobTypeError` when it has none."""
@@ -65,13 +66,24 @@ class JobTypeRegistry:
         raise JobTypeError(task_name, "the name does not fit the OJS type grammar")
 
     def task_for(self, job_type: str) -> str | None:
-        """Celery task that handles ``job_type``; ``None`` when no registered task does."""
+        """Celery task that handles ``job_type``; ``None`` when no registered task does.
+
+        A type once resolved stays resolved (the worker asks for every job it
+        consumes, and Celery's task registry costs a lock per look-up); a type
+        nobody handles is looked up again each time, so a task registered later
+        is found.
+        """
+        task_name = self._task_names.get(job_type)
+        if task_name is not None:
+            return task_name
         reverse = self._reverse_map()
         if job_type in reverse:
-            return reverse[job_type]
-        if self._tasks is None:
-            return job_type
-        return job_type if job_type in self._task_map() else None
+            task_name = reverse[job_type]
+        elif self._tasks is None or job_type in self._task_map():
+            task_name = job_type
+        if task_name is not None:
+            self._task_names[job_type] = task_name
+        return task_name
 
     def validate(self) -> dict[str, str]:
         """Check every registered task now; return ``{task_name: type}``.

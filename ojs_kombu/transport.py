@@ -32,6 +32,7 @@ from amqp.exceptions import ConsumerCancelled, RecoverableConnectionError
 from amqp.method_framing import frame_writer
 from amqp.serialization import dumps
 from kombu.transport import pyamqp
+from kombu.utils.encoding import safe_repr
 
 from .codec import (
     INVALID_ENVELOPE,
@@ -163,8 +164,6 @@ def _batch_error(tracked: list[PendingPublish], failed: list[PendingPublish],
 
 
 def _argsrepr(args: Any) -> str:
-    from kombu.utils.encoding import safe_repr
-
     text = safe_repr(args)
     return text if len(text) <= _MAX_ARGSREPR else text[:_MAX_ARGSREPR] + "..."
 
@@ -549,10 +548,11 @@ class Channel(pyamqp.Channel):
     def _job_receiver(self, queue: str, callback: Callable[[amqp.Message], Any]
                       ) -> Callable[[amqp.Message], Any]:
         resolve_task = self.ojs.job_types.task_for
+        consumed, labels = self.ojs.events.metrics.consumed, {"queue": queue}
 
         def receive_job(raw: amqp.Message) -> Any:
             self._ojs_unsettled[raw.delivery_tag] = queue
-            self.ojs.events.metrics.consumed.add(1, {"queue": queue})
+            consumed.add(1, labels)
             try:
                 job = decode_job_message(raw.body, raw.properties, resolve_task=resolve_task,
                                          argsrepr=_argsrepr)
@@ -560,19 +560,22 @@ class Channel(pyamqp.Channel):
                 return self.dead_letter(raw, queue, rejected.code, rejected.message)
             delivery = JobDelivery(queue, job.envelope.id, raw.body, dict(raw.properties),
                                    job.envelope.type)
-            envelope, now = job.envelope, datetime.now(UTC)
+            envelope = job.envelope
             try:
-                if envelope.expires_at is not None and envelope.expires_at <= now:
-                    failure = JobFailure(EXPIRED, EXPIRED, "job expired at "
-                                         f"{format_time(envelope.expires_at)} before it started")
-                    self.discard_job(delivery, raw.delivery_tag, failure)
-                    self.ojs.events.expired(delivery.info(), envelope.created_at,
-                                            envelope.expires_at)
-                    return None
-                if envelope.scheduled_at is not None:
-                    early = (envelope.scheduled_at - now).total_seconds()
-                    if early > EARLY_TOLERANCE_S:
-                        return self._wait_again(delivery, raw.delivery_tag, early)
+                if envelope.expires_at is not None or envelope.scheduled_at is not None:
+                    now = datetime.now(UTC)
+                    if envelope.expires_at is not None and envelope.expires_at <= now:
+                        failure = JobFailure(EXPIRED, EXPIRED, "job expired at "
+                                             f"{format_time(envelope.expires_at)} before it "
+                                             "started")
+                        self.discard_job(delivery, raw.delivery_tag, failure)
+                        self.ojs.events.expired(delivery.info(), envelope.created_at,
+                                                envelope.expires_at)
+                        return None
+                    if envelope.scheduled_at is not None:
+                        early = (envelope.scheduled_at - now).total_seconds()
+                        if early > EARLY_TOLERANCE_S:
+                            return self._wait_again(delivery, raw.delivery_tag, early)
             except self.connection.connection_errors:
                 raise
             except Exception as exc:  # never let one message stop the worker

@@ -70,3 +70,23 @@ def test_registry_sees_tasks_registered_later() -> None:
     assert registry.task_for("late.task") is None
     table["proj.Late"] = SimpleNamespace(ojs_type="late.task")
     assert registry.task_for("late.task") == "proj.Late"
+
+
+def test_a_resolved_type_is_not_looked_up_in_the_task_registry_again() -> None:
+    lookups = 0
+    table = {"email.send": object()}
+
+    def tasks() -> dict[str, object]:
+        nonlocal lookups
+        lookups += 1
+        return table
+
+    registry = JobTypeRegistry(tasks=tasks)
+    assert registry.task_for("email.send") == "email.send"
+    first = lookups
+    for _ in range(100):
+        assert registry.task_for("email.send") == "email.send"
+    assert lookups == first
+    assert registry.task_for("nobody.handles") is None
+    table["nobody.handles"] = object()  # a later registration is still found
+    assert registry.task_for("nobody.handles") == "nobody.handles"

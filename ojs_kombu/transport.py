@@ -548,11 +548,11 @@ class Channel(pyamqp.Channel):
     def _job_receiver(self, queue: str, callback: Callable[[amqp.Message], Any]
                       ) -> Callable[[amqp.Message], Any]:
         resolve_task = self.ojs.job_types.task_for
-        consumed, labels = self.ojs.events.metrics.consumed, {"queue": queue}
+        events, labels = self.ojs.events, {"queue": queue}
 
         def receive_job(raw: amqp.Message) -> Any:
             self._ojs_unsettled[raw.delivery_tag] = queue
-            consumed.add(1, labels)
+            events.metrics.consumed.add(1, labels)  # metrics may be swapped while consuming
             try:
                 job = decode_job_message(raw.body, raw.properties, resolve_task=resolve_task,
                                          argsrepr=_argsrepr)

@@ -555,7 +555,7 @@ def run_throughput(broker: Broker, args: argparse.Namespace) -> dict[str, Any]:
     """
     pid = os.getpid()
     dramatiq_queue = f"bench{pid}-dramatiq"
-    fast, single = args.fast_jobs, args.jobs
+    fast, single, drained = args.fast_jobs, args.jobs, args.drain_jobs
     with sides(broker, args.broker) as (plain, plain_nc, ojs), \
             dramatiq_publishers(broker, args.broker, dramatiq_queue) as (dq, dq_confirm), \
             _workdir() as workdir:
@@ -577,12 +577,12 @@ def run_throughput(broker: Broker, args: argparse.Namespace) -> dict[str, Any]:
                                       dramatiq_queue, single),
         }
         drains: dict[str, Callable[[int], DrainResult]] = {
-            "plain_drain_threads": lambda i: measure_drain(plain, broker, single, args.timeout),
-            "ojs_drain_threads": lambda i: measure_drain(ojs, broker, single, args.timeout),
+            "plain_drain_threads": lambda i: measure_drain(plain, broker, drained, args.timeout),
+            "ojs_drain_threads": lambda i: measure_drain(ojs, broker, drained, args.timeout),
             "plain_drain_prefork": lambda i: measure_prefork_drain(
-                plain, broker, single, args.timeout, workdir, f"bench-plain-{pid}-{i}"),
+                plain, broker, drained, args.timeout, workdir, f"bench-plain-{pid}-{i}"),
             "ojs_drain_prefork": lambda i: measure_prefork_drain(
-                ojs, broker, single, args.timeout, workdir, f"bench-ojs-{pid}-{i}"),
+                ojs, broker, drained, args.timeout, workdir, f"bench-ojs-{pid}-{i}"),
         }
         rounds: dict[str, list[dict[str, Any]]] = {key: [] for key in [*publishers, *drains]}
         orders: list[list[str]] = []
@@ -604,7 +604,7 @@ def run_throughput(broker: Broker, args: argparse.Namespace) -> dict[str, Any]:
                 _progress(f"throughput: {label}, {report.BY_KEY[key].label}")
                 rounds[key].append(asdict(drains[key](i)))
     medians = {key: summarize(results) for key, results in rounds.items()}
-    jobs = {key: publishers[key][2] if key in publishers else single for key in rounds}
+    jobs = {key: publishers[key][2] if key in publishers else drained for key in rounds}
     return {"medians": medians, "jobs": jobs, **report.assess(medians), "rounds": rounds,
             "orders": orders, "publish_block_orders": block_orders,
             "settings": {"batch_size": args.batch_size, "warmup": WARMUP,
@@ -701,7 +701,10 @@ def _plain(value: Any) -> Any:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=2000,
-                        help="jobs per side for confirmed single publishes, drains and events")
+                        help="jobs per side for confirmed single publishes and the events part")
+    parser.add_argument("--drain-jobs", type=int, default=8000,
+                        help="throughput: jobs each drain runs (a drain of a few thousand "
+                        "no-op jobs lasts under a second and reads high for ojs_kombu)")
     parser.add_argument("--fast-jobs", type=int, default=20_000,
                         help="jobs for the fast publish scenarios: plain Celery and Dramatiq "
                         "without confirms, ojs_kombu batch")
@@ -734,8 +737,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="scheduling: seconds after the last due time before jobs that "
                         "have not run count as missing")
     args = parser.parse_args(argv)
-    if args.jobs < 2 or args.rounds < 1 or args.blocks < 1:
-        parser.error("--jobs must be at least 2, --rounds and --blocks at least 1")
+    if args.jobs < 2 or args.drain_jobs < 2 or args.rounds < 1 or args.blocks < 1:
+        parser.error("--jobs and --drain-jobs must be at least 2, --rounds and --blocks at "
+                     "least 1")
     if args.jobs < 2 * args.blocks:
         parser.error("--jobs must be at least twice --blocks (every block needs jobs)")
     if args.batch_size < 1 or args.fast_jobs < 2 * args.batch_size:
@@ -771,7 +775,8 @@ def main(argv: list[str] | None = None) -> int:
     print(render(results))
     write_json(args.json, {
         "timestamp": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "parts": list(args.parts), "jobs": args.jobs, "fast_jobs": args.fast_jobs,
+        "parts": list(args.parts), "jobs": args.jobs, "drain_jobs": args.drain_jobs,
+        "fast_jobs": args.fast_jobs,
         "batch_size": args.batch_size, "rounds": args.rounds, "warmup": WARMUP,
         "pool": POOL, "concurrency": CONCURRENCY,
         "machine": machine, "results": results,

@@ -25,7 +25,7 @@ from typing import Any
 
 import amqp
 from celery import Celery, bootsteps
-from celery.signals import task_prerun, worker_process_init
+from celery.signals import worker_process_init
 from celery.worker import state as worker_state
 from celery.worker.control import control_command
 
@@ -92,7 +92,8 @@ def ojs_job_info(state: Any, job_id: str) -> dict[str, Any] | None:
     return outcomes.get(job_id)
 
 
-#: Set in a prefork pool process when its running job was cancelled (cooperatively).
+#: Set in a prefork pool process when its running job was cancelled (cooperatively);
+#: cleared by :class:`~ojs_kombu.worker.OJSTask` as each job starts.
 cancel_requested = threading.Event()
 COOPERATIVE_SIGNAL = signal.SIGUSR2
 
@@ -111,11 +112,6 @@ def _ask_to_stop(request: Any) -> None:
 @worker_process_init.connect(weak=False)
 def _install_cancel_handler(**_: Any) -> None:
     signal.signal(COOPERATIVE_SIGNAL, lambda *_: cancel_requested.set())
-
-
-@task_prerun.connect(weak=False)
-def _clear_cancel_request(**_: Any) -> None:
-    cancel_requested.clear()
 
 
 def _held(job_id: str) -> tuple[str, Any] | None:

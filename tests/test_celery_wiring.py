@@ -12,6 +12,7 @@ from kombu import Connection, Exchange, Queue
 
 import ojs_kombu
 from ojs_kombu.celery_app import OJSAMQP, OJSPreflight
+from ojs_kombu.celery_control import cancel_requested
 from ojs_kombu.entities import JobQueue
 from ojs_kombu.errors import JobTypeError, OJSConfigurationError, QueueNameError
 from ojs_kombu.naming import is_job_id
@@ -214,3 +215,20 @@ def test_task_queues_are_left_to_the_transport_to_declare() -> None:
     send(producer, "tasks.add", _task_message(app), queue="email", declare=[explicit])
     assert [options["declare"] for options in producer.published] == [[], [explicit]]
     assert producer.published[0]["routing_key"] == "email"
+
+
+def test_a_cancel_request_of_the_previous_job_does_not_reach_the_next_one() -> None:
+    app = make_app()
+
+    @app.task(bind=True, name="wiring.poll")
+    def poll(self: Any) -> bool:
+        return self.ojs.cancelled
+
+    try:
+        cancel_requested.set()  # the pool process's previous job was cancelled
+        assert poll.apply().get() is False
+        cancel_requested.set()
+        # A direct call inside a running job keeps that job's cancel request.
+        assert poll() is True
+    finally:
+        cancel_requested.clear()

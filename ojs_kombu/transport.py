@@ -50,6 +50,7 @@ from .delays import (
     schedule_routing_key,
 )
 from .delivery import JobDelivery, JobMessage
+from .envelope import JobEnvelope
 from .errors import (
     BatchPublishError,
     JobEncodeError,
@@ -562,20 +563,9 @@ class Channel(pyamqp.Channel):
                                    job.envelope.type)
             envelope = job.envelope
             try:
-                if envelope.expires_at is not None or envelope.scheduled_at is not None:
-                    now = datetime.now(UTC)
-                    if envelope.expires_at is not None and envelope.expires_at <= now:
-                        failure = JobFailure(EXPIRED, EXPIRED, "job expired at "
-                                             f"{format_time(envelope.expires_at)} before it "
-                                             "started")
-                        self.discard_job(delivery, raw.delivery_tag, failure)
-                        self.ojs.events.expired(delivery.info(), envelope.created_at,
-                                                envelope.expires_at)
-                        return None
-                    if envelope.scheduled_at is not None:
-                        early = (envelope.scheduled_at - now).total_seconds()
-                        if early > EARLY_TOLERANCE_S:
-                            return self._wait_again(delivery, raw.delivery_tag, early)
+                if ((envelope.expires_at is not None or envelope.scheduled_at is not None)
+                        and self._held_back(envelope, delivery, raw.delivery_tag)):
+                    return None
             except self.connection.connection_errors:
                 raise
             except Exception as exc:  # never let one message stop the worker
@@ -640,6 +630,24 @@ class Channel(pyamqp.Channel):
                                        attempt=delivery.attempt, state="discarded")
         self._publish_dead_letter(self._copy(delivery, body, headers), delivery.queue,
                                   delivery.job_id, delivery_tag, failure)
+
+    def _held_back(self, envelope: JobEnvelope, delivery: JobDelivery, delivery_tag: int
+                   ) -> bool:
+        """Settle a job that must not run now: expired (discarded) or early (sent back to
+        wait); ``True`` when it was settled."""
+        now = datetime.now(UTC)
+        if envelope.expires_at is not None and envelope.expires_at <= now:
+            failure = JobFailure(EXPIRED, EXPIRED, "job expired at "
+                                 f"{format_time(envelope.expires_at)} before it started")
+            self.discard_job(delivery, delivery_tag, failure)
+            self.ojs.events.expired(delivery.info(), envelope.created_at, envelope.expires_at)
+            return True
+        if envelope.scheduled_at is not None:
+            early = (envelope.scheduled_at - now).total_seconds()
+            if early > EARLY_TOLERANCE_S:
+                self._wait_again(delivery, delivery_tag, early)
+                return True
+        return False
 
     def _wait_again(self, delivery: JobDelivery, delivery_tag: int, seconds: float) -> None:
         """A job that arrived before its ``scheduled_at`` goes back to the broker to wait."""

@@ -171,12 +171,13 @@ class OJSTask(Task):
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         request = self.request
-        if not request.called_directly:
-            # A cooperative cancel of the pool process's previous job must not reach
-            # this one.  Here rather than in a task_prerun receiver: with a receiver
-            # Celery sends that signal for every job (a few microseconds each).
-            cancel_requested.clear()
-        if request.called_directly or not _delivered_by_ojs(request):
+        if request.called_directly:
+            return super().__call__(*args, **kwargs)
+        # A cooperative cancel of the pool process's previous job must not reach
+        # this one.  Here rather than in a task_prerun receiver: with a receiver
+        # Celery sends that signal for every job (a few microseconds each).
+        cancel_requested.clear()
+        if not _delivered_by_ojs(request):
             return super().__call__(*args, **kwargs)
         try:
             return self.run(*args, **kwargs)

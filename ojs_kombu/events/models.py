@@ -464,14 +464,8 @@ class Event(BaseModel):
         when = self.time
         stamp = (when.isoformat(timespec="milliseconds")[:-6] + "Z"
                  if when.tzinfo is UTC and not when.microsecond % 1000 else format_time(when))
-        out = {"specversion": self.specversion, "id": self.id, "type": self.type,
-               "source": self.source, "time": stamp}
-        if self.subject is not None:
-            out["subject"] = self.subject
-        if self.datacontenttype is not None:
-            out["datacontenttype"] = self.datacontenttype
-        out["data"] = self.data
-        return out
+        return _envelope_dict(self.id, self.type, self.source, stamp, self.subject, self.data,
+                              self.datacontenttype)
 
     def to_json(self) -> bytes:
         """Compact UTF-8 JSON."""
@@ -532,6 +526,18 @@ def _construct(id: str, type: str, source: str, time: datetime, subject: str | N
     return event
 
 
+def _envelope_dict(id: str, type: str, source: str, time: str, subject: str | None,
+                   data: dict[str, Any], datacontenttype: str | None = None) -> dict[str, Any]:
+    """An event's JSON-ready dict, in attribute order, without the unset optional ones."""
+    out = {"specversion": SPEC_VERSION, "id": id, "type": type, "source": source, "time": time}
+    if subject is not None:
+        out["subject"] = subject
+    if datacontenttype is not None:
+        out["datacontenttype"] = datacontenttype
+    out["data"] = data
+    return out
+
+
 #: ``(second, "YYYY-MM-DDTHH:MM:SS")`` of the last second formatted: a sink writes
 #: thousands of events per second, nearly all within the second before.
 _last_second: tuple[int, str] = (-1, "")
@@ -584,12 +590,8 @@ class EventDraft:
 
     def to_dict(self) -> dict[str, Any]:
         """What :meth:`Event.to_dict` gives for the built event."""
-        out = {"specversion": SPEC_VERSION, "id": self.id, "type": self.type,
-               "source": self.source, "time": _rfc3339_milliseconds(self.milliseconds)}
-        if self.subject is not None:
-            out["subject"] = self.subject
-        out["data"] = self.data
-        return out
+        return _envelope_dict(self.id, self.type, self.source,
+                              _rfc3339_milliseconds(self.milliseconds), self.subject, self.data)
 
     def to_json(self) -> bytes:
         return compact_json(self.to_dict())

@@ -97,15 +97,21 @@ _MAX_ARGSREPR = 1024
 EARLY_TOLERANCE_S = 0.05
 #: Publishes of a batch sent before reading confirms (at most twice this in flight).
 BATCH_WINDOW = 500
+#: Publishes of a batch written to the socket in one write: small enough that the
+#: broker starts on a batch while the rest is still being framed (a window in one
+#: write left it idle meanwhile, measured about 7 % slower), big enough to spare
+#: a syscall per job.
+BATCH_WRITE = 64
 #: Longest wait for the reply to one declaration.
 DECLARE_TIMEOUT_S = 30.0
 
 
 class _PublishFrames:
-    """``Basic.Publish`` frames of a batch, written to the socket a window at a time.
+    """``Basic.Publish`` frames of a batch, written to the socket a few at a time.
 
     py-amqp writes every publish with its own ``sendall``; a batch collects them
-    with py-amqp's own frame writer and sends each window in one write.
+    with py-amqp's own frame writer and sends every :data:`BATCH_WRITE` of them in
+    one write.
     """
 
     def __init__(self, connection: amqp.Connection, channel_id: int) -> None:
@@ -382,6 +388,8 @@ class Channel(pyamqp.Channel):
                     self._announce(job)
                     tracked.append(tracker.track(job.job_id, queue))
                     frames.publish(message, exchange, routing_key, mandatory)
+                    if index % BATCH_WRITE == BATCH_WRITE - 1:
+                        frames.flush()
                     if index % window == window - 1:
                         frames.flush()
                         if not self._wait_outstanding(window, limit):

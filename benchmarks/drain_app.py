@@ -17,15 +17,23 @@ import time
 from typing import Any
 
 from celery import Celery
+from kombu import Exchange, Queue
 
 import ojs_kombu
 
 TASK_NAME = "bench.noop"  # the same task name as run.py's sides
 
 
-def common_conf(app: Celery, queue: str) -> None:
+def common_conf(app: Celery, queue: str, max_priority: int | None = None) -> None:
     """Settings every benchmark side shares, in process (run.py) and in the prefork
-    worker here: acks_late (ojs_kombu forces it), no results, no pidbox."""
+    worker here: acks_late (ojs_kombu forces it), no results, no pidbox.
+
+    ``max_priority`` (plain Celery only) declares ``queue`` with that
+    ``x-max-priority``, the broker queue type of ojs_kombu's default job queues.
+    """
+    if max_priority:
+        app.conf.task_queues = [Queue(queue, Exchange(queue), routing_key=queue,
+                                      queue_arguments={"x-max-priority": max_priority})]
     app.conf.update(
         task_default_queue=queue,
         task_acks_late=True,
@@ -36,12 +44,13 @@ def common_conf(app: Celery, queue: str) -> None:
     )
 
 
-def make_app(broker: str, queue: str, record_path: str, ojs_prefix: str | None) -> Celery:
+def make_app(broker: str, queue: str, record_path: str, ojs_prefix: str | None,
+             max_priority: int | None = None) -> Celery:
     app = Celery("bench_drain", broker=broker, set_as_current=True)
     if ojs_prefix:
         ojs_kombu.install(app)
         app.conf.ojs_prefix = ojs_prefix
-    common_conf(app, queue)
+    common_conf(app, queue, max_priority)
     record = os.open(record_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
 
     @app.task(name=TASK_NAME, ignore_result=True, shared=False)
@@ -53,5 +62,6 @@ def make_app(broker: str, queue: str, record_path: str, ojs_prefix: str | None) 
 
 
 app = (make_app(os.environ["BENCH_DRAIN_BROKER"], os.environ["BENCH_DRAIN_QUEUE"],
-                os.environ["BENCH_DRAIN_RECORD"], os.environ.get("BENCH_DRAIN_OJS_PREFIX"))
+                os.environ["BENCH_DRAIN_RECORD"], os.environ.get("BENCH_DRAIN_OJS_PREFIX"),
+                int(os.environ.get("BENCH_DRAIN_MAX_PRIORITY") or 0) or None)
        if "BENCH_DRAIN_BROKER" in os.environ else None)

@@ -37,7 +37,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,6 +62,7 @@ import report
 import scheduling
 from drain_app import TASK_NAME, common_conf
 from dramatiq_side import DramatiqPublisher, queues_of
+from raw_side import RawConfirmPublisher
 
 DEFAULT_BROKER = "amqp://guest:guest@127.0.0.1:5672//"
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "latest.json"
@@ -190,6 +191,8 @@ class Side:
     exchanges: list[str] = field(default_factory=list)
     #: Every queue and exchange whose name starts with it is the side's (OJS prefix).
     sweep_prefix: str | None = None
+    #: Plain Celery: ``x-max-priority`` of its queue (``None``: a classic queue).
+    max_priority: int | None = None
 
 
 def _register_noop(app: Celery, recorder: DrainRecorder) -> Task:
@@ -203,12 +206,15 @@ def _register_noop(app: Celery, recorder: DrainRecorder) -> Task:
     return noop
 
 
-def make_plain_side(broker_url: str, pid: int, *, confirm: bool = True) -> Side:
+def make_plain_side(broker_url: str, pid: int, *, confirm: bool = True,
+                    max_priority: int | None = None) -> Side:
     """Plain Celery over py-amqp, publishing with or without ``confirm_publish``
-    (both variants use the same queue)."""
+    (both variants use the same queue); with ``max_priority``, on a queue of its own
+    declared with that ``x-max-priority``, the broker queue type ojs_kombu's job queues
+    have by default."""
     app = Celery("bench_plain", broker=broker_url, set_as_current=False)
-    queue = f"bench-plain-{pid}"
-    common_conf(app, queue)
+    queue = f"bench-plainpq-{pid}" if max_priority else f"bench-plain-{pid}"
+    common_conf(app, queue, max_priority)
     if confirm:
         app.conf.broker_transport_options = {"confirm_publish": True}
     recorder = DrainRecorder()
@@ -218,8 +224,10 @@ def make_plain_side(broker_url: str, pid: int, *, confirm: bool = True) -> Side:
             app.amqp.queues[queue](connection.default_channel).declare()
 
     label = "plain Celery" if confirm else "plain Celery (no confirms)"
+    if max_priority:
+        label += f" (x-max-priority={max_priority})"
     return Side(label, app, _register_noop(app, recorder), recorder, queue, queue,
-                declare, queues=[queue], exchanges=[queue])
+                declare, queues=[queue], exchanges=[queue], max_priority=max_priority)
 
 
 def make_ojs_side(broker_url: str, pid: int, *, prefix: str | None = None,
@@ -421,7 +429,7 @@ def measure_prefork_drain(side: Side, broker: Broker, n: int, timeout: float, wo
     seconds = prefork_drain.drain(
         label=side.label, broker_url=side.app.conf.broker_url, queue=side.celery_queue,
         ojs_prefix=side.app.conf.get("ojs_prefix"), n=n, timeout=timeout, workdir=workdir,
-        name=name)
+        name=name, max_priority=side.max_priority)
     dead = broker.depth(side.dead_letter_queue) if side.dead_letter_queue else None
     return DrainResult(n / seconds, seconds, broker.depth(side.amqp_queue), dead)
 
@@ -485,16 +493,20 @@ def write_json(path: Path, document: dict[str, Any]) -> None:
 
 
 @contextmanager
-def sides(broker: Broker, broker_url: str) -> Iterator[tuple[Side, Side, Side]]:
-    """Plain Celery with and without confirms, and ojs_kombu; on exit their connections
-    close and every entity they made is deleted."""
+def sides(broker: Broker, broker_url: str) -> Iterator[tuple[Side, Side, Side, Side]]:
+    """Plain Celery with and without confirms, plain Celery on a priority queue, and
+    ojs_kombu; on exit their connections close and every entity they made is deleted."""
     pid = os.getpid()
     made: list[Side] = []
     try:
         made.append(make_plain_side(broker_url, pid))
         made.append(make_plain_side(broker_url, pid, confirm=False))
         made.append(make_ojs_side(broker_url, pid))
-        yield made[0], made[1], made[2]
+        # The same x-max-priority as the ojs_kombu job queue (AMQP-030 default).
+        priority = made[2].app.amqp.binding.declare_arguments(made[2].celery_queue)[
+            "x-max-priority"]
+        made.append(make_plain_side(broker_url, pid, max_priority=priority))
+        yield made[0], made[1], made[3], made[2]
     finally:
         for side in made:
             side.app.close()
@@ -515,6 +527,27 @@ def dramatiq_publishers(broker: Broker, broker_url: str, queue: str
         for publisher in made:
             publisher.close()
         broker.delete(queues_of(queue), [])
+
+
+@contextmanager
+def raw_publisher(broker: Broker, broker_url: str, ojs: Side) -> Iterator[RawConfirmPublisher]:
+    """A raw py-amqp publisher of a copy of one ``ojs`` job (read back from its queue)."""
+    broker.purge(ojs.amqp_queue)
+    ojs.task.apply_async(TASK_ARGS)
+    message = broker.channel.basic_get(ojs.amqp_queue, no_ack=True)
+    if message is None:
+        raise RuntimeError(f"{ojs.label}: the job published for the raw publisher is not "
+                           f"in {ojs.amqp_queue}")
+    names = ojs.app.amqp.binding.names
+    body = message.body  # py-amqp decodes a body that declares its content_encoding
+    if isinstance(body, str):
+        body = body.encode(message.properties.get("content_encoding") or "utf-8")
+    publisher = RawConfirmPublisher(broker_url, names.direct_exchange, ojs.celery_queue,
+                                    bytes(body), dict(message.properties))
+    try:
+        yield publisher
+    finally:
+        publisher.close()
 
 
 @contextmanager
@@ -556,31 +589,39 @@ def run_throughput(broker: Broker, args: argparse.Namespace) -> dict[str, Any]:
     pid = os.getpid()
     dramatiq_queue = f"bench{pid}-dramatiq"
     fast, single, drained = args.fast_jobs, args.jobs, args.drain_jobs
-    with sides(broker, args.broker) as (plain, plain_nc, ojs), \
+    with sides(broker, args.broker) as (plain, plain_nc, plain_pq, ojs), \
             dramatiq_publishers(broker, args.broker, dramatiq_queue) as (dq, dq_confirm), \
-            _workdir() as workdir:
-        for side in (plain, plain_nc, ojs):
+            _workdir() as workdir, ExitStack() as stack:
+        for side in (plain, plain_nc, plain_pq, ojs):
             warm_up(side, broker)
         publish_batches(ojs, WARMUP, WARMUP)
         broker.purge(ojs.amqp_queue)
         for publisher in (dq, dq_confirm):
             publisher.send(WARMUP, TASK_ARGS)
         broker.purge(dramatiq_queue)
+        raw = stack.enter_context(raw_publisher(broker, args.broker, ojs))
+        raw.send(WARMUP, WARMUP)
+        broker.purge(ojs.amqp_queue)
         publishers: dict[str, tuple[Callable[[int], list[float]], str, int]] = {
             "plain_publish": (lambda k: publish(plain_nc, k), plain.amqp_queue, fast),
             "plain_publish_confirm": (lambda k: publish(plain, k), plain.amqp_queue, single),
             "ojs_publish": (lambda k: publish(ojs, k), ojs.amqp_queue, single),
             "ojs_batch": (lambda k: publish_batches(ojs, k, args.batch_size),
                           ojs.amqp_queue, fast),
+            "raw_batch": (lambda k: raw.send(k, args.batch_size), ojs.amqp_queue, fast),
             "dramatiq_send": (lambda k: dq.send(k, TASK_ARGS), dramatiq_queue, fast),
             "dramatiq_send_confirm": (lambda k: dq_confirm.send(k, TASK_ARGS),
                                       dramatiq_queue, single),
         }
         drains: dict[str, Callable[[int], DrainResult]] = {
             "plain_drain_threads": lambda i: measure_drain(plain, broker, drained, args.timeout),
+            "plainpq_drain_threads": lambda i: measure_drain(plain_pq, broker, drained,
+                                                             args.timeout),
             "ojs_drain_threads": lambda i: measure_drain(ojs, broker, drained, args.timeout),
             "plain_drain_prefork": lambda i: measure_prefork_drain(
                 plain, broker, drained, args.timeout, workdir, f"bench-plain-{pid}-{i}"),
+            "plainpq_drain_prefork": lambda i: measure_prefork_drain(
+                plain_pq, broker, drained, args.timeout, workdir, f"bench-plainpq-{pid}-{i}"),
             "ojs_drain_prefork": lambda i: measure_prefork_drain(
                 ojs, broker, drained, args.timeout, workdir, f"bench-ojs-{pid}-{i}"),
         }
@@ -596,9 +637,9 @@ def run_throughput(broker: Broker, args: argparse.Namespace) -> dict[str, Any]:
             for key, result in published.items():
                 rounds[key].append(asdict(result))
             order = list(published)
-            for pair in (("plain_drain_threads", "ojs_drain_threads"),
-                         ("plain_drain_prefork", "ojs_drain_prefork")):
-                order += pair if forward else pair[::-1]
+            for trio in (("plain_drain_threads", "plainpq_drain_threads", "ojs_drain_threads"),
+                         ("plain_drain_prefork", "plainpq_drain_prefork", "ojs_drain_prefork")):
+                order += trio if forward else trio[::-1]
             orders.append(order)
             for key in order[len(published):]:
                 _progress(f"throughput: {label}, {report.BY_KEY[key].label}")

@@ -1,0 +1,78 @@
+"""Raw py-amqp publisher of the throughput part: the broker's ceiling for an OJS job.
+
+It republishes one job ojs_kombu published (its body and every property and
+``x-ojs-*`` header, read back from the queue) into the same job queue through
+``ojs.exchange.direct`` with ``mandatory``, in batches with pipelined
+publisher confirms, each batch waiting for all of its confirms, as
+``enqueue_many`` does.  What it leaves out is everything ojs_kombu and Celery
+do per job: ids, timestamps, the envelope, the JSON, the signature.  So its
+rate is what this broker takes of this message with every job confirmed, and
+``enqueue_many`` over it is the share ojs_kombu keeps of that ceiling.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import suppress
+from typing import Any
+
+import amqp
+from kombu.utils.url import parse_url
+
+
+class RawConfirmPublisher:
+    """One py-amqp connection in confirm mode, publishing a fixed message."""
+
+    def __init__(self, url: str, exchange: str, routing_key: str, body: bytes,
+                 properties: dict[str, Any]) -> None:
+        parts = parse_url(url)
+        self.connection = amqp.Connection(
+            host=f"{parts.get('hostname') or '127.0.0.1'}:{parts.get('port') or 5672}",
+            userid=parts.get("userid") or "guest", password=parts.get("password") or "guest",
+            virtual_host=parts.get("virtual_host") or "/", connect_timeout=5)
+        self.connection.connect()
+        self.channel = self.connection.channel()
+        self.channel.confirm_select()
+        self.exchange, self.routing_key = exchange, routing_key
+        self.body, self.properties = body, properties
+        self.published = self.confirmed = 0
+        self.refused = 0
+        self.channel.events["basic_ack"].add(self._on_ack)
+        self.channel.events["basic_nack"].add(self._on_nack)
+        self.channel.events["basic_return"].add(self._on_return)
+
+    def _on_ack(self, delivery_tag: int, multiple: bool) -> None:
+        self.confirmed = max(self.confirmed, delivery_tag)
+
+    def _on_nack(self, delivery_tag: int, multiple: bool) -> None:
+        self.refused += 1
+        self._on_ack(delivery_tag, multiple)
+
+    def _on_return(self, *_args: Any) -> None:
+        self.refused += 1
+
+    def send(self, n: int, size: int) -> list[float]:
+        """``n`` messages in batches of ``size``; each batch's latency in seconds.
+
+        A new ``amqp.Message`` per publish, as any client builds one per job.
+        """
+        publish, Message = self.channel.basic_publish, amqp.Message
+        body, properties = self.body, self.properties
+        exchange, key, clock = self.exchange, self.routing_key, time.perf_counter
+        latencies: list[float] = []
+        for done in range(0, n, size):
+            started = clock()
+            for _ in range(min(size, n - done)):
+                publish(Message(body, **properties), exchange, key, mandatory=True)
+                self.published += 1
+            while self.confirmed < self.published:
+                self.connection.drain_events(timeout=30)
+            latencies.append(clock() - started)
+        if self.refused:
+            raise RuntimeError(f"raw py-amqp publisher: {self.refused} message(s) "
+                               "refused or returned by the broker")
+        return latencies
+
+    def close(self) -> None:
+        with suppress(Exception):
+            self.connection.close()

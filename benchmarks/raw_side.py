@@ -17,20 +17,15 @@ from contextlib import suppress
 from typing import Any
 
 import amqp
-from kombu.utils.url import parse_url
 
 
 class RawConfirmPublisher:
-    """One py-amqp connection in confirm mode, publishing a fixed message."""
+    """A channel in confirm mode on ``connection`` (its own, closed with it), publishing
+    a fixed message."""
 
-    def __init__(self, url: str, exchange: str, routing_key: str, body: bytes,
-                 properties: dict[str, Any]) -> None:
-        parts = parse_url(url)
-        self.connection = amqp.Connection(
-            host=f"{parts.get('hostname') or '127.0.0.1'}:{parts.get('port') or 5672}",
-            userid=parts.get("userid") or "guest", password=parts.get("password") or "guest",
-            virtual_host=parts.get("virtual_host") or "/", connect_timeout=5)
-        self.connection.connect()
+    def __init__(self, connection: amqp.Connection, exchange: str, routing_key: str,
+                 body: bytes, properties: dict[str, Any]) -> None:
+        self.connection = connection
         self.channel = self.connection.channel()
         self.channel.confirm_select()
         self.exchange, self.routing_key = exchange, routing_key

@@ -37,7 +37,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager, suppress
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -86,15 +86,9 @@ class Broker:
     """
 
     def __init__(self, url: str) -> None:
-        parts = parse_url(url)
         self.host = _host(url)
-        self.vhost = parts.get("virtual_host") or "/"
-        self.connection = amqp.Connection(
-            host=self.host, userid=parts.get("userid") or "guest",
-            password=parts.get("password") or "guest",
-            virtual_host=parts.get("virtual_host") or "/", connect_timeout=5,
-        )
-        self.connection.connect()
+        self.vhost = parse_url(url).get("virtual_host") or "/"
+        self.connection = connect(url)
         self.channel = self.connection.channel()
 
     @property
@@ -249,6 +243,18 @@ def make_ojs_side(broker_url: str, pid: int, *, prefix: str | None = None,
         queues=[names.job_queue(queue), names.dead_letter_queue(queue)],
         exchanges=[names.direct_exchange, names.dlx_exchange], sweep_prefix=names.prefix,
     )
+
+
+def connect(url: str) -> amqp.Connection:
+    """A connected py-amqp connection to ``url``, outside every Celery app."""
+    parts = parse_url(url)
+    connection = amqp.Connection(
+        host=_host(url), userid=parts.get("userid") or "guest",
+        password=parts.get("password") or "guest",
+        virtual_host=parts.get("virtual_host") or "/", connect_timeout=5,
+    )
+    connection.connect()
+    return connection
 
 
 def _host(broker_url: str) -> str:
@@ -542,8 +548,8 @@ def raw_publisher(broker: Broker, broker_url: str, ojs: Side) -> Iterator[RawCon
     body = message.body  # py-amqp decodes a body that declares its content_encoding
     if isinstance(body, str):
         body = body.encode(message.properties.get("content_encoding") or "utf-8")
-    publisher = RawConfirmPublisher(broker_url, names.direct_exchange, ojs.celery_queue,
-                                    bytes(body), dict(message.properties))
+    publisher = RawConfirmPublisher(connect(broker_url), names.direct_exchange,
+                                    ojs.celery_queue, bytes(body), dict(message.properties))
     try:
         yield publisher
     finally:
@@ -591,7 +597,7 @@ def run_throughput(broker: Broker, args: argparse.Namespace) -> dict[str, Any]:
     fast, single, drained = args.fast_jobs, args.jobs, args.drain_jobs
     with sides(broker, args.broker) as (plain, plain_nc, plain_pq, ojs), \
             dramatiq_publishers(broker, args.broker, dramatiq_queue) as (dq, dq_confirm), \
-            _workdir() as workdir, ExitStack() as stack:
+            raw_publisher(broker, args.broker, ojs) as raw, _workdir() as workdir:
         for side in (plain, plain_nc, plain_pq, ojs):
             warm_up(side, broker)
         publish_batches(ojs, WARMUP, WARMUP)
@@ -599,7 +605,6 @@ def run_throughput(broker: Broker, args: argparse.Namespace) -> dict[str, Any]:
         for publisher in (dq, dq_confirm):
             publisher.send(WARMUP, TASK_ARGS)
         broker.purge(dramatiq_queue)
-        raw = stack.enter_context(raw_publisher(broker, args.broker, ojs))
         raw.send(WARMUP, WARMUP)
         broker.purge(ojs.amqp_queue)
         publishers: dict[str, tuple[Callable[[int], list[float]], str, int]] = {

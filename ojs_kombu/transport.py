@@ -388,12 +388,11 @@ class Channel(pyamqp.Channel):
                     self._announce(job)
                     tracked.append(tracker.track(job.job_id, queue))
                     frames.publish(message, exchange, routing_key, mandatory)
-                    if index % BATCH_WRITE == BATCH_WRITE - 1:
+                    window_full = index % window == window - 1
+                    if window_full or index % BATCH_WRITE == BATCH_WRITE - 1:
                         frames.flush()
-                    if index % window == window - 1:
-                        frames.flush()
-                        if not self._wait_outstanding(window, limit):
-                            break  # the broker stopped confirming: send no more
+                    if window_full and not self._wait_outstanding(window, limit):
+                        break  # the broker stopped confirming: send no more
                 frames.flush()
                 self._wait_outstanding(0, limit)
             finally:
@@ -571,8 +570,7 @@ class Channel(pyamqp.Channel):
                                    job.envelope.type)
             envelope = job.envelope
             try:
-                if ((envelope.expires_at is not None or envelope.scheduled_at is not None)
-                        and self._held_back(envelope, delivery, raw.delivery_tag)):
+                if self._held_back(envelope, delivery, raw.delivery_tag):
                     return None
             except self.connection.connection_errors:
                 raise
@@ -642,7 +640,10 @@ class Channel(pyamqp.Channel):
     def _held_back(self, envelope: JobEnvelope, delivery: JobDelivery, delivery_tag: int
                    ) -> bool:
         """Settle a job that must not run now: expired (discarded) or early (sent back to
-        wait); ``True`` when it was settled."""
+        wait); ``True`` when it was settled.  The clock is read only for a job that
+        has ``expires_at`` or ``scheduled_at``."""
+        if envelope.expires_at is None and envelope.scheduled_at is None:
+            return False
         now = datetime.now(UTC)
         if envelope.expires_at is not None and envelope.expires_at <= now:
             failure = JobFailure(EXPIRED, EXPIRED, "job expired at "

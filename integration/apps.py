@@ -170,4 +170,5 @@ def cli_app() -> Celery:
                     worker_hijack_root_logger=False,
                     ojs_event_sinks=[f"file:{events_file}"] if events_file else [],
                     ojs_worker_heartbeat=1, ojs_job_heartbeat=1,
-                    ojs_control_queues=not os.environ.get("OJS_TEST_NO_CONTROL"))
+                    ojs_control_queues=not os.environ.get("OJS_TEST_NO_CONTROL"),
+                    ojs_acks=os.environ.get("OJS_TEST_ACKS", "batched"))

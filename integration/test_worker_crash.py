@@ -1,4 +1,5 @@
-"""kill -9 of a worker while a job runs: the job is redelivered and completes."""
+"""kill -9 of a worker while a job runs: the job is redelivered and completes, and no
+job another one's ack covered is lost."""
 
 from __future__ import annotations
 
@@ -8,21 +9,26 @@ import subprocess
 import sys
 from pathlib import Path
 
+import amqp
+import pytest
 from celery import Celery
 
+import ojs_kombu
+
 from .apps import make_app
-from .conftest import wait_until
+from .conftest import body_of, queue_depth, rabbitmqctl, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def start_worker(broker_url: str, name: str, log: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "OJS_TEST_BROKER_URL": broker_url}
+def start_worker(broker_url: str, name: str, log: Path, pool: str = "prefork",
+                 concurrency: int = 1, acks: str = "batched") -> subprocess.Popen[bytes]:
+    env = {**os.environ, "OJS_TEST_BROKER_URL": broker_url, "OJS_TEST_ACKS": acks}
     with log.open("ab") as out:
         return subprocess.Popen(
             [sys.executable, "-m", "celery", "-A", "integration.cliapp", "worker", "-Q",
-             "crash", "-n", f"{name}@%h", "--pool", "prefork", "-c", "1", "--loglevel", "INFO",
-             "--without-mingle", "--without-gossip"],
+             "crash", "-n", f"{name}@%h", "--pool", pool, "-c", str(concurrency),
+             "--loglevel", "INFO", "--without-mingle", "--without-gossip"],
             cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
 
@@ -60,3 +66,58 @@ def test_kill_9_mid_job_redelivers_and_completes(broker_url: str, tmp_path: Path
                     os.killpg(process.pid, signal.SIGKILL)
 
 
+
+
+@pytest.mark.parametrize("acks", ["batched", "multiple"])
+def test_kill_9_after_later_jobs_were_acked_redelivers_only_the_running_job(
+        broker_url: str, tmp_path: Path, amqp_channel: amqp.Channel, acks: str) -> None:
+    """The worker writes the acks of jobs that end together in one go (with
+    ``ojs_acks="multiple"`` as one ``Basic.Ack(multiple=true)`` where it can):
+    that must never settle a job that was delivered earlier and is still running."""
+    client = make_app("crash-acks-client", broker_url, "rpc://")
+    log = tmp_path / "worker.log"
+    worker = start_worker(broker_url, f"acks-{acks}", log, pool="threads", concurrency=4,
+                          acks=acks)
+    try:
+        wait_until(lambda: client.control.inspect(timeout=1).ping(), timeout=60,
+                   what="the worker")
+        sleep_for, add = client.tasks["sleep.for"], client.tasks["math.add"]
+        # Quick jobs before the long one (acks that may go as one multiple ack) and after.
+        quick = ojs_kombu.enqueue_many(client, [add.s(i, 1).set(queue="crash")
+                                                for i in range(20)])
+        long_job = sleep_for.apply_async((60,), queue="crash")
+        quick += ojs_kombu.enqueue_many(client, [add.s(i, 1).set(queue="crash")
+                                                 for i in range(20, 60)])
+        assert [result.get(timeout=60) for result in quick] == [i + 1 for i in range(60)]
+        assert active_on(client, long_job.id)
+        # The rpc:// replies come before the acks: wait until the broker holds only
+        # the long job as unacknowledged (everything else settled).
+        wait_until(lambda: unacked("ojs.queue.crash", vhost_of(broker_url)) == 1, timeout=20,
+                   what="the quick jobs' acks")
+        os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait(10)
+        queue = "ojs.queue.crash"
+        wait_until(lambda: queue_depth(amqp_channel, queue) >= 1, timeout=20,
+                   what="the long job back in its queue")
+        assert queue_depth(amqp_channel, queue) == 1
+        message = amqp_channel.basic_get(queue)
+        amqp_channel.basic_ack(message.delivery_tag)
+        assert body_of(message)["id"] == long_job.id
+        assert message.delivery_info["redelivered"] is True
+    finally:
+        if worker.poll() is None:
+            os.killpg(worker.pid, signal.SIGKILL)
+            worker.wait(10)
+
+
+def vhost_of(broker_url: str) -> str:
+    return broker_url.rsplit("/", 1)[1]
+
+
+def unacked(queue: str, vhost: str) -> int:
+    for line in rabbitmqctl("list_queues", "-p", vhost, "name",
+                            "messages_unacknowledged").splitlines():
+        name, _, count = line.partition("\t")
+        if name == queue:
+            return int(count)
+    return -1

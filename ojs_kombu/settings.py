@@ -61,6 +61,14 @@ class OJSSettings(BaseModel):
     max_priority: int | None = Field(default=10, ge=1, le=255)
     #: Seconds to wait for a publisher confirm before raising ``PublishConfirmTimeout``.
     confirm_timeout: float = Field(default=30.0, gt=0)
+    #: How a worker sends its acks (see :mod:`ojs_kombu.acks`).  ``"batched"``: the
+    #: acks of jobs that end in the same event-loop iteration go out in one write,
+    #: one ``Basic.Ack(multiple=false)`` per job (the binding's section 5.3).
+    #: ``"multiple"``: as batched, but where the oldest deliveries still open are all
+    #: among them one ``Basic.Ack(multiple=true)`` settles them (cheaper for the
+    #: broker; section 5.3 asks for ``multiple=false``, see docs/conformance.rst).
+    #: ``"each"``: one write per ack, as plain kombu.
+    acks: Literal["each", "batched", "multiple"] = "batched"
     #: Prefetch applied when a job queue is consumed before ``Basic.Qos`` was set.
     default_prefetch: int = Field(default=1, ge=1)
     #: Schedule through ``ojs.exchange.delayed`` (needs RabbitMQ's delayed-message

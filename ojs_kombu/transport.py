@@ -19,6 +19,7 @@ Everything else (Celery's remote control, its monitoring events, the
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from contextlib import suppress
 from datetime import UTC, datetime
@@ -34,6 +35,7 @@ from amqp.serialization import dumps
 from kombu.transport import pyamqp
 from kombu.utils.encoding import safe_repr
 
+from .acks import PendingAcks, ack_frames
 from .codec import (
     INVALID_ENVELOPE,
     OutgoingJob,
@@ -190,6 +192,8 @@ class Channel(pyamqp.Channel):
         self._ojs_qos_set = False
         #: delivery tag -> OJS queue of job deliveries not yet settled (metrics labels)
         self._ojs_unsettled: dict[int, str] = {}
+        #: every delivery that needs an ack, and the acks the event loop collected
+        self._ojs_acks = PendingAcks()
 
     def _do_revive(self) -> None:
         self._ojs_reset()
@@ -703,18 +707,55 @@ class Channel(pyamqp.Channel):
             return
         self.basic_ack(delivery_tag)
 
+    def _on_basic_deliver(self, consumer_tag: str, delivery_tag: int, redelivered: bool,
+                          exchange: str, routing_key: str, msg: amqp.Message) -> None:
+        if consumer_tag not in self.no_ack_consumers:
+            self._ojs_acks.delivered(delivery_tag)
+        super()._on_basic_deliver(consumer_tag, delivery_tag, redelivered, exchange,
+                                  routing_key, msg)
+
+    def basic_get(self, queue: str = "", no_ack: bool = False, argsig: str = "Bsb"
+                  ) -> amqp.Message | None:
+        message = super().basic_get(queue, no_ack, argsig)
+        if message is not None and not no_ack:
+            self._ojs_acks.delivered(message.delivery_tag)
+        return message
+
     def basic_nack(self, delivery_tag: int, multiple: bool = False, requeue: bool = False) -> None:
         """``Basic.Nack`` (py-amqp only sends ``Basic.Reject``)."""
+        self.flush_acks()  # a multiple nack must not overtake a collected ack
         self.send_method(spec.Basic.Nack, "Lbb", (delivery_tag, multiple, requeue))
+        self._ojs_acks.settled(delivery_tag, multiple)
         queue = self._ojs_unsettled.pop(delivery_tag, None)
         if queue is not None:
             self.ojs.events.metrics.nacked.add(1, {"queue": queue})
 
     def basic_ack(self, delivery_tag: int, multiple: bool = False, argsig: str = "Lb") -> None:
-        super().basic_ack(delivery_tag, multiple, argsig)
+        """From the event loop's thread the ack is collected and written with the others of
+        the same loop iteration (:meth:`Connection.flush_acks`); elsewhere at once."""
         queue = self._ojs_unsettled.pop(delivery_tag, None)
         if queue is not None:
             self.ojs.events.metrics.acked.add(1, {"queue": queue})
+        connection = self.connection
+        if not multiple and connection.ojs_loop_thread == threading.get_ident():
+            if self._ojs_acks.ack(delivery_tag):
+                connection.ojs_ack_channels.append(self)
+            return
+        self.flush_acks()
+        super().basic_ack(delivery_tag, multiple, argsig)
+        self._ojs_acks.settled(delivery_tag, multiple)
+
+    def flush_acks(self) -> None:
+        """Write the collected acks, in one write."""
+        if self._ojs_acks:
+            frames = self._ojs_acks.take(self.connection.ojs_multiple_acks)
+            self.connection.transport.write(ack_frames(self.channel_id, frames))
+            self.connection.bytes_sent += 1  # py-amqp's heartbeat check reads it
+
+    def close(self, *args: Any, **kwargs: Any) -> Any:
+        if self._ojs_acks and self.is_open and self.connection.transport is not None:
+            self.flush_acks()
+        return super().close(*args, **kwargs)
 
     def basic_reject(self, delivery_tag: int, requeue: bool, argsig: str = "Lb") -> None:
         """Rejections go out as ``Basic.Nack(multiple=false)`` (AMQP-009)."""
@@ -736,7 +777,49 @@ class Connection(pyamqp.Connection):
         self._ojs_scheduled: set[str] = set()
         self._ojs_ladder = False
         self._ojs_retry_declared: dict[tuple[str, int], float] = {}
+        #: The thread of the event loop this connection is registered with: its acks
+        #: are collected per loop iteration (:meth:`flush_acks`).
+        self.ojs_loop_thread: int | None = None
+        #: Channels holding collected acks.
+        self.ojs_ack_channels: list[Channel] = []
+        #: Collected acks may go as ``Basic.Ack(multiple=true)`` (``ojs_acks="multiple"``).
+        self.ojs_multiple_acks = False
+        self._ojs_loop: Any = None
         super().__init__(*args, confirm_publish=False, **kwargs)
+
+    def register_with_loop(self, loop: Any) -> None:
+        """Collect acks made in ``loop``'s thread and write them once per loop iteration.
+
+        Called where the loop runs (Celery registers its connection from the loop's
+        thread); the hub's ``on_tick`` runs after the callbacks that ack (Celery's
+        ``call_soon``) and before the loop polls again.
+        """
+        self.unregister_from_loop()
+        self.ojs_multiple_acks = self.ojs.settings.acks == "multiple"
+        self.ojs_loop_thread = threading.get_ident()
+        self._ojs_loop = loop
+        loop.on_tick.add(self.flush_acks)
+
+    def unregister_from_loop(self) -> None:
+        loop, self._ojs_loop = self._ojs_loop, None
+        if loop is not None:
+            loop.on_tick.discard(self.flush_acks)
+        self.ojs_loop_thread = None
+
+    def flush_acks(self) -> None:
+        """Write every ack collected since the last flush."""
+        channels = self.ojs_ack_channels
+        while channels:
+            channel = channels.pop()
+            if channel.is_open:
+                channel.flush_acks()
+
+    def close(self, *args: Any, **kwargs: Any) -> Any:
+        self.unregister_from_loop()
+        if self.ojs_ack_channels and self.connected:
+            with suppress(*self.recoverable_connection_errors):
+                self.flush_acks()  # a broken connection redelivers them anyway
+        return super().close(*args, **kwargs)
 
     def ensure_topology(self, queue: str) -> None:
         """Declare the OJS topology of ``queue`` once per connection (lazy and eager paths)."""
@@ -832,6 +915,11 @@ class Transport(pyamqp.Transport):
     """kombu transport ``ojs://``: RabbitMQ through py-amqp, jobs as OJS jobs."""
 
     Connection = Connection
+
+    def register_with_event_loop(self, connection: Connection, loop: Any) -> None:
+        super().register_with_event_loop(connection, loop)
+        if connection.ojs.settings.acks != "each":
+            connection.register_with_loop(loop)
 
     def qos_semantics_matches_spec(self, connection: Any) -> bool:
         # Per-consumer prefetch (Basic.Qos global=false) as in the binding's

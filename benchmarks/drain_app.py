@@ -45,11 +45,13 @@ def common_conf(app: Celery, queue: str, max_priority: int | None = None) -> Non
 
 
 def make_app(broker: str, queue: str, record_path: str, ojs_prefix: str | None,
-             max_priority: int | None = None) -> Celery:
+             max_priority: int | None = None, ojs_acks: str | None = None) -> Celery:
     app = Celery("bench_drain", broker=broker, set_as_current=True)
     if ojs_prefix:
         ojs_kombu.install(app)
         app.conf.ojs_prefix = ojs_prefix
+        if ojs_acks:
+            app.conf.ojs_acks = ojs_acks
     common_conf(app, queue, max_priority)
     record = os.open(record_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
 
@@ -63,5 +65,6 @@ def make_app(broker: str, queue: str, record_path: str, ojs_prefix: str | None,
 
 app = (make_app(os.environ["BENCH_DRAIN_BROKER"], os.environ["BENCH_DRAIN_QUEUE"],
                 os.environ["BENCH_DRAIN_RECORD"], os.environ.get("BENCH_DRAIN_OJS_PREFIX"),
-                int(os.environ.get("BENCH_DRAIN_MAX_PRIORITY") or 0) or None)
+                int(os.environ.get("BENCH_DRAIN_MAX_PRIORITY") or 0) or None,
+                os.environ.get("BENCH_DRAIN_OJS_ACKS") or None)
        if "BENCH_DRAIN_BROKER" in os.environ else None)

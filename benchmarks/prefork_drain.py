@@ -53,7 +53,8 @@ def read_record(path: Path) -> list[tuple[float, float]]:
 
 
 def drain(*, label: str, broker_url: str, queue: str, ojs_prefix: str | None, n: int,
-          timeout: float, workdir: Path, name: str, max_priority: int | None = None) -> float:
+          timeout: float, workdir: Path, name: str, max_priority: int | None = None,
+          ojs_acks: str | None = None) -> float:
     """Seconds from the first task start to the last task end of ``n`` queued jobs."""
     record, log = workdir / f"{name}.record", workdir / f"{name}.log"
     record.write_bytes(b"")
@@ -65,6 +66,7 @@ def drain(*, label: str, broker_url: str, queue: str, ojs_prefix: str | None, n:
         "BENCH_DRAIN_RECORD": str(record),
         "BENCH_DRAIN_OJS_PREFIX": ojs_prefix or "",
         "BENCH_DRAIN_MAX_PRIORITY": str(max_priority or ""),
+        "BENCH_DRAIN_OJS_ACKS": ojs_acks or "",
     })
     with log.open("wb") as out:
         process = subprocess.Popen(

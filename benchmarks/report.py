@@ -56,11 +56,17 @@ SCENARIOS: tuple[Scenario, ...] = (
              "drain", "plain_drain_prefork"),
     Scenario("ojs_drain_prefork", "ojs_kombu drain, prefork c2", "drain",
              "plain_drain_prefork"),
+    Scenario("ojsmulti_drain_threads", "ojs_kombu drain, threads c4, ojs_acks=multiple",
+             "drain", "plain_drain_threads"),
+    Scenario("ojsmulti_drain_prefork", "ojs_kombu drain, prefork c2, ojs_acks=multiple",
+             "drain", "plain_drain_prefork"),
 )
 #: The plain Celery drain on a queue of the same broker type as ojs_kombu's default
 #: job queue (``x-max-priority``, AMQP-030), per ojs_kombu drain.
 PRIORITY_QUEUE_REF = {"ojs_drain_threads": "plainpq_drain_threads",
-                      "ojs_drain_prefork": "plainpq_drain_prefork"}
+                      "ojs_drain_prefork": "plainpq_drain_prefork",
+                      "ojsmulti_drain_threads": "plainpq_drain_threads",
+                      "ojsmulti_drain_prefork": "plainpq_drain_prefork"}
 BY_KEY = {s.key: s for s in SCENARIOS}
 
 TARGETS: tuple[Target, ...] = (

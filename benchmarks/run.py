@@ -435,7 +435,7 @@ def measure_prefork_drain(side: Side, broker: Broker, n: int, timeout: float, wo
     seconds = prefork_drain.drain(
         label=side.label, broker_url=side.app.conf.broker_url, queue=side.celery_queue,
         ojs_prefix=side.app.conf.get("ojs_prefix"), n=n, timeout=timeout, workdir=workdir,
-        name=name, max_priority=side.max_priority)
+        name=name, max_priority=side.max_priority, ojs_acks=side.app.conf.get("ojs_acks"))
     dead = broker.depth(side.dead_letter_queue) if side.dead_letter_queue else None
     return DrainResult(n / seconds, seconds, broker.depth(side.amqp_queue), dead)
 
@@ -499,9 +499,11 @@ def write_json(path: Path, document: dict[str, Any]) -> None:
 
 
 @contextmanager
-def sides(broker: Broker, broker_url: str) -> Iterator[tuple[Side, Side, Side, Side]]:
-    """Plain Celery with and without confirms, plain Celery on a priority queue, and
-    ojs_kombu; on exit their connections close and every entity they made is deleted."""
+def sides(broker: Broker, broker_url: str
+          ) -> Iterator[tuple[Side, Side, Side, Side, Side]]:
+    """Plain Celery with and without confirms, plain Celery on a priority queue,
+    ojs_kombu, and ojs_kombu with ``ojs_acks="multiple"`` (drains only); on exit their
+    connections close and every entity they made is deleted."""
     pid = os.getpid()
     made: list[Side] = []
     try:
@@ -512,7 +514,10 @@ def sides(broker: Broker, broker_url: str) -> Iterator[tuple[Side, Side, Side, S
         priority = made[2].app.amqp.binding.declare_arguments(made[2].celery_queue)[
             "x-max-priority"]
         made.append(make_plain_side(broker_url, pid, max_priority=priority))
-        yield made[0], made[1], made[3], made[2]
+        made.append(make_ojs_side(broker_url, pid, prefix=f"bench{pid}m",
+                                  label="ojs_kombu ojs_acks=multiple",
+                                  conf={"ojs_acks": "multiple"}))
+        yield made[0], made[1], made[3], made[2], made[4]
     finally:
         for side in made:
             side.app.close()
@@ -595,10 +600,10 @@ def run_throughput(broker: Broker, args: argparse.Namespace) -> dict[str, Any]:
     pid = os.getpid()
     dramatiq_queue = f"bench{pid}-dramatiq"
     fast, single, drained = args.fast_jobs, args.jobs, args.drain_jobs
-    with sides(broker, args.broker) as (plain, plain_nc, plain_pq, ojs), \
+    with sides(broker, args.broker) as (plain, plain_nc, plain_pq, ojs, ojs_multi), \
             dramatiq_publishers(broker, args.broker, dramatiq_queue) as (dq, dq_confirm), \
             raw_publisher(broker, args.broker, ojs) as raw, _workdir() as workdir:
-        for side in (plain, plain_nc, plain_pq, ojs):
+        for side in (plain, plain_nc, plain_pq, ojs, ojs_multi):
             warm_up(side, broker)
         publish_batches(ojs, WARMUP, WARMUP)
         broker.purge(ojs.amqp_queue)
@@ -623,12 +628,16 @@ def run_throughput(broker: Broker, args: argparse.Namespace) -> dict[str, Any]:
             "plainpq_drain_threads": lambda i: measure_drain(plain_pq, broker, drained,
                                                              args.timeout),
             "ojs_drain_threads": lambda i: measure_drain(ojs, broker, drained, args.timeout),
+            "ojsmulti_drain_threads": lambda i: measure_drain(ojs_multi, broker, drained,
+                                                              args.timeout),
             "plain_drain_prefork": lambda i: measure_prefork_drain(
                 plain, broker, drained, args.timeout, workdir, f"bench-plain-{pid}-{i}"),
             "plainpq_drain_prefork": lambda i: measure_prefork_drain(
                 plain_pq, broker, drained, args.timeout, workdir, f"bench-plainpq-{pid}-{i}"),
             "ojs_drain_prefork": lambda i: measure_prefork_drain(
                 ojs, broker, drained, args.timeout, workdir, f"bench-ojs-{pid}-{i}"),
+            "ojsmulti_drain_prefork": lambda i: measure_prefork_drain(
+                ojs_multi, broker, drained, args.timeout, workdir, f"bench-ojsm-{pid}-{i}"),
         }
         rounds: dict[str, list[dict[str, Any]]] = {key: [] for key in [*publishers, *drains]}
         orders: list[list[str]] = []
@@ -642,9 +651,10 @@ def run_throughput(broker: Broker, args: argparse.Namespace) -> dict[str, Any]:
             for key, result in published.items():
                 rounds[key].append(asdict(result))
             order = list(published)
-            for trio in (("plain_drain_threads", "plainpq_drain_threads", "ojs_drain_threads"),
-                         ("plain_drain_prefork", "plainpq_drain_prefork", "ojs_drain_prefork")):
-                order += trio if forward else trio[::-1]
+            for pool in ("threads", "prefork"):
+                group = [f"{side}_drain_{pool}" for side in ("plain", "plainpq", "ojs",
+                                                             "ojsmulti")]
+                order += group if forward else group[::-1]
             orders.append(order)
             for key in order[len(published):]:
                 _progress(f"throughput: {label}, {report.BY_KEY[key].label}")
@@ -705,17 +715,17 @@ def measure_events_side(broker: Broker, args: argparse.Namespace, on: bool) -> d
         warm_up(side, broker)
         if probe is None:
             return {"publish": measure_publish(side, broker, args.jobs),
-                    "drain": measure_drain(side, broker, args.jobs, args.timeout)}
+                    "drain": measure_drain(side, broker, args.drain_jobs, args.timeout)}
         probe.reset(args.timeout)
         published = measure_publish(side, broker, args.jobs)
         publish_events = probe.after_publish(args.jobs, args.timeout)
         job_ids: list[str] = []
         lag: list[float | None] = []
         drained = measure_drain(
-            side, broker, args.jobs, args.timeout, job_ids=job_ids,
+            side, broker, args.drain_jobs, args.timeout, job_ids=job_ids,
             before_start=lambda: probe.before_worker(args.timeout),
             when_done=lambda: lag.append(
-                probe.wait_drain_events(side.recorder, args.jobs, args.timeout)))
+                probe.wait_drain_events(side.recorder, args.drain_jobs, args.timeout)))
         return {"publish": published, "drain": drained, "publish_events": publish_events,
                 "drain_events_lag_s": lag[0] if lag else None,
                 "events": probe.collect(job_ids, args.timeout)}
@@ -747,10 +757,11 @@ def _plain(value: Any) -> Any:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=2000,
-                        help="jobs per side for confirmed single publishes and the events part")
+                        help="jobs per side for confirmed single publishes (the events part's "
+                        "publishes too)")
     parser.add_argument("--drain-jobs", type=int, default=8000,
-                        help="throughput: jobs each drain runs (a drain of a few thousand "
-                        "no-op jobs lasts under a second and reads high for ojs_kombu)")
+                        help="jobs each drain runs, throughput and events (a drain of a few "
+                        "thousand no-op jobs lasts under a second and reads high)")
     parser.add_argument("--fast-jobs", type=int, default=20_000,
                         help="jobs for the fast publish scenarios: plain Celery and Dramatiq "
                         "without confirms, ojs_kombu batch")

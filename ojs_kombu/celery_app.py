@@ -203,6 +203,7 @@ def install(app: Celery) -> Celery:
     app.steps["consumer"].add(ControlQueues)
     app.steps["consumer"].add(DroppedJobs)
     app.steps["consumer"].add(ConsumerReconnections)
+    app.steps["consumer"].add(InlineJobAcks)
     setattr(app, _INSTALLED_FLAG, True)
     return app
 
@@ -272,6 +273,22 @@ class OJSPreflight(bootsteps.Step):
     def __init__(self, parent: Any, **kwargs: Any) -> None:
         check_app(parent.app)
         super().__init__(parent, **kwargs)
+
+
+class InlineJobAcks(bootsteps.StartStopStep):
+    """Consumer bootstep: with the ``solo`` pool a job runs inside its delivery, in the
+    event loop, so the transport writes the acks it collected before each delivery
+    (a finished job's ack never waits for the next job; see :mod:`ojs_kombu.acks`)."""
+
+    name = "ojs_kombu.inline_job_acks"
+    requires = ("celery.worker.consumer.connection:Connection",)
+
+    def start(self, parent: Any) -> None:
+        from celery.concurrency.solo import TaskPool as SoloPool
+
+        connection = getattr(parent.connection, "connection", None)
+        if hasattr(connection, "ojs_jobs_run_in_loop"):
+            connection.ojs_jobs_run_in_loop = isinstance(parent.pool, SoloPool)
 
 
 def declare_topology(app: Celery, queues: Iterable[str] | None = None) -> list[str]:

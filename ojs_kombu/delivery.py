@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from amqp.exceptions import RecoverableConnectionError
 from kombu.exceptions import MessageStateError
 from kombu.transport import pyamqp
 
@@ -79,12 +80,15 @@ class JobMessage(pyamqp.Message):
                 logger.warning("job %s: OJS jobs are never requeued immediately (AMQP "
                                "binding 5.4); dead-lettering it instead", self.ojs.job_id)
         channel: Any = self.channel  # ojs_kombu.transport.Channel
+        connection = channel.connection
+        if connection is None:  # lost: the broker redelivers the job (py-amqp's error)
+            raise RecoverableConnectionError("connection already closed")
         try:
             if action.retry:
                 channel.retry_job(self.ojs, self.delivery_tag, action.failure, action.delay_s)
             else:
                 channel.discard_job(self.ojs, self.delivery_tag, action.failure)
-        except channel.connection.connection_errors:
+        except connection.connection_errors:
             raise
         except Exception:
             logger.exception("job %s: could not %s it; nacking it into its dead-letter queue",

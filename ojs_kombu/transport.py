@@ -445,6 +445,7 @@ class Channel(pyamqp.Channel):
         """Read incoming frames until ``done()``; ``False`` when ``limit`` seconds passed
         first."""
         deadline = monotonic() + limit
+        self.connection.flush_acks_in_loop()  # no ack waits behind a confirm
         while not done():
             remaining = deadline - monotonic()
             if remaining <= 0:
@@ -711,6 +712,11 @@ class Channel(pyamqp.Channel):
                           exchange: str, routing_key: str, msg: amqp.Message) -> None:
         if consumer_tag not in self.no_ack_consumers:
             self._ojs_acks.delivered(delivery_tag)
+        connection = self.connection
+        if connection is not None and connection.ojs_jobs_run_in_loop:
+            # With the solo pool the job runs right here: the acks collected so far
+            # go first, so a finished job's ack never waits for the next job.
+            connection.flush_acks_in_loop()
         super()._on_basic_deliver(consumer_tag, delivery_tag, redelivered, exchange,
                                   routing_key, msg)
 
@@ -723,7 +729,9 @@ class Channel(pyamqp.Channel):
 
     def basic_nack(self, delivery_tag: int, multiple: bool = False, requeue: bool = False) -> None:
         """``Basic.Nack`` (py-amqp only sends ``Basic.Reject``)."""
-        self.flush_acks()  # a multiple nack must not overtake a collected ack
+        connection = self.connection
+        if connection is not None:
+            connection.flush_acks_in_loop()  # a multiple nack must not overtake an ack
         self.send_method(spec.Basic.Nack, "Lbb", (delivery_tag, multiple, requeue))
         self._ojs_acks.settled(delivery_tag, multiple)
         queue = self._ojs_unsettled.pop(delivery_tag, None)
@@ -733,27 +741,35 @@ class Channel(pyamqp.Channel):
     def basic_ack(self, delivery_tag: int, multiple: bool = False, argsig: str = "Lb") -> None:
         """From the event loop's thread the ack is collected and written with the others of
         the same loop iteration (:meth:`Connection.flush_acks`); elsewhere at once."""
+        connection = self.connection
+        if connection is None:  # closed: py-amqp raises its connection error
+            return super().basic_ack(delivery_tag, multiple, argsig)
         queue = self._ojs_unsettled.pop(delivery_tag, None)
         if queue is not None:
             self.ojs.events.metrics.acked.add(1, {"queue": queue})
-        connection = self.connection
-        if not multiple and connection.ojs_loop_thread == threading.get_ident():
-            if self._ojs_acks.ack(delivery_tag):
-                connection.ojs_ack_channels.append(self)
-            return
-        self.flush_acks()
+        if connection.ojs_loop_thread == threading.get_ident():
+            if not multiple:
+                if self._ojs_acks.ack(delivery_tag):
+                    connection.ojs_ack_channels.append(self)
+                return None
+            self.flush_acks()
         super().basic_ack(delivery_tag, multiple, argsig)
         self._ojs_acks.settled(delivery_tag, multiple)
+        return None
 
     def flush_acks(self) -> None:
-        """Write the collected acks, in one write."""
-        if self._ojs_acks:
-            frames = self._ojs_acks.take(self.connection.ojs_multiple_acks)
-            self.connection.transport.write(ack_frames(self.channel_id, frames))
-            self.connection.bytes_sent += 1  # py-amqp's heartbeat check reads it
+        """Write the collected acks, in one write (from the event loop's thread only:
+        the write does not take py-amqp's frame lock)."""
+        connection = self.connection
+        if self._ojs_acks and connection is not None:
+            frames = self._ojs_acks.take(connection.ojs_multiple_acks)
+            connection.transport.write(ack_frames(self.channel_id, frames))
+            connection.bytes_sent += 1  # py-amqp's heartbeat check reads it
 
     def close(self, *args: Any, **kwargs: Any) -> Any:
-        if self._ojs_acks and self.is_open and self.connection.transport is not None:
+        connection = self.connection
+        if (self._ojs_acks and self.is_open and connection is not None
+                and connection.transport is not None):
             self.flush_acks()
         return super().close(*args, **kwargs)
 
@@ -784,6 +800,9 @@ class Connection(pyamqp.Connection):
         self.ojs_ack_channels: list[Channel] = []
         #: Collected acks may go as ``Basic.Ack(multiple=true)`` (``ojs_acks="multiple"``).
         self.ojs_multiple_acks = False
+        #: Jobs run inside their delivery (Celery's solo pool; set by the Celery wiring):
+        #: collected acks are written before each delivery.
+        self.ojs_jobs_run_in_loop = False
         self._ojs_loop: Any = None
         super().__init__(*args, confirm_publish=False, **kwargs)
 
@@ -792,19 +811,34 @@ class Connection(pyamqp.Connection):
 
         Called where the loop runs (Celery registers its connection from the loop's
         thread); the hub's ``on_tick`` runs after the callbacks that ack (Celery's
-        ``call_soon``) and before the loop polls again.
+        ``call_soon``) and before the loop polls again.  When the hub closes or
+        resets (shutdown, connection error), what was collected is written and acks
+        go out one by one again.
         """
         self.unregister_from_loop()
         self.ojs_multiple_acks = self.ojs.settings.acks == "multiple"
         self.ojs_loop_thread = threading.get_ident()
         self._ojs_loop = loop
         loop.on_tick.add(self.flush_acks)
+        loop.on_close.add(self._on_loop_closed)
 
     def unregister_from_loop(self) -> None:
         loop, self._ojs_loop = self._ojs_loop, None
         if loop is not None:
             loop.on_tick.discard(self.flush_acks)
+            loop.on_close.discard(self._on_loop_closed)
         self.ojs_loop_thread = None
+
+    def _on_loop_closed(self, _loop: Any) -> None:
+        try:
+            if self.connected:
+                self.flush_acks()
+        except Exception:  # the loop is closing anyway; those jobs are redelivered
+            logger.warning("could not write %d collected ack(s) as the event loop closed",
+                           sum(len(c._ojs_acks) for c in self.ojs_ack_channels), exc_info=True)
+        finally:
+            self.ojs_ack_channels.clear()
+            self.unregister_from_loop()
 
     def flush_acks(self) -> None:
         """Write every ack collected since the last flush."""
@@ -813,6 +847,12 @@ class Connection(pyamqp.Connection):
             channel = channels.pop()
             if channel.is_open:
                 channel.flush_acks()
+
+    def flush_acks_in_loop(self) -> None:
+        """:meth:`flush_acks` if called from the event loop's thread (before an ack or nack
+        that must not overtake them, before a job starts, before a blocking wait)."""
+        if self.ojs_ack_channels and self.ojs_loop_thread == threading.get_ident():
+            self.flush_acks()
 
     def close(self, *args: Any, **kwargs: Any) -> Any:
         self.unregister_from_loop()

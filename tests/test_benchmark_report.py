@@ -33,6 +33,7 @@ RATES = {
     "plain_drain_threads": 3000.0, "ojs_drain_threads": 2900.0,
     "plain_drain_prefork": 2000.0, "ojs_drain_prefork": 1800.0,
     "plainpq_drain_threads": 2950.0, "plainpq_drain_prefork": 1850.0,
+    "ojsmulti_drain_threads": 3100.0, "ojsmulti_drain_prefork": 1950.0,
 }
 
 
@@ -87,6 +88,19 @@ def test_each_drain_is_also_compared_with_plain_celery_on_a_priority_queue() -> 
     text = "\n".join(report.render(medians(), {}, 1000))
     row = next(line for line in text.splitlines() if line.startswith("ojs_kombu drain, pre"))
     assert [cell.strip() for cell in row.split("|")][3:5] == ["0.90", "0.97"]
+
+
+def test_the_multiple_acks_drains_are_rows_compared_like_the_default_drains() -> None:
+    """``ojs_acks="multiple"`` is an opt-in outside section 5.3's wording: its drains are
+    shown with both ratios, and no issue target is judged on them."""
+    assessed = report.assess(medians())
+    ratios = assessed["ratios"]["ojsmulti_drain_prefork"]
+    assert ratios["plain"] == pytest.approx(1950 / 2000)
+    assert ratios["plain_priority_queue"] == pytest.approx(1950 / 1850)
+    assert not [t for t in assessed["targets"] if t["scenario"].startswith("ojsmulti")]
+    row = next(line for line in report.render(medians(), {}, 1000)
+               if line.startswith("ojs_kombu drain, threads c4, ojs_acks=multiple"))
+    assert [cell.strip() for cell in row.split("|")][2:5] == ["3100", "1.03", "1.05"]
 
 
 def test_a_scenario_not_measured_gives_no_ratio_and_no_verdict() -> None:

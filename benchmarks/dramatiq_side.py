@@ -43,7 +43,10 @@ class DramatiqPublisher:
             virtual_host=parts.get("virtual_host") or "/",
             credentials=pika.PlainCredentials(parts.get("userid") or "guest",
                                               parts.get("password") or "guest"),
-            confirm_delivery=confirm)
+            # No heartbeats: a BlockingConnection only answers them while it is in
+            # use, and the broker dropped it (pika "Connection reset by peer", then a
+            # reconnect inside a timed block) when the drains kept it idle for minutes.
+            heartbeat=0, confirm_delivery=confirm)
         self.actor = dramatiq.actor(_noop, actor_name=ACTOR_NAME, queue_name=queue,
                                     broker=self.broker)
 

@@ -106,6 +106,16 @@ def queue_depth(channel: amqp.Channel, queue: str) -> int:
     return channel.queue_declare(queue, passive=True).message_count
 
 
+def unacked(vhost: str, queue: str) -> int:
+    """Messages of ``queue`` delivered and not yet acked or nacked (as the broker sees it)."""
+    for line in rabbitmqctl("list_queues", "-p", vhost, "name",
+                            "messages_unacknowledged").splitlines():
+        name, _, count = line.partition("\t")
+        if name == queue:
+            return int(count)
+    raise AssertionError(f"no queue {queue!r} in vhost {vhost!r}")
+
+
 def wait_until(predicate: Callable[[], Any], timeout: float = 20.0, what: str = "") -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

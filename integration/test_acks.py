@@ -11,18 +11,9 @@ from celery import Celery
 import ojs_kombu
 import ojs_kombu.transport
 
-from .conftest import queue_depth, rabbitmqctl, wait_until
+from .conftest import queue_depth, unacked, wait_until
 
 JOBS = 400
-
-
-def unacked(vhost: str, queue: str) -> int:
-    for line in rabbitmqctl("list_queues", "-p", vhost, "name",
-                            "messages_unacknowledged").splitlines():
-        name, _, count = line.partition("\t")
-        if name == queue:
-            return int(count)
-    raise AssertionError(f"no queue {queue!r} in vhost {vhost!r}")
 
 
 def test_a_backlog_is_acked_in_batches_and_every_job_runs_once(

@@ -16,7 +16,7 @@ from celery import Celery
 import ojs_kombu
 
 from .apps import make_app
-from .conftest import body_of, queue_depth, rabbitmqctl, wait_until
+from .conftest import body_of, queue_depth, unacked, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -74,7 +74,8 @@ def test_kill_9_mid_job_redelivers_and_completes(broker_url: str, tmp_path: Path
 # checks that acks already collected go out before each delivery).
 @pytest.mark.parametrize("acks", ["batched", "multiple"])
 def test_kill_9_after_later_jobs_were_acked_redelivers_only_the_running_job(
-        broker_url: str, tmp_path: Path, amqp_channel: amqp.Channel, acks: str) -> None:
+        broker_url: str, vhost: str, tmp_path: Path, amqp_channel: amqp.Channel,
+        acks: str) -> None:
     """The worker writes the acks of jobs that end together in one go (with
     ``ojs_acks="multiple"`` as one ``Basic.Ack(multiple=true)`` where it can):
     that must never settle a job that was delivered earlier and is still running."""
@@ -96,7 +97,7 @@ def test_kill_9_after_later_jobs_were_acked_redelivers_only_the_running_job(
         assert active_on(client, long_job.id)
         # The rpc:// replies come before the acks: wait until the broker holds only
         # the long job as unacknowledged (everything else settled).
-        wait_until(lambda: unacked("ojs.queue.crash", vhost_of(broker_url)) == 1, timeout=20,
+        wait_until(lambda: unacked(vhost, "ojs.queue.crash") == 1, timeout=20,
                    what="the quick jobs' acks")
         os.killpg(worker.pid, signal.SIGKILL)
         worker.wait(10)
@@ -112,16 +113,3 @@ def test_kill_9_after_later_jobs_were_acked_redelivers_only_the_running_job(
         if worker.poll() is None:
             os.killpg(worker.pid, signal.SIGKILL)
             worker.wait(10)
-
-
-def vhost_of(broker_url: str) -> str:
-    return broker_url.rsplit("/", 1)[1]
-
-
-def unacked(queue: str, vhost: str) -> int:
-    for line in rabbitmqctl("list_queues", "-p", vhost, "name",
-                            "messages_unacknowledged").splitlines():
-        name, _, count = line.partition("\t")
-        if name == queue:
-            return int(count)
-    return -1

@@ -77,17 +77,18 @@ class PendingAcks:
             return []
         self._acks = []
         acked = set(acks)
-        if not multiple:
-            for tag in acked:
-                self._open.pop(tag, None)
-            return [(tag, False) for tag in sorted(acked)]
-        oldest_run, last = 0, 0
+        last = self._end_of_finished_run(acked) if multiple else 0
+        for tag in acked:
+            self._open.pop(tag, None)
+        singles = [(tag, False) for tag in sorted(acked) if tag > last]
+        return [(last, True), *singles] if last else singles
+
+    def _end_of_finished_run(self, acked: set[int]) -> int:
+        """The last tag of the run of oldest open deliveries that are all in ``acked``, if
+        the run holds two or more (one frame then settles it); else 0."""
+        run, last = 0, 0
         for tag in self._open:  # ascending: tags grow with every delivery on a channel
             if tag not in acked:
                 break
-            oldest_run, last = oldest_run + 1, tag
-        for tag in acks:
-            self._open.pop(tag, None)
-        if oldest_run < 2:
-            return [(tag, False) for tag in sorted(acked)]
-        return [(last, True)] + [(tag, False) for tag in sorted(acked) if tag > last]
+            run, last = run + 1, tag
+        return last if run >= 2 else 0

@@ -762,7 +762,7 @@ class Channel(pyamqp.Channel):
         the write does not take py-amqp's frame lock)."""
         connection = self.connection
         if self._ojs_acks and connection is not None:
-            frames = self._ojs_acks.take(connection.ojs_multiple_acks)
+            frames = self._ojs_acks.take(connection.ojs.settings.acks == "multiple")
             connection.transport.write(ack_frames(self.channel_id, frames))
             connection.bytes_sent += 1  # py-amqp's heartbeat check reads it
 
@@ -798,8 +798,6 @@ class Connection(pyamqp.Connection):
         self.ojs_loop_thread: int | None = None
         #: Channels holding collected acks.
         self.ojs_ack_channels: list[Channel] = []
-        #: Collected acks may go as ``Basic.Ack(multiple=true)`` (``ojs_acks="multiple"``).
-        self.ojs_multiple_acks = False
         #: Jobs run inside their delivery (Celery's solo pool; set by the Celery wiring):
         #: collected acks are written before each delivery.
         self.ojs_jobs_run_in_loop = False
@@ -816,7 +814,6 @@ class Connection(pyamqp.Connection):
         go out one by one again.
         """
         self.unregister_from_loop()
-        self.ojs_multiple_acks = self.ojs.settings.acks == "multiple"
         self.ojs_loop_thread = threading.get_ident()
         self._ojs_loop = loop
         loop.on_tick.add(self.flush_acks)
@@ -830,15 +827,23 @@ class Connection(pyamqp.Connection):
         self.ojs_loop_thread = None
 
     def _on_loop_closed(self, _loop: Any) -> None:
+        self.unregister_from_loop()
+        self._write_collected_acks("the event loop closed")
+
+    def _write_collected_acks(self, why: str) -> None:
+        """Last chance for the collected acks; a connection that cannot take them any
+        more redelivers those jobs anyway."""
+        if not self.ojs_ack_channels:
+            return
         try:
             if self.connected:
                 self.flush_acks()
-        except Exception:  # the loop is closing anyway; those jobs are redelivered
-            logger.warning("could not write %d collected ack(s) as the event loop closed",
-                           sum(len(c._ojs_acks) for c in self.ojs_ack_channels), exc_info=True)
+        except Exception:
+            logger.warning("could not write %d collected ack(s) as %s",
+                           sum(len(c._ojs_acks) for c in self.ojs_ack_channels), why,
+                           exc_info=True)
         finally:
             self.ojs_ack_channels.clear()
-            self.unregister_from_loop()
 
     def flush_acks(self) -> None:
         """Write every ack collected since the last flush."""
@@ -856,9 +861,7 @@ class Connection(pyamqp.Connection):
 
     def close(self, *args: Any, **kwargs: Any) -> Any:
         self.unregister_from_loop()
-        if self.ojs_ack_channels and self.connected:
-            with suppress(*self.recoverable_connection_errors):
-                self.flush_acks()  # a broken connection redelivers them anyway
+        self._write_collected_acks("the connection closed")
         return super().close(*args, **kwargs)
 
     def ensure_topology(self, queue: str) -> None:

@@ -30,8 +30,6 @@ from typing import Any
 import amqp
 from amqp import spec
 from amqp.exceptions import ConsumerCancelled, RecoverableConnectionError
-from amqp.method_framing import frame_writer
-from amqp.serialization import dumps
 from kombu.transport import pyamqp
 from kombu.utils.encoding import safe_repr
 
@@ -73,6 +71,7 @@ from .failures import (
     without_death_headers,
 )
 from .naming import TopologyNames
+from .publish_frames import PublishFrames
 from .reconnect import CONSUMER_CANCELLED, DEFAULT_POLICY
 from .reconnect import emit as emit_connection_event
 from .settings import Binding
@@ -111,26 +110,24 @@ DECLARE_TIMEOUT_S = 30.0
 class _PublishFrames:
     """``Basic.Publish`` frames of a batch, written to the socket a few at a time.
 
-    py-amqp writes every publish with its own ``sendall``; a batch collects them
-    with py-amqp's own frame writer and sends every :data:`BATCH_WRITE` of them in
-    one write.
+    py-amqp writes every publish with its own ``sendall``; a batch encodes them
+    (:class:`~ojs_kombu.publish_frames.PublishFrames`) and sends every
+    :data:`BATCH_WRITE` of them in one write.
     """
 
     def __init__(self, connection: amqp.Connection, channel_id: int) -> None:
         self._connection = connection
-        self._channel_id = channel_id
-        self._data = bytearray()
-        self.write = self._data.extend  # the "transport" py-amqp's frame writer writes to
-        self._frame = frame_writer(connection, self)
+        self._frames = PublishFrames(channel_id, connection.frame_max)
+        self._data: list[bytes] = []
 
     def publish(self, message: amqp.Message, exchange: str, routing_key: str,
                 mandatory: bool) -> None:
-        args = dumps("Bssbb", (0, exchange, routing_key, mandatory, False))
-        self._frame(1, self._channel_id, spec.Basic.Publish, args, message)
+        self._data.append(self._frames.encode(exchange, routing_key, mandatory,
+                                              message.body, message.properties))
 
     def flush(self) -> None:
         if self._data:
-            self._connection.transport.write(bytes(self._data))
+            self._connection.transport.write(b"".join(self._data))
             self._data.clear()
 
 
@@ -194,6 +191,7 @@ class Channel(pyamqp.Channel):
         self._ojs_unsettled: dict[int, str] = {}
         #: every delivery that needs an ack, and the acks the event loop collected
         self._ojs_acks = PendingAcks()
+        self._ojs_frames: PublishFrames | None = None
 
     def _do_revive(self) -> None:
         self._ojs_reset()
@@ -458,18 +456,23 @@ class Channel(pyamqp.Channel):
 
     def _send_publish(self, message: amqp.Message, exchange: str, routing_key: str,
                       mandatory: bool, timeout: float | None) -> None:
-        """``Basic.Publish`` without py-amqp's per-publish non-blocking read.
+        """``Basic.Publish`` in one write, encoded by :mod:`ojs_kombu.publish_frames`.
 
         py-amqp polls the socket before every publish for a pending
         ``connection.blocked``; a confirmed publish reads every incoming frame
-        right afterwards anyway, so that poll is pure cost on this path.
+        right afterwards anyway, so that poll is pure cost on this path.  Like
+        every kombu channel, this one is used by one thread at a time.
         """
-        if not self.connection:
+        connection = self.connection
+        if not connection:
             raise RecoverableConnectionError("basic_publish: connection closed")
+        frames = self._ojs_frames
+        if frames is None:
+            frames = self._ojs_frames = PublishFrames(self.channel_id, connection.frame_max)
+        data = frames.encode(exchange, routing_key, mandatory, message.body, message.properties)
         try:
-            with self.connection.transport.having_timeout(timeout):
-                self.send_method(spec.Basic.Publish, "Bssbb",
-                                 (0, exchange, routing_key, mandatory, False), message)
+            with connection.transport.having_timeout(timeout):
+                connection.transport.write(data)
         except TimeoutError:
             raise RecoverableConnectionError("basic_publish: timed out") from None
 

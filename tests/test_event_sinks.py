@@ -290,6 +290,44 @@ def test_a_forked_child_does_not_report_what_its_parent_recorded() -> None:
     assert len(metrics.wait) == 1  # the parent's value is still the parent's to report
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_delivers_its_own_events_on_a_thread_of_its_own() -> None:
+    """A prefork child inherits the sink without its thread: its first event starts
+    one, and the events its parent had buffered are the parent's alone."""
+    delivered: list[str] = []
+    gate = threading.Event()
+
+    class Recording(BackgroundSink):
+        def deliver(self, event: Any) -> None:
+            gate.wait(10)
+            delivered.append(event.id)
+
+    sink = Recording()
+    data = {"job_type": "t", "queue": "q", "worker_id": "w", "attempt": 1}
+    parent_event = make_event("job.started", data, source="ojs://test", subject="parent")
+    sink(parent_event)  # taken by the parent's thread, which waits at the gate
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            gate.set()
+            child_event = make_event("job.started", data, source="ojs://test",
+                                     subject="child")
+            sink(child_event)
+            ok = sink.flush(5)
+            os.write(write, json.dumps([ok, delivered, child_event.id]).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    with os.fdopen(read) as pipe:
+        ok, child_delivered, child_id = json.loads(pipe.read())
+    assert ok and child_delivered == [child_id]
+    gate.set()
+    assert sink.flush(5) and delivered == [parent_event.id]
+    sink.close()
+
+
 def test_queue_gauges_report_per_queue_and_survive_a_failing_reader() -> None:
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader

@@ -33,6 +33,17 @@ logger = logging.getLogger("ojs_kombu.events")
 
 _STOP = object()
 
+#: Bumped in every forked child: a sink compares it with the one its thread was
+#: started in (cheaper per event than ``os.getpid()``, a system call).
+_PROCESS = [0]
+
+
+def _forked_child() -> None:
+    _PROCESS[0] += 1
+
+
+os.register_at_fork(after_in_child=_forked_child)
+
 
 class BackgroundSink:
     """Base of the sinks: hand-off in O(1), delivery on a daemon thread.
@@ -64,7 +75,7 @@ class BackgroundSink:
         self.failed = 0
         self.dropped = 0
         self._lock = threading.Lock()
-        self._pid = -1
+        self._process = -1
         self._buffer: deque[Any] = deque()
         #: Set when the buffer may hold something the thread has not seen.
         self._wake = threading.Event()
@@ -115,7 +126,7 @@ class BackgroundSink:
             self._mark(_STOP)
             thread.join(timeout)
         with self._lock:
-            self._thread, self._pid = None, -1
+            self._thread, self._process = None, -1
 
     def _mark(self, marker: Any) -> None:
         """Queue a flush or stop marker behind every event so far, ending any linger."""
@@ -124,15 +135,15 @@ class BackgroundSink:
         self._wake.set()
 
     def _ensure_thread(self) -> None:
-        if self._pid == os.getpid() and self._thread is not None:
+        if self._process == _PROCESS[0] and self._thread is not None:
             return
         with self._lock:
-            if self._pid != os.getpid():  # new process (fork) or closed: fresh thread
-                if self._pid != -1:
+            if self._process != _PROCESS[0]:  # new process (fork) or closed: fresh thread
+                if self._process != -1:
                     self.forked()
                     self._buffer = deque()
                     self._wake, self._hurry = threading.Event(), threading.Event()
-                self._pid = os.getpid()
+                self._process = _PROCESS[0]
                 self._thread = threading.Thread(target=self._run, name=f"ojs-{self.name}",
                                                 daemon=True)
                 self._thread.start()

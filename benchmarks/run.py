@@ -500,10 +500,11 @@ def write_json(path: Path, document: dict[str, Any]) -> None:
 
 @contextmanager
 def sides(broker: Broker, broker_url: str
-          ) -> Iterator[tuple[Side, Side, Side, Side, Side]]:
+          ) -> Iterator[tuple[Side, Side, Side, Side, Side, Side]]:
     """Plain Celery with and without confirms, plain Celery on a priority queue,
-    ojs_kombu, and ojs_kombu with ``ojs_acks="multiple"`` (drains only); on exit their
-    connections close and every entity they made is deleted."""
+    ojs_kombu, ojs_kombu with ``ojs_acks="multiple"`` (drains only) and ojs_kombu on a
+    classic queue (batch publish only); on exit their connections close and every
+    entity they made is deleted."""
     pid = os.getpid()
     made: list[Side] = []
     try:
@@ -517,7 +518,11 @@ def sides(broker: Broker, broker_url: str
         made.append(make_ojs_side(broker_url, pid, prefix=f"bench{pid}m",
                                   label="ojs_kombu ojs_acks=multiple",
                                   conf={"ojs_acks": "multiple"}))
-        yield made[0], made[1], made[3], made[2], made[4]
+        # The queue type Dramatiq declares: no x-max-priority.
+        made.append(make_ojs_side(broker_url, pid, prefix=f"bench{pid}c",
+                                  label="ojs_kombu classic queue",
+                                  conf={"ojs_max_priority": None}))
+        yield made[0], made[1], made[3], made[2], made[4], made[5]
     finally:
         for side in made:
             side.app.close()
@@ -600,13 +605,15 @@ def run_throughput(broker: Broker, args: argparse.Namespace) -> dict[str, Any]:
     pid = os.getpid()
     dramatiq_queue = f"bench{pid}-dramatiq"
     fast, single, drained = args.fast_jobs, args.jobs, args.drain_jobs
-    with sides(broker, args.broker) as (plain, plain_nc, plain_pq, ojs, ojs_multi), \
+    with sides(broker, args.broker) as (plain, plain_nc, plain_pq, ojs, ojs_multi,
+                                        ojs_classic), \
             dramatiq_publishers(broker, args.broker, dramatiq_queue) as (dq, dq_confirm), \
             raw_publisher(broker, args.broker, ojs) as raw, _workdir() as workdir:
-        for side in (plain, plain_nc, plain_pq, ojs, ojs_multi):
+        for side in (plain, plain_nc, plain_pq, ojs, ojs_multi, ojs_classic):
             warm_up(side, broker)
-        publish_batches(ojs, WARMUP, WARMUP)
-        broker.purge(ojs.amqp_queue)
+        for side in (ojs, ojs_classic):
+            publish_batches(side, WARMUP, WARMUP)
+            broker.purge(side.amqp_queue)
         for publisher in (dq, dq_confirm):
             publisher.send(WARMUP, TASK_ARGS)
         broker.purge(dramatiq_queue)
@@ -618,6 +625,8 @@ def run_throughput(broker: Broker, args: argparse.Namespace) -> dict[str, Any]:
             "ojs_publish": (lambda k: publish(ojs, k), ojs.amqp_queue, single),
             "ojs_batch": (lambda k: publish_batches(ojs, k, args.batch_size),
                           ojs.amqp_queue, fast),
+            "ojsclassic_batch": (lambda k: publish_batches(ojs_classic, k, args.batch_size),
+                                 ojs_classic.amqp_queue, fast),
             "raw_batch": (lambda k: raw.send(k, args.batch_size), ojs.amqp_queue, fast),
             "dramatiq_send": (lambda k: dq.send(k, TASK_ARGS), dramatiq_queue, fast),
             "dramatiq_send_confirm": (lambda k: dq_confirm.send(k, TASK_ARGS),

@@ -139,7 +139,7 @@ class Probe:
         after the loop, and how many arrived.  Leaves the tap empty."""
         backlog_s = self.flush(timeout)
         arrived = sum(1 for kind, _ in self.tap.take(timeout) if kind == "job.enqueued")
-        return {"sink_backlog_s": backlog_s, "enqueued_events": arrived,
+        return {"sink_backlog_s": backlog_s, "enqueued_events": arrived, "published": n,
                 "every_job_enqueued_event": arrived == n}
 
     def before_worker(self, timeout: float) -> None:
@@ -264,7 +264,7 @@ def render(result: dict[str, Any]) -> list[str]:
              f"{missing} / {sum(events['duplicated'].values())}"),
             (f"{tag}drain: sink done after last job s", "-" if lag is None else f"{lag:.2f}"),
             (f"{tag}publish: job.enqueued received",
-             f"{published['enqueued_events']} of {events['jobs']}"),
+             f"{published['enqueued_events']} of {published['published']}"),
             (f"{tag}publish: sink done after loop s", f"{published['sink_backlog_s']:.2f}"),
             (f"{tag}sink delivered / failed / dropped",
              "{delivered} / {failed} / {dropped}".format(**events["sink"])),

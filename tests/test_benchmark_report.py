@@ -4,9 +4,11 @@ issue #8, and the table (benchmarks/report.py, benchmarks/prefork_drain.py)."""
 from __future__ import annotations
 
 import importlib.util
+import statistics
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -161,3 +163,31 @@ def test_publish_blocks_cover_every_job_and_rotate_the_scenarios() -> None:
     orders = report.block_orders(["a", "b", "c"], 4, True)
     assert orders == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
     assert report.block_orders(["a", "b", "c"], 2, False) == [["c", "b", "a"], ["b", "a", "c"]]
+
+
+def test_events_table_counts_publish_events_against_the_jobs_published(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The publish measurement and the drain run different numbers of jobs: each row
+    counts against its own."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))  # events_scenario imports report
+    events_scenario = _load("events_scenario")
+    drained = [f"job-{i}" for i in range(8)]
+    arrived = [(kind, job) for job in drained for kind in events_scenario.JOB_EVENTS]
+
+    def side(rate: float) -> dict[str, Any]:
+        return {"publish": {"jobs_per_s": rate, "p50_ms": 1.0, "p99_ms": 2.0},
+                "drain": {"jobs_per_s": rate}}
+
+    rounds = [{"off": side(100.0), "on": {
+        **side(90.0), "drain_events_lag_s": 0.01,
+        "publish_events": {"sink_backlog_s": 0.0, "enqueued_events": 2, "published": 3,
+                           "every_job_enqueued_event": False},
+        "events": {**events_scenario.count_events(arrived, drained),
+                   "sink": {"delivered": 26, "failed": 0, "dropped": 0}, "metrics": {}}}}]
+    result = events_scenario.summarize(
+        rounds, lambda results: {"jobs_per_s": statistics.median(
+            r["jobs_per_s"] for r in results), "p50_ms": 1.0, "p99_ms": 2.0})
+    text = "\n".join(events_scenario.render(result))
+    assert "publish: job.enqueued received | 2 of 3" in text
+    assert "drain: job.completed for every job     | yes (8/8)" in text
+    assert result["drain"]["ratio"] == pytest.approx(0.9) and not result["drain"]["met"]

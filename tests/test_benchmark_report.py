@@ -179,7 +179,7 @@ def test_events_table_counts_publish_events_against_the_jobs_published(
                 "drain": {"jobs_per_s": rate}}
 
     rounds = [{"off": side(100.0), "on": {
-        **side(90.0), "drain_events_lag_s": 0.01,
+        **side(80.0), "drain_events_lag_s": 0.01,
         "publish_events": {"sink_backlog_s": 0.0, "enqueued_events": 2, "published": 3,
                            "every_job_enqueued_event": False},
         "events": {**events_scenario.count_events(arrived, drained),
@@ -187,7 +187,8 @@ def test_events_table_counts_publish_events_against_the_jobs_published(
     result = events_scenario.summarize(
         rounds, lambda results: {"jobs_per_s": statistics.median(
             r["jobs_per_s"] for r in results), "p50_ms": 1.0, "p99_ms": 2.0})
-    text = "\n".join(events_scenario.render(result))
-    assert "publish: job.enqueued received | 2 of 3" in text
-    assert "drain: job.completed for every job     | yes (8/8)" in text
-    assert result["drain"]["ratio"] == pytest.approx(0.9) and not result["drain"]["met"]
+    cells = dict(tuple(cell.strip() for cell in line.split("|"))
+                 for line in events_scenario.render(result) if line.count("|") == 1)
+    assert cells["publish: job.enqueued received"] == "2 of 3"
+    assert cells["drain: job.completed for every job"] == "yes (8/8)"
+    assert result["drain"]["ratio"] == pytest.approx(0.8) and not result["drain"]["met"]

@@ -56,8 +56,8 @@ def _short_str(value: str) -> bytes:
     return _SHORT.pack(len(raw)) + raw
 
 
-#: Encoded header names and constant property values: a job's headers repeat the
-#: same few names, so each is encoded once (bounded, in case they do not).
+#: Encoded header names: a job's headers repeat the same few names, so each is
+#: encoded once (bounded, in case they do not).
 _SHORT_STRS: dict[str, bytes] = {}
 _SHORT_STRS_MAX = 1024
 
@@ -78,7 +78,7 @@ def _table(headers: Mapping[str, Any]) -> bytes:
     for key, value in headers.items():
         if not isinstance(key, str):
             raise _Unsupported
-        parts.append(_SHORT_STRS.get(key) or _cached_short_str(key))
+        parts.append(_cached_short_str(key))
         if isinstance(value, str):
             raw = value.encode("utf-8", "surrogatepass")
             parts.append(_SHORT_STR_ITEM.pack(b"S", len(raw)))

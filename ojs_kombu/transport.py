@@ -111,19 +111,19 @@ class _PublishFrames:
     """``Basic.Publish`` frames of a batch, written to the socket a few at a time.
 
     py-amqp writes every publish with its own ``sendall``; a batch encodes them
-    (:class:`~ojs_kombu.publish_frames.PublishFrames`) and sends every
-    :data:`BATCH_WRITE` of them in one write.
+    with its channel's :class:`~ojs_kombu.publish_frames.PublishFrames` and sends
+    every :data:`BATCH_WRITE` of them in one write.
     """
 
-    def __init__(self, connection: amqp.Connection, channel_id: int) -> None:
+    def __init__(self, connection: amqp.Connection, frames: PublishFrames) -> None:
         self._connection = connection
-        self._frames = PublishFrames(channel_id, connection.frame_max)
+        self._frames = frames
         self._data: list[bytes] = []
 
-    def publish(self, message: amqp.Message, exchange: str, routing_key: str,
-                mandatory: bool) -> None:
-        self._data.append(self._frames.encode(exchange, routing_key, mandatory,
-                                              message.body, message.properties))
+    def publish(self, body: bytes, properties: dict[str, Any], exchange: str,
+                routing_key: str, mandatory: bool) -> None:
+        self._data.append(self._frames.encode(exchange, routing_key, mandatory, body,
+                                              properties))
 
     def flush(self) -> None:
         if self._data:
@@ -278,7 +278,8 @@ class Channel(pyamqp.Channel):
                           job_id: str, timeout: float | None = None,
                           confirm_timeout: float | None = None) -> None:
         """Publish a job that the broker holds for ``delay_ms`` (AMQP-022, section 9)."""
-        exchange, routing_key, mandatory = self._schedule_route(message, job_id, queue, delay_ms)
+        exchange, routing_key, mandatory = self._schedule_route(message.properties, job_id,
+                                                                queue, delay_ms)
         self.publish_confirmed(message, exchange, routing_key, job_id=job_id, queue=queue,
                                mandatory=mandatory, timeout=timeout,
                                confirm_timeout=confirm_timeout)
@@ -377,19 +378,18 @@ class Channel(pyamqp.Channel):
         for queue in dict.fromkeys(job.queue for job in jobs):
             connection.ensure_topology(queue)  # before its depth is read
         admission = ojs.backpressure.admit_batch(jobs, connection.queue_depth)
-        frames = _PublishFrames(connection, self.channel_id)
+        frames = _PublishFrames(connection, self._publish_frames())
         try:
             try:
                 for index, job in enumerate(jobs):
                     queue = job.queue
-                    message = amqp.Message(job.body, **job.properties)
                     exchange, routing_key, mandatory = names.direct_exchange, queue, True
                     if job.delay_ms > 0:
                         exchange, routing_key, mandatory = self._schedule_route(
-                            message, job.job_id, queue, job.delay_ms)
+                            job.properties, job.job_id, queue, job.delay_ms)
                     self._announce(job)
                     tracked.append(tracker.track(job.job_id, queue))
-                    frames.publish(message, exchange, routing_key, mandatory)
+                    frames.publish(job.body, job.properties, exchange, routing_key, mandatory)
                     window_full = index % window == window - 1
                     if window_full or index % BATCH_WRITE == BATCH_WRITE - 1:
                         frames.flush()
@@ -415,10 +415,11 @@ class Channel(pyamqp.Channel):
             raise ojs.backpressure.batch_error(jobs, _batch_error(outcome, failed, unsent, limit),
                                                nacked, connection.queue_depth)
 
-    def _schedule_route(self, message: amqp.Message, job_id: str, queue: str, delay_ms: int
-                        ) -> tuple[str, str, bool]:
+    def _schedule_route(self, properties: dict[str, Any], job_id: str, queue: str,
+                        delay_ms: int) -> tuple[str, str, bool]:
         """Exchange, routing key and ``mandatory`` of a job due in ``delay_ms``: the
-        delayed exchange when configured, else the schedule ladder (declared on first use)."""
+        delayed exchange when configured (``x-delay`` added to the job's ``properties``),
+        else the schedule ladder (declared on first use)."""
         try:
             check_schedule_delay(delay_ms)
         except ValueError as exc:
@@ -426,7 +427,7 @@ class Channel(pyamqp.Channel):
         names = self.ojs.names
         if self.ojs.settings.delayed_exchange:
             self.connection.ensure_delayed_exchange(queue)
-            message.properties.setdefault("application_headers", {})["x-delay"] = delay_ms
+            properties.setdefault("application_headers", {})["x-delay"] = delay_ms
             # The plugin routes only when the delay is over: mandatory would always return.
             return names.delayed_exchange, queue, False
         self.connection.ensure_schedule(queue)
@@ -466,15 +467,20 @@ class Channel(pyamqp.Channel):
         connection = self.connection
         if not connection:
             raise RecoverableConnectionError("basic_publish: connection closed")
-        frames = self._ojs_frames
-        if frames is None:
-            frames = self._ojs_frames = PublishFrames(self.channel_id, connection.frame_max)
-        data = frames.encode(exchange, routing_key, mandatory, message.body, message.properties)
+        data = self._publish_frames().encode(exchange, routing_key, mandatory, message.body,
+                                             message.properties)
         try:
             with connection.transport.having_timeout(timeout):
                 connection.transport.write(data)
         except TimeoutError:
             raise RecoverableConnectionError("basic_publish: timed out") from None
+
+    def _publish_frames(self) -> PublishFrames:
+        """This channel's publish encoder, shared by single and batch publishes (its
+        method frames are cached per destination)."""
+        if self._ojs_frames is None:
+            self._ojs_frames = PublishFrames(self.channel_id, self.connection.frame_max)
+        return self._ojs_frames
 
     def _confirm_mode(self) -> None:
         if self._ojs_confirming:

@@ -10,37 +10,21 @@ from typing import Any
 import amqp
 import pytest
 from amqp import spec
-from amqp.method_framing import frame_writer
 from amqp.serialization import dumps
 
 from ojs_kombu.codec import build_job
 from ojs_kombu.publish_frames import PublishFrames, encode_properties
 
+from .py_amqp_wire import py_amqp_bytes
+
 JOB_ID = "019a6f0e-1111-7222-8333-444455556666"
 
 
-class _Capture:
-    def __init__(self) -> None:
-        self.data = bytearray()
-
-    def write(self, data: Any) -> None:
-        self.data += bytes(data)
-
-
-class _Connection:
-    bytes_sent = 0
-
-    def __init__(self, frame_max: int) -> None:
-        self.frame_max = frame_max
-
-
-def py_amqp_bytes(channel: int, exchange: str, routing_key: str, mandatory: bool,
+def publish_bytes(channel: int, exchange: str, routing_key: str, mandatory: bool,
                   body: bytes | str, properties: dict[str, Any], frame_max: int) -> bytes:
-    capture = _Capture()
-    write = frame_writer(_Connection(frame_max), capture)
     args = dumps("Bssbb", (0, exchange, routing_key, mandatory, False))
-    write(1, channel, spec.Basic.Publish, args, amqp.Message(body, **properties))
-    return bytes(capture.data)
+    return py_amqp_bytes([(1, channel, spec.Basic.Publish, args,
+                           amqp.Message(body, **properties))], frame_max)
 
 
 def ojs_job_properties() -> tuple[bytes, dict[str, Any]]:
@@ -65,7 +49,7 @@ HEADER_VALUES: list[Any] = [
 @pytest.mark.parametrize("value", HEADER_VALUES, ids=repr)
 def test_every_header_value_type_gives_py_amqps_bytes(value: Any) -> None:
     properties = {"content_type": "application/json", "application_headers": {"x-k": value}}
-    expected = py_amqp_bytes(3, "ojs.exchange.direct", "ojs.queue.q", True, b"{}",
+    expected = publish_bytes(3, "ojs.exchange.direct", "ojs.queue.q", True, b"{}",
                              dict(properties), 131072)
     got = PublishFrames(3, 131072).encode("ojs.exchange.direct", "ojs.queue.q", True, b"{}",
                                           dict(properties))
@@ -77,7 +61,7 @@ def test_an_ojs_job_gives_py_amqps_bytes() -> None:
     assert properties["application_headers"]["x-ojs-attempt"] == 1  # integers in the table
     for exchange, key, mandatory in (("ojs.exchange.direct", "email", True),
                                      ("", "ojs.queue.email", False)):
-        expected = py_amqp_bytes(1, exchange, key, mandatory, body, dict(properties), 131072)
+        expected = publish_bytes(1, exchange, key, mandatory, body, dict(properties), 131072)
         frames = PublishFrames(1, 131072)
         assert frames.encode(exchange, key, mandatory, body, dict(properties)) == expected
         # the cached method frame gives the same bytes the second time
@@ -89,13 +73,13 @@ def test_bodies_split_into_frames_as_py_amqp_splits_them(size: int) -> None:
     """frame_max 4096: a body frame holds at most 4088 bytes."""
     body = bytes(range(256)) * (size // 256) + b"x" * (size % 256)
     properties = {"message_id": JOB_ID, "delivery_mode": 2, "timestamp": 1_763_805_600}
-    expected = py_amqp_bytes(2, "", "q", False, body, dict(properties), 4096)
+    expected = publish_bytes(2, "", "q", False, body, dict(properties), 4096)
     assert PublishFrames(2, 4096).encode("", "q", False, body, dict(properties)) == expected
 
 
 def test_a_str_body_is_encoded_with_its_content_encoding() -> None:
     for properties in ({}, {"content_encoding": "latin-1"}):
-        expected = py_amqp_bytes(1, "", "q", False, "café", dict(properties), 131072)
+        expected = publish_bytes(1, "", "q", False, "café", dict(properties), 131072)
         sent = dict(properties)
         assert PublishFrames(1, 131072).encode("", "q", False, "café", sent) == expected
         assert sent["content_encoding"] == properties.get("content_encoding", "utf-8")

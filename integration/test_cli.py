@@ -120,7 +120,10 @@ def test_broker_url_from_the_option_beats_the_environment(worker: Any, broker_ur
 # -- topology -----------------------------------------------------------------------------
 
 
-def test_topology_declare_then_show(broker_url: str, amqp_channel: amqp.Channel) -> None:
+def test_topology_declare_then_show(broker_url: str, amqp_channel: amqp.Channel,
+                                    worker: Any) -> None:
+    """``show`` of a queue without consumers and of ``email``, which the session's
+    worker (requested here, so the test also passes alone) consumes."""
     code, declared = run_json(broker_url, "topology", "declare", "-q", "cli-topo")
     assert code == 0
     assert [q["name"] for q in declared["declared"][0]["queues"]] == [

@@ -115,7 +115,7 @@ class _PublishFrames:
     every :data:`BATCH_WRITE` of them in one write.
     """
 
-    def __init__(self, connection: amqp.Connection, frames: PublishFrames) -> None:
+    def __init__(self, connection: Connection, frames: PublishFrames) -> None:
         self._connection = connection
         self._frames = frames
         self._data: list[bytes] = []
@@ -127,7 +127,7 @@ class _PublishFrames:
 
     def flush(self) -> None:
         if self._data:
-            self._connection.transport.write(b"".join(self._data))
+            self._connection.write_frames(b"".join(self._data))
             self._data.clear()
 
 
@@ -471,7 +471,7 @@ class Channel(pyamqp.Channel):
                                              message.properties)
         try:
             with connection.transport.having_timeout(timeout):
-                connection.transport.write(data)
+                connection.write_frames(data)
         except TimeoutError:
             raise RecoverableConnectionError("basic_publish: timed out") from None
 
@@ -772,8 +772,7 @@ class Channel(pyamqp.Channel):
         connection = self.connection
         if self._ojs_acks and connection is not None:
             frames = self._ojs_acks.take(connection.ojs.settings.acks == "multiple")
-            connection.transport.write(ack_frames(self.channel_id, frames))
-            connection.bytes_sent += 1  # py-amqp's heartbeat check reads it
+            connection.write_frames(ack_frames(self.channel_id, frames))
 
     def close(self, *args: Any, **kwargs: Any) -> Any:
         connection = self.connection
@@ -861,6 +860,13 @@ class Connection(pyamqp.Connection):
             channel = channels.pop()
             if channel.is_open:
                 channel.flush_acks()
+
+    def write_frames(self, data: bytes) -> None:
+        """Frames ojs_kombu encoded itself (publishes, collected acks), in one write,
+        counted as py-amqp counts its own writes: its heartbeat check reads
+        ``bytes_sent`` to know whether anything went out since the last tick."""
+        self.transport.write(data)
+        self.bytes_sent += 1
 
     def flush_acks_in_loop(self) -> None:
         """:meth:`flush_acks` if called from the event loop's thread (before an ack or nack

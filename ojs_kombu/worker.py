@@ -237,6 +237,9 @@ def _delivered_by_ojs(request: Any) -> bool:
     return getattr(request, _ATTEMPT_HEADER, None) is not None
 
 
+_REPR_CONSTANTS = {"None": None, "True": True, "False": False}
+
+
 def _pool_result(retval: Any) -> Any:
     """The task's return value from what the pool reports.
 
@@ -245,6 +248,8 @@ def _pool_result(retval: Any) -> Any:
     """
     if not isinstance(retval, str):
         return retval
+    if retval in _REPR_CONSTANTS:  # most tasks return None: no parse for that
+        return _REPR_CONSTANTS[retval]
     try:
         return ast.literal_eval(retval)
     except (ValueError, SyntaxError, MemoryError, RecursionError):

@@ -107,8 +107,8 @@ BATCH_WRITE = 64
 DECLARE_TIMEOUT_S = 30.0
 
 
-class _PublishFrames:
-    """``Basic.Publish`` frames of a batch, written to the socket a few at a time.
+class _BatchWriter:
+    """A batch's ``Basic.Publish`` frames, written to the socket a few at a time.
 
     py-amqp writes every publish with its own ``sendall``; a batch encodes them
     with its channel's :class:`~ojs_kombu.publish_frames.PublishFrames` and sends
@@ -378,7 +378,7 @@ class Channel(pyamqp.Channel):
         for queue in dict.fromkeys(job.queue for job in jobs):
             connection.ensure_topology(queue)  # before its depth is read
         admission = ojs.backpressure.admit_batch(jobs, connection.queue_depth)
-        frames = _PublishFrames(connection, self._publish_frames())
+        writer = _BatchWriter(connection, self._publish_frames())
         try:
             try:
                 for index, job in enumerate(jobs):
@@ -389,13 +389,13 @@ class Channel(pyamqp.Channel):
                             job.properties, job.job_id, queue, job.delay_ms)
                     self._announce(job)
                     tracked.append(tracker.track(job.job_id, queue))
-                    frames.publish(job.body, job.properties, exchange, routing_key, mandatory)
+                    writer.publish(job.body, job.properties, exchange, routing_key, mandatory)
                     window_full = index % window == window - 1
                     if window_full or index % BATCH_WRITE == BATCH_WRITE - 1:
-                        frames.flush()
+                        writer.flush()
                     if window_full and not self._wait_outstanding(window, limit):
                         break  # the broker stopped confirming: send no more
-                frames.flush()
+                writer.flush()
                 self._wait_outstanding(0, limit)
             finally:
                 for tag, pending in tracked:

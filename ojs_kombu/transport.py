@@ -252,6 +252,15 @@ class Channel(pyamqp.Channel):
             queue=queue,
             retry_policy=ojs.retry_policy_for(task) if ojs.retry_policy_for else None,
         )
+        self.publish_job(job, timeout=timeout, confirm_timeout=confirm_timeout)
+
+    def publish_job(self, job: OutgoingJob, *, timeout: float | None = None,
+                    confirm_timeout: float | None = None) -> None:
+        """Publish one encoded job, confirmed and ``mandatory``, and return once the
+        broker took it: ``apply_async`` through kombu's producer and its direct path
+        (:mod:`ojs_kombu.celery_publish`) both end here."""
+        ojs = self.ojs
+        queue = job.queue
         self.connection.ensure_topology(queue)
         message = amqp.Message(job.body, **job.properties)
         self._announce(job)

@@ -22,13 +22,16 @@ optional).  Options: ``queue``, ``priority``, ``countdown``, ``eta``,
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
+from functools import lru_cache
 from typing import Any
 
 from celery import Celery
 from celery.canvas import Signature, _chain, chord, group
 from celery.result import AsyncResult
+from celery.utils.nodenames import anon_nodename
 
 from .codec import META_OPTION, RETRY_OPTION, OutgoingJob, build_job, format_time, parse_time
 from .errors import InvalidJobIdError, JobEncodeError
@@ -50,8 +53,16 @@ _INERT_DEFAULTS = {"serializer": "json", "routing_key": None, "exchange": None,
 JobSpec = Signature | tuple[Any, ...]
 
 
-def _inert(option: str, value: Any) -> bool:
+def inert_option(option: str, value: Any) -> bool:
+    """An option an OJS job carries nothing for at this value (Celery's default)."""
     return option in _INERT_DEFAULTS and _INERT_DEFAULTS[option] == value
+
+
+def unsupported_options(options: Mapping[str, Any]) -> list[str]:
+    """The options (sorted) :class:`JobEncoder` cannot encode: neither in
+    :data:`BATCH_OPTIONS` nor inert at their value."""
+    return sorted(k for k, v in options.items()
+                  if k not in BATCH_OPTIONS and not inert_option(k, v))
 
 
 def enqueue_many(app: Celery, jobs: Iterable[JobSpec] | group, *,
@@ -65,7 +76,7 @@ def enqueue_many(app: Celery, jobs: Iterable[JobSpec] | group, *,
     specs = list(_flatten(jobs))
     if app.conf.task_always_eager:
         return [_signature(app, spec).apply_async() for spec in specs]
-    encoder = _BatchEncoder(app)
+    encoder = JobEncoder(app)
     outgoing = [encoder.encode(index, spec) for index, spec in enumerate(specs)]
     seen: set[str] = set()
     for job in outgoing:
@@ -121,8 +132,21 @@ def _unpack(spec: JobSpec, index: int) -> tuple[str, Any, Any, Mapping[str, Any]
     return name, args, kwargs, options
 
 
-class _BatchEncoder:
-    """Per-batch state: one clock reading, one trace context, cached routes and types."""
+def origin_nodename() -> str:
+    """Celery's ``origin`` header of a job sent from this process (``gen{pid}@{host}``,
+    as ``as_task_v2`` writes it), computed once per process."""
+    return _origin_of(os.getpid())
+
+
+@lru_cache(maxsize=1)
+def _origin_of(pid: int) -> str:  # the pid keys it: a forked child gets its own
+    return anon_nodename()
+
+
+class JobEncoder:
+    """The OJS jobs of a batch, or of one direct ``apply_async``
+    (:mod:`ojs_kombu.celery_publish`): one clock reading, one trace context,
+    cached routes and types."""
 
     def __init__(self, app: Celery) -> None:
         self.app = app
@@ -140,25 +164,33 @@ class _BatchEncoder:
 
     def encode(self, index: int, spec: JobSpec) -> OutgoingJob:
         name, args, kwargs, options = _unpack(spec, index)
-        defaults, policy, ignore_default = self._defaults_for(name)
-        unknown = sorted(k for k, v in options.items()
-                         if k not in BATCH_OPTIONS and not _inert(k, v))
+        unknown = unsupported_options(options)
         if unknown:
             raise JobEncodeError(
                 f"batch job #{index} ({name}): option(s) {', '.join(unknown)} cannot be "
                 "sent in a batch; use apply_async for callbacks, chains and custom routing"
             )
+        try:
+            return self.encode_call(name, args, kwargs, options)
+        except JobEncodeError as exc:
+            exc.args = (f"batch job #{index} ({name}): {exc}",)
+            raise
+
+    def encode_call(self, name: str, args: Any, kwargs: Any,
+                    options: Mapping[str, Any]) -> OutgoingJob:
+        """One job from ``options`` that :data:`BATCH_OPTIONS` (or inert values) only."""
+        defaults, policy, ignore_default = self._defaults_for(name)
         opts = {**defaults, **options} if defaults else options
         job_id = opts.get("task_id") or new_job_id()
         queue = self._queue_for(name, opts.get("queue"), args, kwargs)
         if not isinstance(job_id, str) or not is_job_id(job_id):
             raise InvalidJobIdError(
-                f"batch job #{index} ({name}): task_id {job_id!r} is not a lowercase UUIDv7",
+                f"task_id {job_id!r} is not a lowercase UUIDv7",
                 job_id=None, queue=queue,
             )
         ignore_result = opts.get("ignore_result", ignore_default)
         self.wants_result.append(not ignore_result)
-        x_celery: dict[str, Any] = {}
+        x_celery: dict[str, Any] = {"origin": origin_nodename()}
         if kwargs:
             x_celery["kwargs"] = dict(kwargs)
         if ignore_result:
@@ -168,19 +200,15 @@ class _BatchEncoder:
             x_celery["timelimit"] = [hard, soft]
         if self.parent_ids:
             x_celery["root_id"], x_celery["parent_id"] = self.parent_ids
-        try:
-            return build_job(
-                job_id=job_id, job_type=self.binding.job_types.type_for(name), queue=queue,
-                args=list(args or ()), task_name=name, now=self.now, created=self.created,
-                meta=opts.get(META_OPTION), traceparent=self.trace.get("traceparent"),
-                tracestate=self.trace.get("tracestate"), priority=opts.get("priority"),
-                timeout=hard, retry_policy=policy, per_call_retry=opts.get(RETRY_OPTION),
-                scheduled_at=self._due(opts, job_id), expires_at=self._expires(opts, job_id),
-                x_celery=x_celery, reply_to=self.reply_to,
-            )
-        except JobEncodeError as exc:
-            exc.args = (f"batch job #{index} ({name}): {exc}",)
-            raise
+        return build_job(
+            job_id=job_id, job_type=self.binding.job_types.type_for(name), queue=queue,
+            args=list(args or ()), task_name=name, now=self.now, created=self.created,
+            meta=opts.get(META_OPTION), traceparent=self.trace.get("traceparent"),
+            tracestate=self.trace.get("tracestate"), priority=opts.get("priority"),
+            timeout=hard, retry_policy=policy, per_call_retry=opts.get(RETRY_OPTION),
+            scheduled_at=self._due(opts, job_id), expires_at=self._expires(opts, job_id),
+            x_celery=x_celery, reply_to=self.reply_to,
+        )
 
     def _defaults_for(self, name: str) -> tuple[Mapping[str, Any], Any, bool]:
         cached = self._task_defaults.get(name)
@@ -190,7 +218,7 @@ class _BatchEncoder:
             ignore = False
             if task is not None:
                 defaults = {k: v for k, v in task._get_exec_options().items()
-                            if v is not None and not _inert(k, v)}
+                            if v is not None and not inert_option(k, v)}
                 ignore = bool(task.ignore_result)
             policy = self.binding.retry_policy_for(name) if self.binding.retry_policy_for \
                 else None

@@ -9,7 +9,7 @@ import pytest
 from celery import Celery, group
 
 import ojs_kombu
-from ojs_kombu.celery_batch import _BatchEncoder, _flatten, enqueue_many
+from ojs_kombu.celery_batch import JobEncoder, _flatten, enqueue_many
 from ojs_kombu.codec import OutgoingJob
 from ojs_kombu.errors import InvalidJobIdError, JobEncodeError, QueueNameError
 
@@ -35,7 +35,7 @@ def envelope(job: OutgoingJob) -> dict:
 
 def test_a_signature_becomes_the_same_ojs_job_apply_async_would_send(app: Celery) -> None:
     sig = app.tasks["email.send"].s("a@example.com", template="reset").set(priority=7)
-    job = _BatchEncoder(app).encode(0, sig)
+    job = JobEncoder(app).encode(0, sig)
     body = envelope(job)
     assert job.queue == "email"  # the task's own queue
     assert body["type"] == "email.send" and body["args"] == ["a@example.com"]
@@ -48,7 +48,7 @@ def test_a_signature_becomes_the_same_ojs_job_apply_async_would_send(app: Celery
 
 
 def test_tuples_names_and_schedules(app: Celery) -> None:
-    encoder = _BatchEncoder(app)
+    encoder = JobEncoder(app)
     now = datetime.now(UTC)
     later = encoder.encode(0, ("math.add", (1, 2), {}, {"countdown": 60, "queue": "math"}))
     assert later.queue == "math" and 59_000 <= later.delay_ms <= 60_000
@@ -63,7 +63,7 @@ def test_tuples_names_and_schedules(app: Celery) -> None:
 
 def test_ojs_options_and_caller_task_id(app: Celery) -> None:
     job_id = ojs_kombu.new_job_id()
-    job = _BatchEncoder(app).encode(0, app.tasks["math.add"].s(1, 2).set(
+    job = JobEncoder(app).encode(0, app.tasks["math.add"].s(1, 2).set(
         task_id=job_id, ojs_meta={"tags": ["a", "b"]}, ojs_retry={"max_attempts": 7}))
     body = envelope(job)
     assert job.job_id == job_id and body["meta"] == {"tags": ["a", "b"]}

@@ -38,6 +38,7 @@ from kombu.utils.objects import cached_property
 from .celery_control import ControlQueues
 from .celery_dropped import DroppedJobs
 from .celery_events import WorkerEvents, build_events
+from .celery_publish import SendSettings
 from .celery_reconnect import ConsumerReconnections
 from .codec import CELERY_JSON
 from .connection import BrokerConnection as ReconnectingConnection
@@ -121,6 +122,11 @@ class OJSAMQP(AMQP):
         binding = Binding.from_settings(settings, tasks=lambda: self.app.tasks,
                                         retry_policy_for=self._retry_policy_for)
         return replace(binding, events=build_events(self.app, settings, binding.names))
+
+    @cached_property
+    def ojs_send_settings(self) -> SendSettings:
+        """Read once, as Celery's task sender reads the same settings once."""
+        return SendSettings.from_conf(self.app.conf)
 
     def _retry_policy_for(self, task_name: str) -> RetryPolicy | None:
         task = self.app.tasks.get(task_name)

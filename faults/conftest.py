@@ -127,6 +127,14 @@ class Workers:
         self.processes.append(process)
         return process
 
+    def wait_ready(self, timeout: float = 120) -> None:
+        """Until every worker started so far has said ``ready.``: only then is a
+        broker disruption a *re*connection for all of them (a worker still starting
+        when the broker goes away merely connects late, and reports nothing)."""
+        wait_until(lambda: self.log.exists()
+                   and self.log.read_text(errors="replace").count(" ready.")
+                   >= len(self.processes), timeout, "the workers to be ready")
+
     def kill9(self, process: subprocess.Popen[bytes]) -> None:
         os.killpg(process.pid, signal.SIGKILL)
         process.wait(30)

@@ -105,6 +105,7 @@ def _stream(app: Celery, workers: Workers, queue: str, total: int,
     prefetch_multiplier, concurrency = 4, 4
     workers.start(queue, "--pool", "threads", "-c", str(concurrency),
                   "--prefetch-multiplier", str(prefetch_multiplier))
+    workers.wait_ready()
     counts = Counts()
     thread = threading.Thread(target=publish, args=(app, counts, total), kwargs={"queue": queue})
     try:

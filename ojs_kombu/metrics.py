@@ -150,10 +150,19 @@ class BufferedHistogram:
         _BUFFERED.add(self)
 
     def record(self, amount: float, attributes: Mapping[str, Any] | None = None) -> None:
+        if self._discards():
+            return
         buffer = self._buffer
         buffer.append((amount, attributes, get_current()))
         if len(buffer) >= self.flush_at:
             self.flush()
+
+    def _discards(self) -> bool:
+        """No SDK behind the instrument (the API's no-op, or its proxy while no provider
+        is set): the API would drop the value, so there is nothing to buffer or flush."""
+        histogram = self._histogram
+        histogram = getattr(histogram, "_real_instrument", histogram)  # the API's proxy
+        return histogram is None or isinstance(histogram, metrics.NoOpHistogram)
 
     def flush(self, wait: bool = False) -> None:
         """Hand every buffered measurement to the SDK; without ``wait`` a flush already

@@ -676,3 +676,15 @@ def test_a_sink_subclass_of_its_own_gets_events_not_drafts() -> None:
     assert sink.flush(5)
     assert [type(e) for e in got] == [Event] and got[0].type == "job.started"
     sink.close()
+
+
+def test_without_an_sdk_histograms_buffer_nothing() -> None:
+    """The API's no-op provider (and its global proxy before an SDK is set) drops every
+    value: ojs_kombu keeps none of them around either."""
+    from opentelemetry.metrics import NoOpMeterProvider
+
+    from ojs_kombu.metrics import OJSMetrics
+
+    metrics = OJSMetrics(NoOpMeterProvider())
+    metrics.duration.record(3.0, {"queue": "x"})
+    assert len(metrics.duration) == 0

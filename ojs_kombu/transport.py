@@ -72,6 +72,7 @@ from .failures import (
 )
 from .naming import TopologyNames
 from .publish_frames import PublishFrames
+from .read_ahead import ReadAheadTCPTransport, loop_reader
 from .reconnect import CONSUMER_CANCELLED, DEFAULT_POLICY
 from .reconnect import emit as emit_connection_event
 from .settings import Binding
@@ -821,6 +822,19 @@ class Connection(pyamqp.Connection):
         self._ojs_loop: Any = None
         super().__init__(*args, confirm_publish=False, **kwargs)
 
+    def Transport(self, host: str, connect_timeout: float | None, ssl: Any = False,
+                  read_timeout: float | None = None, write_timeout: float | None = None,
+                  socket_settings: Any = None, **kwargs: Any) -> Any:
+        """py-amqp's socket transport; over plain TCP the one that reads ahead
+        (:mod:`ojs_kombu.read_ahead`)."""
+        if ssl:
+            return super().Transport(host, connect_timeout, ssl=ssl,
+                                     read_timeout=read_timeout, write_timeout=write_timeout,
+                                     socket_settings=socket_settings, **kwargs)
+        return ReadAheadTCPTransport(host, connect_timeout=connect_timeout,
+                                     read_timeout=read_timeout, write_timeout=write_timeout,
+                                     socket_settings=socket_settings, **kwargs)
+
     def register_with_loop(self, loop: Any) -> None:
         """Collect acks made in ``loop``'s thread and write them once per loop iteration.
 
@@ -987,6 +1001,14 @@ class Transport(pyamqp.Transport):
         super().register_with_event_loop(connection, loop)
         if connection.ojs.settings.acks != "each":
             connection.register_with_loop(loop)
+        transport = connection.transport
+        if isinstance(transport, ReadAheadTCPTransport):
+            transport.in_event_loop = True
+            if transport.holds_frames:  # read before the loop watched the socket
+                loop.call_soon(self.on_readable, connection, loop)
+
+    def _make_reader(self, connection: Connection, *args: Any, **kwargs: Any) -> Any:
+        return loop_reader(connection)
 
     def qos_semantics_matches_spec(self, connection: Any) -> bool:
         # Per-consumer prefetch (Basic.Qos global=false) as in the binding's

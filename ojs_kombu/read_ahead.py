@@ -1,0 +1,115 @@
+"""py-amqp's TCP transport, reading the socket ahead instead of frame part by frame part.
+
+py-amqp asks ``recv`` for exactly the bytes its frame parser needs next: the
+7-byte header, the payload, the end octet.  That is three system calls per
+frame: nine per job a worker receives (``Basic.Deliver``, content header,
+body) and three per publisher confirm a producer waits for.
+:class:`ReadAheadTCPTransport` asks for up to :attr:`~ReadAheadTCPTransport.read_size`
+bytes at once and parses the following frames from what it already holds.
+
+Bytes held in the process are invisible to the event loop, which only wakes
+for bytes in the socket.  kombu's loop reader keeps reading until a read finds
+no whole frame (``socket.timeout``), so nothing it reads ahead stays behind;
+a connection registered with an event loop therefore reads ahead only inside
+that reader (:func:`loop_reader`) and reads exactly, as py-amqp does, from
+anywhere else (a blocking RPC made from a timer, say).  A connection with no
+event loop (a producer's) reads ahead always: every read it makes takes what
+is held first.
+"""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import Callable
+from typing import Any
+
+from amqp.exceptions import RecoverableConnectionError
+from amqp.transport import TCPTransport
+
+_EMPTY = b""
+
+
+class ReadAheadTCPTransport(TCPTransport):
+    """:class:`amqp.transport.TCPTransport` that reads up to :attr:`read_size` bytes
+    per ``recv`` (see the module docstring for when)."""
+
+    #: Bytes asked of each ``recv`` when reading ahead.
+    read_size = 65536
+
+    #: Registered with an event loop: read ahead only inside its reader.
+    in_event_loop = False
+    #: Set by :func:`loop_reader` while the event loop's reader runs.
+    reading_for_loop = False
+
+    _held = _EMPTY
+    _offset = 0
+
+    # py-amqp reads and restores ``_read_buffer`` (what was read and not parsed)
+    # when a read times out mid-frame; here it is ``_held`` from ``_offset`` on.
+    @property  # type: ignore[override]
+    def _read_buffer(self) -> bytes:
+        return self._held[self._offset:]
+
+    @_read_buffer.setter
+    def _read_buffer(self, value: bytes) -> None:
+        self._held, self._offset = value, 0
+
+    def _read(self, n: int, initial: bool = False,
+              _errnos: tuple[int, ...] = (errno.EAGAIN, errno.EINTR)) -> bytes:
+        held, offset = self._held, self._offset
+        end = offset + n
+        if end <= len(held):  # already here: no system call
+            self._offset = end
+            return held[offset:end]
+        rbuf = held[offset:]
+        ahead = self.read_size if not self.in_event_loop or self.reading_for_loop else 0
+        recv = self._quick_recv
+        try:
+            while len(rbuf) < n:
+                try:
+                    chunk = recv(max(n - len(rbuf), ahead))
+                except OSError as exc:
+                    if exc.errno in _errnos:
+                        if initial and self.raise_on_initial_eintr:
+                            raise TimeoutError() from None
+                        continue
+                    raise
+                if not chunk:
+                    raise OSError("Server unexpectedly closed connection")
+                rbuf += chunk
+        except BaseException:
+            self._held, self._offset = rbuf, 0
+            raise
+        self._held, self._offset = rbuf, n
+        return rbuf[:n]
+
+    @property
+    def holds_frames(self) -> bool:
+        """Bytes read from the socket and not parsed yet."""
+        return self._offset < len(self._held)
+
+
+def loop_reader(connection: Any) -> Callable[[Any], None]:
+    """kombu's event-loop reader (``kombu.transport.base.Transport._make_reader``) that
+    lets ``connection``'s transport read ahead while it runs."""
+    drain_events = connection.drain_events
+    unavailable = (errno.EAGAIN, errno.EINTR)
+
+    def read(loop: Any) -> None:
+        if not connection.connected:
+            raise RecoverableConnectionError("Socket was disconnected")
+        transport = connection.transport
+        transport.reading_for_loop = True
+        try:
+            drain_events(timeout=0)
+        except TimeoutError:
+            return
+        except OSError as exc:
+            if exc.errno in unavailable:
+                return
+            raise
+        finally:
+            transport.reading_for_loop = False
+        loop.call_soon(read, loop)
+
+    return read

@@ -1,0 +1,160 @@
+"""The read-ahead socket transport: fewer ``recv`` calls, the same frames, nothing stranded."""
+
+from __future__ import annotations
+
+import socket
+import struct
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from ojs_kombu.read_ahead import ReadAheadTCPTransport, loop_reader
+
+
+def frame(channel: int, payload: bytes, frame_type: int = 1) -> bytes:
+    return struct.pack(">BHI", frame_type, channel, len(payload)) + payload + b"\xce"
+
+
+FRAMES = [(1, 1, b"method-" + bytes([i]) * (10 + i)) for i in range(5)]
+WIRE = b"".join(frame(channel, payload, kind) for kind, channel, payload in FRAMES)
+
+
+class CountingTransport(ReadAheadTCPTransport):
+    """Counts the ``recv`` calls it makes."""
+
+    recvs = 0
+
+    def attach(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self._setup_transport()
+        recv = sock.recv
+
+        def counting_recv(n: int) -> bytes:
+            self.recvs += 1
+            return recv(n)
+
+        self._quick_recv = counting_recv
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[CountingTransport, socket.socket]]:
+    ours, broker = socket.socketpair()
+    transport = CountingTransport("localhost:5672")
+    transport.attach(ours)
+    try:
+        yield transport, broker
+    finally:
+        ours.close()
+        broker.close()
+
+
+def test_frames_that_arrived_together_take_one_recv(pair: Any) -> None:
+    transport, broker = pair
+    broker.sendall(WIRE)
+    frames = [transport.read_frame() for _ in FRAMES]
+    assert frames == FRAMES
+    assert transport.recvs == 1  # py-amqp's exact reads: three per frame, 15 here
+    assert not transport.holds_frames
+
+
+def test_in_an_event_loop_it_reads_exactly_outside_the_loop_reader(pair: Any) -> None:
+    """A blocking read from elsewhere (an RPC from a timer) must not leave whole frames
+    in the process, where the loop, which waits on the socket, would never see them."""
+    transport, broker = pair
+    transport.in_event_loop = True
+    broker.sendall(WIRE)
+    assert transport.read_frame() == FRAMES[0]
+    assert not transport.holds_frames
+    assert transport.recvs == 3  # header, payload, end octet
+    assert [transport.read_frame() for _ in FRAMES[1:]] == FRAMES[1:]
+
+
+def test_a_frame_cut_by_a_timeout_is_completed_by_the_next_read(pair: Any) -> None:
+    transport, broker = pair
+    transport.sock.settimeout(0.05)
+    broker.sendall(WIRE[:12])  # the header and part of the payload
+    with pytest.raises(TimeoutError):
+        transport.read_frame()
+    assert transport._read_buffer == WIRE[:12]  # py-amqp put it back
+    broker.sendall(WIRE[12:])
+    assert [transport.read_frame() for _ in FRAMES] == FRAMES
+
+
+def test_a_closed_socket_is_an_error_not_an_empty_frame(pair: Any) -> None:
+    transport, broker = pair
+    broker.sendall(WIRE[:5])
+    broker.close()
+    with pytest.raises(OSError, match="unexpectedly closed"):
+        transport.read_frame()
+
+
+class Loop:
+    """The part of kombu's hub a reader uses."""
+
+    def __init__(self) -> None:
+        self.soon: list[tuple[Any, tuple[Any, ...]]] = []
+
+    def call_soon(self, callback: Any, *args: Any) -> None:
+        self.soon.append((callback, args))
+
+    def run(self) -> None:
+        while self.soon:
+            callback, args = self.soon.pop(0)
+            callback(*args)
+
+
+class FakeConnection:
+    """What :func:`loop_reader` needs of a py-amqp connection: it reads one frame per
+    ``drain_events`` as py-amqp's does, with the socket's timeout set for the read."""
+
+    def __init__(self, transport: ReadAheadTCPTransport) -> None:
+        self.transport = transport
+        self.connected = True
+        self.frames: list[Any] = []
+
+    def drain_events(self, timeout: float | None = None) -> None:
+        with self.transport.having_timeout(timeout):
+            self.frames.append(self.transport.read_frame())
+
+
+def test_the_loop_reader_reads_ahead_and_leaves_no_whole_frame_behind(pair: Any) -> None:
+    transport, broker = pair
+    transport.in_event_loop = True
+    connection = FakeConnection(transport)
+    broker.sendall(WIRE + frame(1, b"half")[:6])  # five frames and the start of a sixth
+    loop = Loop()
+    loop_reader(connection)(loop)  # what the hub calls when the socket is readable
+    loop.run()
+    assert connection.frames == FRAMES
+    assert transport.recvs <= 3  # the frames, then the end of the bytes (a timeout)
+    assert transport._read_buffer == frame(1, b"half")[:6]  # only the partial frame
+    assert not transport.reading_for_loop
+
+
+def test_registering_with_a_loop_reads_what_is_already_held(pair: Any) -> None:
+    """Frames read ahead before the connection joined the loop (consumer set-up) would
+    wait for the next bytes on the socket; registration schedules a read for them."""
+    from ojs_kombu.transport import Transport
+
+    transport, broker = pair
+    broker.sendall(WIRE)
+    assert transport.read_frame() == FRAMES[0]
+    assert transport.holds_frames
+
+    class Registered(FakeConnection):
+        ojs = type("Binding", (), {"settings": type("Settings", (), {"acks": "each"})})()
+        sock = transport.sock
+
+    connection = Registered(transport)
+
+    class Hub(Loop):
+        def add_reader(self, fd: Any, callback: Any, *args: Any) -> None:
+            self.reader = (callback, args)
+
+    hub = Hub()
+    kombu_transport = Transport.__new__(Transport)
+    kombu_transport.register_with_event_loop(connection, hub)
+    assert transport.in_event_loop
+    hub.run()
+    assert connection.frames == FRAMES[1:]

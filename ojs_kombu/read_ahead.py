@@ -11,7 +11,7 @@ Bytes held in the process are invisible to the event loop, which only wakes
 for bytes in the socket.  kombu's loop reader keeps reading until a read finds
 no whole frame (``socket.timeout``), so nothing it reads ahead stays behind;
 a connection registered with an event loop therefore reads ahead only inside
-that reader (:func:`loop_reader`) and reads exactly, as py-amqp does, from
+that reader (:class:`LoopReads`) and reads exactly, as py-amqp does, from
 anywhere else (a blocking RPC made from a timer, say).  A connection with no
 event loop (a producer's) reads ahead always: every read it makes takes what
 is held first.
@@ -20,10 +20,8 @@ is held first.
 from __future__ import annotations
 
 import errno
-from collections.abc import Callable
 from typing import Any
 
-from amqp.exceptions import RecoverableConnectionError
 from amqp.transport import TCPTransport
 
 _EMPTY = b""
@@ -38,7 +36,7 @@ class ReadAheadTCPTransport(TCPTransport):
 
     #: Registered with an event loop: read ahead only inside its reader.
     in_event_loop = False
-    #: Set by :func:`loop_reader` while the event loop's reader runs.
+    #: Set by :class:`LoopReads` while the event loop's reader runs.
     reading_for_loop = False
 
     _held = _EMPTY
@@ -89,27 +87,25 @@ class ReadAheadTCPTransport(TCPTransport):
         return self._offset < len(self._held)
 
 
-def loop_reader(connection: Any) -> Callable[[Any], None]:
-    """kombu's event-loop reader (``kombu.transport.base.Transport._make_reader``) that
-    lets ``connection``'s transport read ahead while it runs."""
-    drain_events = connection.drain_events
-    unavailable = (errno.EAGAIN, errno.EINTR)
+class LoopReads:
+    """``connection`` as kombu's event-loop reader (``Transport._make_reader``) sees it:
+    each of the reader's ``drain_events(timeout=0)`` may read ahead.  kombu's reader
+    keeps its own loop (rescheduling itself until a read times out) and error handling;
+    only the flag is added here."""
 
-    def read(loop: Any) -> None:
-        if not connection.connected:
-            raise RecoverableConnectionError("Socket was disconnected")
-        transport = connection.transport
+    __slots__ = ("_connection",)
+
+    def __init__(self, connection: Any) -> None:
+        self._connection = connection
+
+    @property
+    def connected(self) -> bool:
+        return self._connection.connected
+
+    def drain_events(self, timeout: float | None = None) -> Any:
+        transport = self._connection.transport
         transport.reading_for_loop = True
         try:
-            drain_events(timeout=0)
-        except TimeoutError:
-            return
-        except OSError as exc:
-            if exc.errno in unavailable:
-                return
-            raise
+            return self._connection.drain_events(timeout=timeout)
         finally:
             transport.reading_for_loop = False
-        loop.call_soon(read, loop)
-
-    return read

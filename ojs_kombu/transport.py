@@ -72,7 +72,7 @@ from .failures import (
 )
 from .naming import TopologyNames
 from .publish_frames import PublishFrames
-from .read_ahead import ReadAheadTCPTransport, loop_reader
+from .read_ahead import LoopReads, ReadAheadTCPTransport
 from .reconnect import CONSUMER_CANCELLED, DEFAULT_POLICY
 from .reconnect import emit as emit_connection_event
 from .settings import Binding
@@ -824,16 +824,15 @@ class Connection(pyamqp.Connection):
 
     def Transport(self, host: str, connect_timeout: float | None, ssl: Any = False,
                   read_timeout: float | None = None, write_timeout: float | None = None,
-                  socket_settings: Any = None, **kwargs: Any) -> Any:
-        """py-amqp's socket transport; over plain TCP the one that reads ahead
-        (:mod:`ojs_kombu.read_ahead`)."""
+                  **kwargs: Any) -> Any:
+        """py-amqp's socket transport (py-amqp passes the first five positionally);
+        over plain TCP the one that reads ahead (:mod:`ojs_kombu.read_ahead`)."""
         if ssl:
-            return super().Transport(host, connect_timeout, ssl=ssl,
-                                     read_timeout=read_timeout, write_timeout=write_timeout,
-                                     socket_settings=socket_settings, **kwargs)
+            return super().Transport(host, connect_timeout, ssl, read_timeout, write_timeout,
+                                     **kwargs)
         return ReadAheadTCPTransport(host, connect_timeout=connect_timeout,
                                      read_timeout=read_timeout, write_timeout=write_timeout,
-                                     socket_settings=socket_settings, **kwargs)
+                                     **kwargs)
 
     def register_with_loop(self, loop: Any) -> None:
         """Collect acks made in ``loop``'s thread and write them once per loop iteration.
@@ -1008,7 +1007,7 @@ class Transport(pyamqp.Transport):
                 loop.call_soon(self.on_readable, connection, loop)
 
     def _make_reader(self, connection: Connection, *args: Any, **kwargs: Any) -> Any:
-        return loop_reader(connection)
+        return super()._make_reader(LoopReads(connection), *args, **kwargs)
 
     def qos_semantics_matches_spec(self, connection: Any) -> bool:
         # Per-consumer prefetch (Basic.Qos global=false) as in the binding's

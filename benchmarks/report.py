@@ -39,6 +39,8 @@ SCENARIOS: tuple[Scenario, ...] = (
              dramatiq_ref="dramatiq_send_confirm"),
     Scenario("ojs_publish", "ojs_kombu apply_async (confirmed)", "publish",
              "plain_publish_confirm", "dramatiq_send_confirm"),
+    Scenario("ojsclassic_publish", "ojs_kombu apply_async, classic queue", "publish",
+             "plain_publish_confirm", "dramatiq_send_confirm"),
     Scenario("ojs_batch", "ojs_kombu enqueue_many (all confirmed)", "publish",
              "plain_publish_confirm", "dramatiq_send"),
     Scenario("ojsclassic_batch", "ojs_kombu enqueue_many, classic queue", "publish",
@@ -80,6 +82,8 @@ TARGETS: tuple[Target, ...] = (
            "ojsclassic_batch", "dramatiq_send", 1.0),
     Target("single apply_async >= 1.0x Dramatiq with confirm_delivery", "ojs_publish",
            "dramatiq_send_confirm", 1.0),
+    Target("single apply_async >= 1.0x Dramatiq with confirm_delivery, both on classic queues",
+           "ojsclassic_publish", "dramatiq_send_confirm", 1.0),
     Target("single apply_async >= 1.0x plain Celery with confirm_publish", "ojs_publish",
            "plain_publish_confirm", 1.0),
     Target("drain threads c4 >= 0.95x plain Celery", "ojs_drain_threads",
@@ -158,7 +162,7 @@ def render(medians: dict[str, dict[str, float]], jobs: dict[str, int],
     if any(key in medians for key in PRIORITY_QUEUE_REF.values()):
         lines.append("  priority queue: the plain Celery queue declared with the "
                      "x-max-priority ojs_kombu gives its job queues by default (AMQP-030)")
-    if "ojsclassic_batch" in medians:
+    if "ojsclassic_batch" in medians or "ojsclassic_publish" in medians:
         lines.append("  classic queue: an ojs_kombu job queue without x-max-priority "
                      "(ojs_max_priority=None), the queue type Dramatiq declares")
     if assessed["batch_vs_plain_no_confirms"] is not None:

@@ -503,7 +503,7 @@ def sides(broker: Broker, broker_url: str
           ) -> Iterator[tuple[Side, Side, Side, Side, Side, Side]]:
     """Plain Celery with and without confirms, plain Celery on a priority queue,
     ojs_kombu, ojs_kombu with ``ojs_acks="multiple"`` (drains only) and ojs_kombu on a
-    classic queue (batch publish only); on exit their connections close and every
+    classic queue (publishes only); on exit their connections close and every
     entity they made is deleted."""
     pid = os.getpid()
     made: list[Side] = []
@@ -623,6 +623,8 @@ def run_throughput(broker: Broker, args: argparse.Namespace) -> dict[str, Any]:
             "plain_publish": (lambda k: publish(plain_nc, k), plain.amqp_queue, fast),
             "plain_publish_confirm": (lambda k: publish(plain, k), plain.amqp_queue, single),
             "ojs_publish": (lambda k: publish(ojs, k), ojs.amqp_queue, single),
+            "ojsclassic_publish": (lambda k: publish(ojs_classic, k), ojs_classic.amqp_queue,
+                                   single),
             "ojs_batch": (lambda k: publish_batches(ojs, k, args.batch_size),
                           ojs.amqp_queue, fast),
             "ojsclassic_batch": (lambda k: publish_batches(ojs_classic, k, args.batch_size),

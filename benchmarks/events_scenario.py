@@ -216,6 +216,10 @@ def summarize(rounds: list[dict[str, Any]],
         on = median_of([r["on"][scenario] for r in rounds])
         ratio = on["jobs_per_s"] / off["jobs_per_s"]
         result[scenario] = {"off": off, "on": on, "ratio": ratio}
+    if "cpu_us_per_job" in result["drain"]["off"] and "cpu_us_per_job" in result["drain"]["on"]:
+        # Informational: CPU per job off / on (the jobs/s ratio's counterpart, steadier).
+        result["drain"]["cpu_ratio"] = (result["drain"]["off"]["cpu_us_per_job"]
+                                        / result["drain"]["on"]["cpu_us_per_job"])
     result["drain"].update(target=TARGET, met=result["drain"]["ratio"] >= TARGET)
     lags = [r["on"]["drain_events_lag_s"] for r in rounds
             if r["on"]["drain_events_lag_s"] is not None]
@@ -239,12 +243,18 @@ def render(result: dict[str, Any]) -> list[str]:
         ("drain jobs/s", f"{drain['off']['jobs_per_s']:.0f}",
          f"{drain['on']['jobs_per_s']:.0f}", f"{drain['ratio']:.2f}",
          f">= {drain['target']:.1f}", "met" if drain["met"] else "not met"),
+        *([("drain CPU us/job", f"{drain['off']['cpu_us_per_job']:.0f}",
+             f"{drain['on']['cpu_us_per_job']:.0f}", f"{drain['cpu_ratio']:.2f}*", "", "")]
+           if "cpu_ratio" in drain else []),
         ("publish p50 ms", f"{pub['off']['p50_ms']:.3f}", f"{pub['on']['p50_ms']:.3f}", "", "",
          ""),
         ("publish p99 ms", f"{pub['off']['p99_ms']:.3f}", f"{pub['on']['p99_ms']:.3f}", "", "",
          ""),
     ]
     lines = grid(rows)
+    if "cpu_ratio" in drain:
+        lines.append("* CPU ratio is off/on: the share of the events-off speed the events-on "
+                     "side would keep if CPU alone set it")
     lines.append("")
     detail: list[tuple[str, ...]] = [("events on, per round", "value")]
     for i, rnd in enumerate(result["rounds"], 1):

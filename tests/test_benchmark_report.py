@@ -197,3 +197,33 @@ def test_events_table_counts_publish_events_against_the_jobs_published(
     assert cells["publish: job.enqueued received"] == "2 of 3"
     assert cells["drain: job.completed for every job"] == "yes (8/8)"
     assert result["drain"]["ratio"] == pytest.approx(0.8) and not result["drain"]["met"]
+
+
+def test_events_table_shows_drain_cpu_per_job_and_its_ratio_off_over_on(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """CPU per job is the steadier reading of what events cost; jobs/s stays the target."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    events_scenario = _load("events_scenario")
+    drained = ["job-0"]
+    arrived = [(kind, "job-0") for kind in events_scenario.JOB_EVENTS]
+
+    def side(rate: float, cpu: float) -> dict[str, Any]:
+        return {"publish": {"jobs_per_s": rate, "p50_ms": 1.0, "p99_ms": 2.0},
+                "drain": {"jobs_per_s": rate, "cpu_us_per_job": cpu}}
+
+    rounds = [{"off": side(100.0, 250.0), "on": {
+        **side(85.0, 280.0), "drain_events_lag_s": 0.01,
+        "publish_events": {"sink_backlog_s": 0.0, "enqueued_events": 1, "published": 1,
+                           "every_job_enqueued_event": True},
+        "events": {**events_scenario.count_events(arrived, drained),
+                   "sink": {"delivered": 3, "failed": 0, "dropped": 0}, "metrics": {}}}}]
+
+    def median_of(results: list[dict[str, Any]]) -> dict[str, float]:
+        return {key: statistics.median(r[key] for r in results) for key in results[0]}
+
+    result = events_scenario.summarize(rounds, median_of)
+    assert result["drain"]["cpu_ratio"] == pytest.approx(250 / 280)
+    assert result["drain"]["ratio"] == pytest.approx(0.85) and not result["drain"]["met"]
+    row = next(line for line in events_scenario.render(result)
+               if line.startswith("drain CPU us/job"))
+    assert [cell.strip() for cell in row.split("|")][1:4] == ["250", "280", "0.89*"]

@@ -120,24 +120,25 @@ def apply_async_direct(task: Task, args: Any, kwargs: Any, task_id: str | None,
     (an argument only kombu's encoder can write, a broker transport other than ``ojs``,
     a result backend that declares reply queues)."""
     app = task._get_app()
-    encoder = JobEncoder(app)
-    if task_id is not None:
-        options = {**options, "task_id": task_id}
-    try:
-        job = encoder.encode_call(task.name, args, kwargs, options)
-    except NonJSONArgumentError:
-        return None
-    wants_result = encoder.wants_result[0]
-    backend = task.backend
-    if wants_result and type(backend).on_task_call is not BaseBackend.on_task_call:
-        return None  # it declares what replies need (the rpc backend) through a producer
-    sender = app.amqp.ojs_send_settings
-    # The pool Celery's producers take their connections from; its default channel is
-    # the one a producer of that connection would publish on.
+    # The pool Celery's producers take their connections from (acquiring one does not
+    # connect); its default channel is the one a producer of that connection would
+    # publish on.  Its transport is checked first, so a broker that is not ``ojs``
+    # costs no encoding.
     connection = app.pool.acquire(block=True)
     try:
         if not isinstance(connection.transport, Transport):
             return None
+        encoder = JobEncoder(app)
+        if task_id is not None:
+            options = {**options, "task_id": task_id}
+        try:
+            job = encoder.encode_call(task.name, args, kwargs, options)
+        except NonJSONArgumentError:
+            return None
+        wants_result = encoder.wants_result[0]
+        if wants_result and type(task.backend).on_task_call is not BaseBackend.on_task_call:
+            return None  # it declares what replies need (the rpc backend) through a producer
+        sender = app.amqp.ojs_send_settings
 
         def publish() -> None:  # reads the channel anew after a reconnection
             connection.default_channel.publish_job(job)

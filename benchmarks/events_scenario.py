@@ -1,12 +1,13 @@
 """Events scenario: what OJS lifecycle events and OpenTelemetry metrics cost ojs_kombu.
 
-``run.py`` measures publish and drain of two ojs_kombu apps that differ only
-in ``ojs_event_sinks = ["amqp"]`` plus ``ojs_meter_provider`` (an SDK
-``MeterProvider`` with an ``InMemoryMetricReader``).  This module holds what
-only the events-on side needs: the *tap*, a queue bound with ``#`` to the
-events exchange that receives every event the AMQP sink publishes, the probe
-that waits for the sink and counts what arrived, and the table.  It does not
-import ``run.py`` (which imports it).  See benchmarks/README.rst.
+``run.py`` measures publish and drain of ojs_kombu apps that differ only in
+``ojs_event_sinks = ["amqp"]`` and ``ojs_meter_provider`` (an SDK
+``MeterProvider`` with an ``InMemoryMetricReader``): neither, both, and each
+alone (:data:`SIDES`).  This module holds what only the sides with the sink
+need: the *tap*, a queue bound with ``#`` to the events exchange that
+receives every event the AMQP sink publishes, the probe that waits for the
+sink and counts what arrived, and the table.  It does not import ``run.py``
+(which imports it).  See benchmarks/README.rst.
 """
 
 from __future__ import annotations
@@ -26,11 +27,26 @@ from report import grid
 from ojs_kombu.events.sinks import AMQPSink
 from ojs_kombu.events.wire import InvalidEventMessage, decode_events
 
+#: The sides of the events part: (AMQP sink, metrics provider) of each.  "on" is the
+#: side the target judges; "sink" and "metrics" show what each costs alone.
+SIDES: dict[str, tuple[bool, bool]] = {
+    "off": (False, False), "on": (True, True), "sink": (True, False), "metrics": (False, True),
+}
+#: Labels of the sides measured besides off and on, in the table.
+SPLIT_LABELS = {"sink": "AMQP sink only", "metrics": "metrics only"}
+
 #: The events one successful job emits, in lifecycle order.
 JOB_EVENTS = ("job.enqueued", "job.started", "job.completed")
 #: Informational target: drain jobs/s with events on divided by events off.
 TARGET = 0.9
 POLL_S = 0.005
+
+
+def rotated(kinds: list[str], round_index: int) -> list[str]:
+    """The side order of a round: rotated by one side per round, so over as many rounds
+    as there are sides each side runs once in every position."""
+    shift = round_index % len(kinds)
+    return kinds[shift:] + kinds[:shift]
 
 
 def meter_provider() -> tuple[MeterProvider, InMemoryMetricReader]:
@@ -105,9 +121,10 @@ class Recorder(Protocol):
 
 
 class Probe:
-    """The events-on side's instruments: its AMQP sink, its tap and its metric reader."""
+    """A side's instruments: its AMQP sink, its tap and its metric reader (``None`` for the
+    sink-only side)."""
 
-    def __init__(self, app: Any, tap: Tap, reader: InMemoryMetricReader) -> None:
+    def __init__(self, app: Any, tap: Tap, reader: InMemoryMetricReader | None) -> None:
         sinks = [s.callback for s in app.amqp.binding.events.bus.subscriptions
                  if isinstance(s.callback, AMQPSink)]
         if len(sinks) != 1:
@@ -174,6 +191,8 @@ class Probe:
 
     def metrics(self) -> dict[str, float]:
         """Every instrument the provider saw: a counter's sum, a histogram's count."""
+        if self.reader is None:
+            return {}
         data = self.reader.get_metrics_data()
         totals: dict[str, float] = {}
         for resource in data.resource_metrics if data else ():
@@ -209,7 +228,8 @@ def count_events(events: list[tuple[str, str | None]], job_ids: list[str]) -> di
 
 def summarize(rounds: list[dict[str, Any]],
               median_of: Callable[[list[dict[str, Any]]], dict[str, float]]) -> dict[str, Any]:
-    """Per-side medians over the rounds, the ratios on/off and the target check."""
+    """Per-side medians over the rounds, the ratios on/off and the target check; for the
+    sides with the sink or the metrics alone (when measured) their drain over events off."""
     result: dict[str, Any] = {}
     for scenario in ("publish", "drain"):
         off = median_of([r["off"][scenario] for r in rounds])
@@ -221,6 +241,16 @@ def summarize(rounds: list[dict[str, Any]],
         result["drain"]["cpu_ratio"] = (result["drain"]["off"]["cpu_us_per_job"]
                                         / result["drain"]["on"]["cpu_us_per_job"])
     result["drain"].update(target=TARGET, met=result["drain"]["ratio"] >= TARGET)
+    split: dict[str, Any] = {}
+    for kind in SPLIT_LABELS:
+        if all(kind in r for r in rounds):
+            drain = median_of([r[kind]["drain"] for r in rounds])
+            off = result["drain"]["off"]
+            split[kind] = {"drain": drain, "ratio": drain["jobs_per_s"] / off["jobs_per_s"]}
+            if "cpu_us_per_job" in drain and "cpu_us_per_job" in off:
+                split[kind]["cpu_ratio"] = off["cpu_us_per_job"] / drain["cpu_us_per_job"]
+    if split:
+        result["split"] = split
     lags = [r["on"]["drain_events_lag_s"] for r in rounds
             if r["on"]["drain_events_lag_s"] is not None]
     result["drain_events_lag_s"] = statistics.median(lags) if lags else None
@@ -246,6 +276,13 @@ def render(result: dict[str, Any]) -> list[str]:
         *([("drain CPU us/job", f"{drain['off']['cpu_us_per_job']:.0f}",
              f"{drain['on']['cpu_us_per_job']:.0f}", f"{drain['cpu_ratio']:.2f}*", "", "")]
            if "cpu_ratio" in drain else []),
+        *[row for kind, part in result.get("split", {}).items() for row in (
+            (f"drain jobs/s, {SPLIT_LABELS[kind]}", f"{drain['off']['jobs_per_s']:.0f}",
+             f"{part['drain']['jobs_per_s']:.0f}", f"{part['ratio']:.2f}", "", ""),
+            *([(f"drain CPU us/job, {SPLIT_LABELS[kind]}",
+                f"{drain['off']['cpu_us_per_job']:.0f}",
+                f"{part['drain']['cpu_us_per_job']:.0f}", f"{part['cpu_ratio']:.2f}*", "", "")]
+              if "cpu_ratio" in part else []))],
         ("publish p50 ms", f"{pub['off']['p50_ms']:.3f}", f"{pub['on']['p50_ms']:.3f}", "", "",
          ""),
         ("publish p99 ms", f"{pub['off']['p99_ms']:.3f}", f"{pub['on']['p99_ms']:.3f}", "", "",
@@ -255,6 +292,9 @@ def render(result: dict[str, Any]) -> list[str]:
     if "cpu_ratio" in drain:
         lines.append("* CPU ratio is off/on: the share of the events-off speed the events-on "
                      "side would keep if CPU alone set it")
+    if "split" in result:
+        lines.append("  AMQP sink only / metrics only: the events on side's two parts alone, "
+                     "informational (events on column: that side)")
     lines.append("")
     detail: list[tuple[str, ...]] = [("events on, per round", "value")]
     for i, rnd in enumerate(result["rounds"], 1):

@@ -2,12 +2,14 @@
 
 It republishes one job ojs_kombu published (its body and every property and
 ``x-ojs-*`` header, read back from the queue) into the same job queue through
-``ojs.exchange.direct`` with ``mandatory``, in batches with pipelined
+``ojs.exchange.direct`` with ``mandatory``, either in batches with pipelined
 publisher confirms, each batch waiting for all of its confirms, as
-``enqueue_many`` does.  What it leaves out is everything ojs_kombu and Celery
-do per job: ids, timestamps, the envelope, the JSON, the signature.  So its
-rate is what this broker takes of this message with every job confirmed, and
-``enqueue_many`` over it is the share ojs_kombu keeps of that ceiling.
+``enqueue_many`` does, or one message at a time, each waiting for its
+confirm, as a confirmed ``apply_async`` does (batches of one).  What it
+leaves out is everything ojs_kombu and Celery do per job: ids, timestamps,
+the envelope, the JSON, the signature.  So its rate is what this broker takes
+of this message with every job confirmed, and ``enqueue_many`` (or
+``apply_async``) over it is the share ojs_kombu keeps of that ceiling.
 """
 
 from __future__ import annotations
@@ -47,7 +49,8 @@ class RawConfirmPublisher:
         self.refused += 1
 
     def send(self, n: int, size: int) -> list[float]:
-        """``n`` messages in batches of ``size``; each batch's latency in seconds.
+        """``n`` messages in batches of ``size`` (1: each waits for its own confirm); each
+        batch's latency in seconds.
 
         A new ``amqp.Message`` per publish, as any client builds one per job.
         """

@@ -637,6 +637,7 @@ def run_throughput(broker: Broker, args: argparse.Namespace) -> dict[str, Any]:
             "ojsclassic_batch": (lambda k: publish_batches(ojs_classic, k, args.batch_size),
                                  ojs_classic.amqp_queue, fast),
             "raw_batch": (lambda k: raw.send(k, args.batch_size), ojs.amqp_queue, fast),
+            "raw_publish": (lambda k: raw.send(k, 1), ojs.amqp_queue, single),
             "dramatiq_send": (lambda k: dq.send(k, TASK_ARGS), dramatiq_queue, fast),
             "dramatiq_send_confirm": (lambda k: dq_confirm.send(k, TASK_ARGS),
                                       dramatiq_queue, single),
@@ -690,28 +691,31 @@ def run_throughput(broker: Broker, args: argparse.Namespace) -> dict[str, Any]:
 
 
 @contextmanager
-def events_side(broker: Broker, broker_url: str, on: bool
+def events_side(broker: Broker, broker_url: str, kind: str
                 ) -> Iterator[tuple[Side, events_scenario.Probe | None]]:
-    """A fresh ojs_kombu side, events off or on, and (on) its probe with a tap queue.
+    """A fresh ojs_kombu side of ``kind`` (``events_scenario.SIDES``: off, on, or the AMQP
+    sink or the metrics alone) and, with the sink, its probe with a tap queue.
 
     Fresh per round: an in-process worker's shutdown closes the app's event
     sinks for good (see README), so an app is not reused after its worker ran.
     On exit its connections close and everything it (or the tap) declared is deleted.
     """
     pid = os.getpid()
-    prefix = f"bench{pid}-ev{'on' if on else 'off'}"
+    prefix = f"bench{pid}-ev{kind}"
+    sink, metrics = events_scenario.SIDES[kind]
     conf: dict[str, Any] = {}
     provider = reader = None
-    if on:
+    if metrics:
         provider, reader = events_scenario.meter_provider()
-        conf = {"ojs_event_sinks": ["amqp"], "ojs_meter_provider": provider}
+        conf["ojs_meter_provider"] = provider
+    if sink:
+        conf["ojs_event_sinks"] = ["amqp"]
     side = make_ojs_side(broker_url, pid, prefix=prefix, conf=conf,
-                         label=f"ojs_kombu events {'on' if on else 'off'}")
+                         label=f"ojs_kombu events {kind}")
     tap = None
     try:
         probe = None
-        if on:
-            assert reader is not None
+        if sink:
             exchange = events_exchange(side.app.amqp.binding.names)
             side.exchanges.append(exchange)
             side.queues.append(f"{prefix}-events-tap")
@@ -727,9 +731,10 @@ def events_side(broker: Broker, broker_url: str, on: bool
         broker.delete_side(side)
 
 
-def measure_events_side(broker: Broker, args: argparse.Namespace, on: bool) -> dict[str, Any]:
-    """Warm-up, publish, drain of one side; with events on, also what the tap received."""
-    with events_side(broker, args.broker, on) as (side, probe):
+def measure_events_side(broker: Broker, args: argparse.Namespace, kind: str
+                        ) -> dict[str, Any]:
+    """Warm-up, publish, drain of one side; with the sink, also what the tap received."""
+    with events_side(broker, args.broker, kind) as (side, probe):
         warm_up(side, broker)
         if probe is None:
             return {"publish": measure_publish(side, broker, args.jobs),
@@ -750,18 +755,21 @@ def measure_events_side(broker: Broker, args: argparse.Namespace, on: bool) -> d
 
 
 def run_events(broker: Broker, args: argparse.Namespace) -> dict[str, Any]:
-    """Events off vs on, alternating which goes first; a fresh app per side and round."""
+    """Events off, on, and (unless ``--no-events-split``) the sink alone and the metrics
+    alone; a fresh app per side and round, the order rotated by one side per round."""
+    kinds = list(events_scenario.SIDES) if args.events_split else ["off", "on"]
     rounds: list[dict[str, Any]] = []
     for i in range(args.rounds):
-        order = (False, True) if i % 2 == 0 else (True, False)
-        got: dict[str, Any] = {"order": ["on" if on else "off" for on in order]}
-        for on in order:
-            _progress(f"events: round {i + 1}/{args.rounds}, events {'on' if on else 'off'} ...")
-            got["on" if on else "off"] = measure_events_side(broker, args, on)
+        order = events_scenario.rotated(kinds, i)
+        got: dict[str, Any] = {"order": order}
+        for kind in order:
+            _progress(f"events: round {i + 1}/{args.rounds}, events {kind} ...")
+            got[kind] = measure_events_side(broker, args, kind)
         rounds.append(_plain(got))
     result = events_scenario.summarize(rounds, summarize)
     result["settings"] = {"event_sinks": ["amqp"], "metric_reader": "InMemoryMetricReader",
-                          "pool": POOL, "concurrency": CONCURRENCY, "warmup": WARMUP}
+                          "pool": POOL, "concurrency": CONCURRENCY, "warmup": WARMUP,
+                          "sides": kinds}
     return result
 
 
@@ -800,6 +808,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="run one part: throughput (publish, drain), events (ojs_kombu "
                         "with events off vs on) or schedule")
     parser.add_argument("--skip-events", action="store_true", help="leave out the events part")
+    parser.add_argument("--no-events-split", dest="events_split", action="store_false",
+                        help="events: only events off and on, without the sides with the "
+                        "AMQP sink alone and the metrics alone")
     parser.add_argument("--skip-schedule", action="store_true",
                         help="leave out the scheduling part")
     parser.add_argument("--schedule-jobs", type=int, default=10_000,

@@ -32,6 +32,7 @@ RATES = {
     "plain_publish": 4000.0, "plain_publish_confirm": 1000.0, "ojs_publish": 1500.0,
     "ojsclassic_publish": 1700.0,
     "ojs_batch": 20000.0, "ojsclassic_batch": 17000.0, "raw_batch": 25000.0,
+    "raw_publish": 1750.0,
     "dramatiq_send": 16000.0,
     "dramatiq_send_confirm": 1600.0,
     "plain_drain_threads": 3000.0, "ojs_drain_threads": 2900.0,
@@ -76,6 +77,28 @@ def test_batch_is_compared_with_dramatiq_without_confirms_and_single_with_confir
     single = target(assessed, "ojsclassic_publish", "dramatiq_send_confirm")
     assert single["ratio"] == pytest.approx(1700 / 1600) and single["met"] is True
     assert assessed["ratios"]["ojsclassic_publish"]["plain"] == pytest.approx(1.7)
+
+
+def test_single_publish_is_read_against_raw_py_amqp_confirming_each_message() -> None:
+    """The raw single publish (the same OJS job, one confirm per message) is the ceiling
+    of a confirmed apply_async: its own row compares it with Dramatiq with confirms, and
+    a line gives the share apply_async keeps of it.  It is no target."""
+    assessed = report.assess(medians())
+    assert assessed["single_vs_raw"] == pytest.approx(1500 / 1750)
+    assert assessed["ratios"]["raw_publish"]["dramatiq"] == pytest.approx(1750 / 1600)
+    assert assessed["ratios"]["raw_publish"]["plain"] == pytest.approx(1.75)
+    assert not [t for t in assessed["targets"] if t["scenario"].startswith("raw")]
+    lines = report.render(medians(), {}, 1000)
+    row = next(line for line in lines if line.startswith("raw py-amqp, same OJS job, each"))
+    # per message, not per batch: no "*" on its latencies
+    assert [cell.strip() for cell in row.split("|")][2:] == [
+        "1750", "1.75", "-", "1.09", "1.000", "2.000"]
+    assert ("  single apply_async vs raw py-amqp publishing the same OJS job, one confirm "
+            "each (the ceiling for it): 0.86x") in lines
+    partial = medians()
+    del partial["raw_publish"]
+    assert report.assess(partial)["single_vs_raw"] is None
+    assert not any("one confirm each" in line for line in report.render(partial, {}, 1000))
 
 
 def test_each_drain_is_compared_with_plain_celery_on_the_same_pool() -> None:
@@ -227,3 +250,47 @@ def test_events_table_shows_drain_cpu_per_job_and_its_ratio_off_over_on(
     row = next(line for line in events_scenario.render(result)
                if line.startswith("drain CPU us/job"))
     assert [cell.strip() for cell in row.split("|")][1:4] == ["250", "280", "0.89*"]
+
+
+def test_events_table_shows_the_sink_alone_and_the_metrics_alone_against_events_off(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The events-on side's two costs, each measured alone in the same rounds, are rows of
+    their own (informational; the target stays on events on)."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    events_scenario = _load("events_scenario")
+    arrived = [(kind, "job-0") for kind in events_scenario.JOB_EVENTS]
+
+    def side(rate: float, cpu: float) -> dict[str, Any]:
+        return {"publish": {"jobs_per_s": rate, "p50_ms": 1.0, "p99_ms": 2.0},
+                "drain": {"jobs_per_s": rate, "cpu_us_per_job": cpu}}
+
+    on = {**side(80.0, 220.0), "drain_events_lag_s": 0.01,
+          "publish_events": {"sink_backlog_s": 0.0, "enqueued_events": 1, "published": 1,
+                             "every_job_enqueued_event": True},
+          "events": {**events_scenario.count_events(arrived, ["job-0"]),
+                     "sink": {"delivered": 3, "failed": 0, "dropped": 0}, "metrics": {}}}
+    rounds = [{"off": side(100.0, 180.0), "on": on, "sink": side(90.0, 200.0),
+               "metrics": side(92.0, 195.0)}]
+
+    def median_of(results: list[dict[str, Any]]) -> dict[str, float]:
+        return {key: statistics.median(r[key] for r in results) for key in results[0]}
+
+    result = events_scenario.summarize(rounds, median_of)
+    assert result["split"]["sink"]["ratio"] == pytest.approx(0.9)
+    assert result["split"]["metrics"]["cpu_ratio"] == pytest.approx(180 / 195)
+    assert result["drain"]["ratio"] == pytest.approx(0.8)  # the target reads events on
+    lines = events_scenario.render(result)
+    rows = {cells[0]: cells[1:4] for cells in (
+        [c.strip() for c in line.split("|")] for line in lines if line.count("|") == 5)}
+    assert rows["drain jobs/s, AMQP sink only"] == ["100", "90", "0.90"]
+    assert rows["drain CPU us/job, metrics only"] == ["180", "195", "0.92*"]
+    # without those sides (--no-events-split) the table has no such rows
+    plain = events_scenario.summarize([{"off": rounds[0]["off"], "on": on}], median_of)
+    assert "split" not in plain
+    assert not any("sink only" in line for line in events_scenario.render(plain))
+    # each side runs once in every position over as many rounds as there are sides
+    kinds = list(events_scenario.SIDES)
+    orders = [events_scenario.rotated(kinds, i) for i in range(len(kinds))]
+    assert all(sorted(order) == sorted(kinds) for order in orders)
+    assert all(sorted(o[p] for o in orders) == sorted(kinds) for p in range(len(kinds)))
+    assert events_scenario.rotated(["off", "on"], 1) == ["on", "off"]

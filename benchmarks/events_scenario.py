@@ -262,6 +262,20 @@ def summarize(rounds: list[dict[str, Any]],
     return result
 
 
+def _split_rows(result: dict[str, Any]) -> list[tuple[str, ...]]:
+    """Table rows of the sides with the sink alone and the metrics alone, against off."""
+    off = result["drain"]["off"]
+    rows: list[tuple[str, ...]] = []
+    for kind, part in result.get("split", {}).items():
+        label, drain = SPLIT_LABELS[kind], part["drain"]
+        rows.append((f"drain jobs/s, {label}", f"{off['jobs_per_s']:.0f}",
+                     f"{drain['jobs_per_s']:.0f}", f"{part['ratio']:.2f}", "", ""))
+        if "cpu_ratio" in part:
+            rows.append((f"drain CPU us/job, {label}", f"{off['cpu_us_per_job']:.0f}",
+                         f"{drain['cpu_us_per_job']:.0f}", f"{part['cpu_ratio']:.2f}*", "", ""))
+    return rows
+
+
 def render(result: dict[str, Any]) -> list[str]:
     """The on/off table, then what the tap received in each round."""
     pub, drain = result["publish"], result["drain"]
@@ -276,13 +290,7 @@ def render(result: dict[str, Any]) -> list[str]:
         *([("drain CPU us/job", f"{drain['off']['cpu_us_per_job']:.0f}",
              f"{drain['on']['cpu_us_per_job']:.0f}", f"{drain['cpu_ratio']:.2f}*", "", "")]
            if "cpu_ratio" in drain else []),
-        *[row for kind, part in result.get("split", {}).items() for row in (
-            (f"drain jobs/s, {SPLIT_LABELS[kind]}", f"{drain['off']['jobs_per_s']:.0f}",
-             f"{part['drain']['jobs_per_s']:.0f}", f"{part['ratio']:.2f}", "", ""),
-            *([(f"drain CPU us/job, {SPLIT_LABELS[kind]}",
-                f"{drain['off']['cpu_us_per_job']:.0f}",
-                f"{part['drain']['cpu_us_per_job']:.0f}", f"{part['cpu_ratio']:.2f}*", "", "")]
-              if "cpu_ratio" in part else []))],
+        *_split_rows(result),
         ("publish p50 ms", f"{pub['off']['p50_ms']:.3f}", f"{pub['on']['p50_ms']:.3f}", "", "",
          ""),
         ("publish p99 ms", f"{pub['off']['p99_ms']:.3f}", f"{pub['on']['p99_ms']:.3f}", "", "",

@@ -226,6 +226,15 @@ def count_events(events: list[tuple[str, str | None]], job_ids: list[str]) -> di
 # -- results ---------------------------------------------------------------
 
 
+def _over_off(side: dict[str, float], off: dict[str, float]) -> dict[str, float]:
+    """``ratio``: a side's jobs/s over events off; ``cpu_ratio`` (drains): CPU per job
+    off / side, the jobs/s ratio's steadier counterpart (informational)."""
+    ratios = {"ratio": side["jobs_per_s"] / off["jobs_per_s"]}
+    if "cpu_us_per_job" in side and "cpu_us_per_job" in off:
+        ratios["cpu_ratio"] = off["cpu_us_per_job"] / side["cpu_us_per_job"]
+    return ratios
+
+
 def summarize(rounds: list[dict[str, Any]],
               median_of: Callable[[list[dict[str, Any]]], dict[str, float]]) -> dict[str, Any]:
     """Per-side medians over the rounds, the ratios on/off and the target check; for the
@@ -234,21 +243,13 @@ def summarize(rounds: list[dict[str, Any]],
     for scenario in ("publish", "drain"):
         off = median_of([r["off"][scenario] for r in rounds])
         on = median_of([r["on"][scenario] for r in rounds])
-        ratio = on["jobs_per_s"] / off["jobs_per_s"]
-        result[scenario] = {"off": off, "on": on, "ratio": ratio}
-    if "cpu_us_per_job" in result["drain"]["off"] and "cpu_us_per_job" in result["drain"]["on"]:
-        # Informational: CPU per job off / on (the jobs/s ratio's counterpart, steadier).
-        result["drain"]["cpu_ratio"] = (result["drain"]["off"]["cpu_us_per_job"]
-                                        / result["drain"]["on"]["cpu_us_per_job"])
+        result[scenario] = {"off": off, "on": on, **_over_off(on, off)}
     result["drain"].update(target=TARGET, met=result["drain"]["ratio"] >= TARGET)
     split: dict[str, Any] = {}
     for kind in SPLIT_LABELS:
         if all(kind in r for r in rounds):
             drain = median_of([r[kind]["drain"] for r in rounds])
-            off = result["drain"]["off"]
-            split[kind] = {"drain": drain, "ratio": drain["jobs_per_s"] / off["jobs_per_s"]}
-            if "cpu_us_per_job" in drain and "cpu_us_per_job" in off:
-                split[kind]["cpu_ratio"] = off["cpu_us_per_job"] / drain["cpu_us_per_job"]
+            split[kind] = {"drain": drain, **_over_off(drain, result["drain"]["off"])}
     if split:
         result["split"] = split
     lags = [r["on"]["drain_events_lag_s"] for r in rounds

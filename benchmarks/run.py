@@ -1,9 +1,9 @@
-"""ojs_kombu vs plain Celery and Dramatiq on one local RabbitMQ: publish, drain, events
-and scheduling.
+"""ojs_kombu vs plain Celery and Dramatiq on one local RabbitMQ: publish, drain, events,
+scheduling and a poison storm.
 
 Run from the repository root::
 
-    python benchmarks/run.py [--jobs N] [--json PATH] [--only throughput|events|schedule]
+    python benchmarks/run.py [--jobs N] [--json PATH] [--only throughput|events|schedule|storm]
 
 The throughput part publishes with plain Celery (without and with
 ``confirm_publish``), ojs_kombu (``apply_async`` and batch ``enqueue_many``)
@@ -16,7 +16,10 @@ both sides; ``report.py`` holds the comparisons and the targets.  The events par
 events (AMQP sink) and OpenTelemetry metrics off and on, and counts the events
 that reached the events exchange.  The scheduling part (``scheduling.py``)
 runs one worker subprocess per side, to measure where delayed jobs wait and
-how late they start.  Missed targets are reported, never fatal: the exit code
+how late they start.  The poison storm (``poison_storm.py``) floods one worker
+subprocess per pool and side with messages it cannot run and times how fast
+they reach the dead-letter queue, whether the worker still answers ``ping`` and
+how fast it exits after SIGTERM.  Missed targets are reported, never fatal: the exit code
 is 0 on success, 2 when RabbitMQ is unreachable and 1 on any other error.  See
 benchmarks/README.rst for what each number means.
 """
@@ -57,6 +60,7 @@ from ojs_kombu.celery_events import events_exchange
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # also when imported, not run
 import events_scenario
+import poison_storm
 import prefork_drain
 import report
 import scheduling
@@ -72,7 +76,7 @@ POOL = "threads"
 CONCURRENCY = 4
 #: Jobs per batch of ``enqueue_many`` (``--batch-size``).
 BATCH_SIZE = 1000
-PARTS = ("throughput", "events", "schedule")
+PARTS = ("throughput", "events", "schedule", "storm")
 
 
 # -- broker administration (plain py-amqp, outside both Celery apps) -------
@@ -458,8 +462,8 @@ def summarize(results: list[Result] | list[dict[str, Any]]) -> dict[str, float]:
 
 
 def render(results: dict[str, dict[str, Any]]) -> str:
-    """The throughput tables, the events tables, then the scheduling table (of the parts
-    run)."""
+    """The throughput tables, the events tables, the scheduling table, then the storm table
+    (of the parts run)."""
     tables: list[list[str]] = []
     if "throughput" in results:
         tp = results["throughput"]
@@ -468,6 +472,8 @@ def render(results: dict[str, dict[str, Any]]) -> str:
         tables.append(events_scenario.render(results["events"]))
     if "schedule" in results:
         tables.append(scheduling.render(results["schedule"]))
+    if "storm" in results:
+        tables.append(poison_storm.render(results["storm"]))
     return "\n\n".join("\n".join(table) for table in tables)
 
 
@@ -583,7 +589,7 @@ def _workdir() -> Iterator[Path]:
 
 
 def run(broker: Broker, args: argparse.Namespace) -> dict[str, Any]:
-    """The selected parts, throughput first; the results keyed by scenario."""
+    """The selected parts, throughput first, the storm last; the results keyed by part."""
     results: dict[str, Any] = {}
     if "throughput" in args.parts:
         results["throughput"] = run_throughput(broker, args)
@@ -595,6 +601,11 @@ def run(broker: Broker, args: argparse.Namespace) -> dict[str, Any]:
             lateness_jobs=args.lateness_jobs, grace_s=args.lateness_grace)
         results["schedule"] = scheduling.run(broker, args.broker, _ojs_url(args.broker),
                                              settings, log=_progress)
+    if "storm" in args.parts:
+        storm = poison_storm.Settings(jobs=args.storm_jobs, pools=args.storm_pools,
+                                      timeout_s=args.storm_timeout)
+        results["storm"] = poison_storm.run(broker, lambda: connect(args.broker), args.broker,
+                                            _ojs_url(args.broker), storm, log=_progress)
     return results
 
 
@@ -806,13 +817,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="seconds a drain may take before it counts as an error")
     parser.add_argument("--only", choices=PARTS,
                         help="run one part: throughput (publish, drain), events (ojs_kombu "
-                        "with events off vs on) or schedule")
+                        "with events off vs on), schedule or storm (poison messages)")
     parser.add_argument("--skip-events", action="store_true", help="leave out the events part")
     parser.add_argument("--no-events-split", dest="events_split", action="store_false",
                         help="events: only events off and on, without the sides with the "
                         "AMQP sink alone and the metrics alone")
     parser.add_argument("--skip-schedule", action="store_true",
                         help="leave out the scheduling part")
+    parser.add_argument("--skip-storm", action="store_true", help="leave out the poison storm")
+    parser.add_argument("--storm-jobs", type=int, default=5000,
+                        help="storm: poison jobs per side (each side also gets as many "
+                        "deliveries that are not jobs)")
+    parser.add_argument("--storm-pools", type=_pools, default=poison_storm.POOLS,
+                        help="storm: comma-separated worker pools (solo,prefork,threads)")
+    parser.add_argument("--storm-timeout", type=float, default=120.0,
+                        help="storm: seconds a side may take to dead-letter its storm")
     parser.add_argument("--schedule-jobs", type=int, default=10_000,
                         help="scheduling: jobs due in 60 s to 1 h, for the memory numbers")
     parser.add_argument("--lateness-jobs", type=int, default=1_000,
@@ -835,12 +854,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             or args.lateness_grace < 0):
         parser.error("--schedule-jobs must be at least 1, --lateness-jobs at least 2, "
                      "--settle and --lateness-grace not negative")
-    if args.only and (args.skip_events or args.skip_schedule):
-        parser.error("--only cannot be combined with --skip-events or --skip-schedule")
+    if args.storm_jobs < 1 or args.storm_timeout <= 0:
+        parser.error("--storm-jobs must be at least 1 and --storm-timeout positive")
+    if args.only and (args.skip_events or args.skip_schedule or args.skip_storm):
+        parser.error("--only cannot be combined with --skip-events, --skip-schedule or "
+                     "--skip-storm")
     skipped = {"events"} if args.skip_events else set()
     skipped |= {"schedule"} if args.skip_schedule else set()
+    skipped |= {"storm"} if args.skip_storm else set()
     args.parts = (args.only,) if args.only else tuple(p for p in PARTS if p not in skipped)
     return args
+
+
+def _pools(value: str) -> tuple[str, ...]:
+    """``--storm-pools``: a comma-separated subset of ``poison_storm.POOLS``, in that order."""
+    chosen = {name.strip() for name in value.split(",") if name.strip()}
+    unknown = chosen - set(poison_storm.POOLS)
+    if unknown or not chosen:
+        raise argparse.ArgumentTypeError(f"pools are {', '.join(poison_storm.POOLS)}; got "
+                                         f"{value!r}")
+    return tuple(pool for pool in poison_storm.POOLS if pool in chosen)
 
 
 def main(argv: list[str] | None = None) -> int:

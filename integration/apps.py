@@ -15,7 +15,7 @@ import ojs_kombu
 
 #: Queues the session's in-process worker consumes.
 WORKER_QUEUES = ["default", "email", "malformed", "failing", "canvas", "errbacks", "retries",
-                 "events"]
+                 "events", "semantics"]
 #: Short delays so retry tests take seconds, not minutes.
 FAST_RETRY = {"initial_interval": "PT0.2S", "max_interval": "PT1S", "jitter": False}
 #: Switches the integration tests flip to make a job fail or succeed.
@@ -92,15 +92,32 @@ def register_tasks(app: Celery) -> None:
         calls.add(id=self.request.id, task="legacy.run", args=list(args), kwargs=kwargs)
         return {"args": list(args), "kwargs": kwargs}
 
-    @app.task(name="always.fail", bind=True, shared=False)
+    # ojs_retry={}: OJS retry semantics under the default policy (3 attempts), which
+    # the default ojs_retry_semantics="celery" keeps for tasks that ask for it only.
+    @app.task(name="always.fail", bind=True, shared=False, ojs_retry={})
     def fail(self: Any) -> None:
         calls.add(id=self.request.id, task="always.fail", args=[])
         raise RuntimeError("boom")
 
-    @app.task(name="always.requeue", bind=True, shared=False)
+    @app.task(name="always.requeue", bind=True, shared=False, ojs_retry={})
     def requeue(self: Any) -> None:
         calls.add(id=self.request.id, task="always.requeue", args=[])
         raise Reject("asked to be requeued", requeue=True)
+
+    @app.task(name="semantics.no_options", bind=True, shared=False)
+    def no_options(self: Any) -> None:
+        """No retry options: under Celery's semantics a failure is not retried."""
+        calls.add(id=self.request.id, task="semantics.no_options", args=[],
+                  attempt=getattr(self.request, "x-ojs-attempt", None))
+        raise RuntimeError("sent one email, then failed")
+
+    @app.task(name="semantics.autoretry", bind=True, shared=False, autoretry_for=(ValueError,),
+              max_retries=2, retry_backoff=False, default_retry_delay=0.1)
+    def autoretry(self: Any, error: str) -> None:
+        calls.add(id=self.request.id, task="semantics.autoretry", args=[error],
+                  attempt=getattr(self.request, "x-ojs-attempt", None),
+                  retries=self.request.retries)
+        raise {"ValueError": ValueError, "KeyError": KeyError}[error](f"{error} raised")
 
     @app.task(name="flaky.twice", bind=True, shared=False, ojs_retry=FAST_RETRY)
     def flaky_twice(self: Any) -> str:
@@ -171,4 +188,5 @@ def cli_app() -> Celery:
                     ojs_event_sinks=[f"file:{events_file}"] if events_file else [],
                     ojs_worker_heartbeat=1, ojs_job_heartbeat=1,
                     ojs_control_queues=not os.environ.get("OJS_TEST_NO_CONTROL"),
-                    ojs_acks=os.environ.get("OJS_TEST_ACKS", "batched"))
+                    ojs_acks=os.environ.get("OJS_TEST_ACKS", "batched"),
+                    ojs_retry_semantics=os.environ.get("OJS_TEST_RETRY_SEMANTICS", "celery"))

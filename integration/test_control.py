@@ -59,13 +59,39 @@ def test_raw_amqp_cancel_from_the_spec_text(app: Celery, worker: Any,
     assert app.calls.count(result.id) == 0
 
 
-def test_a_running_job_stops_cooperatively(app: Celery, worker: Any) -> None:
+def test_a_running_job_stops_cooperatively(app: Celery, worker: Any,
+                                           events_file: Path) -> None:
+    """A job that sees the CANCEL and stops ends as cancelled everywhere, never completed."""
     result = app.tasks["loop.until_cancelled"].apply_async((30,), queue="email")
     with ControlClient(app) as client:
         wait_until(lambda: client.info(result.id, "email")["state"] == "active", timeout=20,
                    what="the job running")
+        client.cancel(result.id, "email", reason="no longer needed", cancelled_by="test")
+        with pytest.raises(TaskRevokedError):
+            result.get(timeout=20)
+        assert result.state == "REVOKED"
+        assert app.calls.count(result.id) == 1  # it saw the cancel and stopped
+        assert wait_until(lambda: client.info(result.id, "email")["state"] == "cancelled",
+                          what="INFO cancelled")
+
+    def types() -> list[str]:
+        return [e["type"] for e in map(json.loads, events_file.read_text().splitlines())
+                if e["subject"] == result.id]
+    wait_until(lambda: "job.cancelled" in types(), what="job.cancelled")
+    assert "job.completed" not in types()
+
+
+def test_a_job_that_never_checks_runs_to_completion(app: Celery, worker: Any) -> None:
+    """Cooperative cancelling needs the task to look (``self.ojs.cancelled``): one that
+    never does finishes, and is completed (``terminate=True`` kills a prefork process)."""
+    result = app.tasks["sleep.for"].apply_async((2,), queue="email")
+    with ControlClient(app) as client:
+        wait_until(lambda: client.info(result.id, "email")["state"] == "active", timeout=20,
+                   what="the job running")
         client.cancel(result.id, "email")
-    assert result.get(timeout=20) == "stopped early"
+        assert result.get(timeout=20) == 2
+        assert wait_until(lambda: client.info(result.id, "email")["state"] == "completed",
+                          what="INFO completed")
 
 
 def test_cancelling_unknown_or_finished_jobs_is_a_no_op(app: Celery, worker: Any) -> None:
@@ -133,7 +159,8 @@ def test_cooperative_cancel_reaches_a_prefork_pool_process(broker_url: str,
             wait_until(lambda: client.info(result.id, "ctl")["state"] == "active", timeout=30,
                        what="the job running")
             client.cancel(result.id, "ctl")  # cooperative: no terminate
-        assert result.get(timeout=20) == "stopped early"
+        with pytest.raises(TaskRevokedError):  # stopped on the cancel: cancelled, not done
+            result.get(timeout=20)
     finally:
         os.killpg(worker.pid, signal.SIGTERM)
         worker.wait(30)
@@ -192,3 +219,32 @@ def test_cancel_reaches_the_worker_that_holds_the_job(broker_url: str, tmp_path:
     assert heartbeat["data"]["worker_id"].startswith("holder@")
     # only the relay consumes the control queue; the broadcast reached both workers
     assert f"cancel of job {result.id}: not on this worker now" in log.read_text()
+
+
+def test_terminate_leaves_the_workers_connections_alone(broker_url: str,
+                                                        tmp_path: Path) -> None:
+    """``terminate=True`` kills the prefork pool process running the job; the process
+    that replaces it must not shut down the sockets it inherited (the worker's own
+    connections): INFO still answers, and the next job runs."""
+    client_app = make_app("term-client", broker_url, "rpc://")
+    log = tmp_path / "w.log"
+    worker = _start(broker_url, "term", log, tmp_path / "e.jsonl", control=True)
+    try:
+        wait_until(lambda: client_app.control.inspect(timeout=1).ping(), timeout=60,
+                   what="the worker")
+        result = client_app.tasks["sleep.for"].apply_async((30,), queue="ctl")
+        with ControlClient(client_app) as client:
+            wait_until(lambda: client.info(result.id, "ctl")["state"] == "active", timeout=30,
+                       what="the job running")
+            client.cancel(result.id, "ctl", terminate=True)
+            with pytest.raises(TaskRevokedError):
+                result.get(timeout=20)
+            answers = [client.info(result.id, "ctl") for _ in range(3)]
+        assert [a["state"] for a in answers] == ["cancelled"] * 3, answers
+        after = client_app.tasks["math.add"].apply_async((2, 3), queue="ctl")
+        assert after.get(timeout=30) == 5
+    finally:
+        os.killpg(worker.pid, signal.SIGTERM)
+        worker.wait(30)
+    text = log.read_text()
+    assert "Connection reset" not in text and "Broken pipe" not in text, text[-3000:]

@@ -87,7 +87,8 @@ def test_celery_job_is_a_complete_ojs_message_for_a_raw_consumer(
     assert props["timestamp"] == int(created.timestamp())  # epoch seconds of created_at
     assert headers["x-ojs-queue"] == "rawread"
     assert headers["x-ojs-attempt"] == 1
-    assert headers["x-ojs-max-attempts"] == 3
+    # ojs_retry_semantics="celery" (the default): no autoretry_for, a failure is not retried
+    assert headers["x-ojs-max-attempts"] == 1
     for key in ("x-ojs-created-at", "x-ojs-enqueued-at"):
         assert datetime.fromisoformat(headers[key])
     assert headers["x-ojs-tags"] == "welcome,eu"
@@ -101,3 +102,4 @@ def test_celery_job_is_a_complete_ojs_message_for_a_raw_consumer(
     assert body["id"] == result.id and body["type"] == "email.send"
     assert body["queue"] == "rawread" and body["args"] == ["user@example.com", "welcome"]
     assert body["meta"] == meta and body["priority"] == 5
+    assert body["retry"]["max_attempts"] == 1 and "x_celery" in body

@@ -69,8 +69,9 @@ def test_job_metrics_have_job_type_and_queue_labels_only(
 def test_discarded_jobs_count_as_failed(app: Celery, worker: Any,
                                         metric_reader: InMemoryMetricReader) -> None:
     app.tasks["reject.value"].apply_async(queue="events")
-    wait_until(lambda: {"ojs.jobs.failed", "ojs_amqp_messages_acked_total"}
-               <= set(points(metric_reader)), timeout=20, what="the discard and its ack")
+    # discarded with Basic.Nack (AMQP-009): counted as nacked, not acked
+    wait_until(lambda: {"ojs.jobs.failed", "ojs_amqp_messages_nacked_total"}
+               <= set(points(metric_reader)), timeout=20, what="the discard and its nack")
     failed = points(metric_reader)["ojs.jobs.failed"]
     assert [(dict(p.attributes), p.value) for p in failed] == [
         ({"job_type": "reject.value", "queue": "events"}, 1)]

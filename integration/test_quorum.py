@@ -19,7 +19,8 @@ QUEUE = "bp-qq"
 
 @pytest.fixture(scope="module")
 def qq_app(broker_url: str) -> Celery:
-    return make_app("quorum", broker_url, "cache+memory://",
+    # The error-rich dead letters (republished with x-ojs-error-*), on quorum queues.
+    return make_app("quorum", broker_url, "cache+memory://", ojs_dead_letter_mode="republish",
                     ojs_queues={QUEUE: {"type": "quorum", "max_depth": 1000,
                                         "dead_letter_strategy": "at-least-once"}})
 
@@ -81,4 +82,6 @@ def test_failed_job_reaches_the_quorum_dlq(qq_app: Celery, qq_worker: Any,
     dead = get_message(amqp_channel, f"ojs.queue.dlx.{QUEUE}")
     assert dead.properties["message_id"] == result.id
     assert body_of(dead)["id"] == result.id
-    assert dead.properties["application_headers"]["x-ojs-error-code"]
+    headers = dead.properties["application_headers"]
+    assert headers["x-ojs-error-code"] == "NON_RETRYABLE_ERROR"
+    assert "x-death" not in headers  # republished, not dead-lettered by the broker

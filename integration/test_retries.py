@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 from typing import Any
 
 import amqp
@@ -12,8 +18,23 @@ from celery import Celery
 import ojs_kombu
 from ojs_kombu.job_ids import new_job_id
 
-from .apps import SWITCHES
+from .apps import SWITCHES, make_app
 from .conftest import body_of, get_message, queue_depth, rabbitmqctl, wait_until
+
+
+def discarded_event(events_file: Path, job_id: str) -> dict[str, Any]:
+    """The ``job.discarded`` event of ``job_id``: where a nacked job's last error is."""
+    def find() -> dict[str, Any] | None:
+        if not events_file.exists():
+            return None
+        for line in events_file.read_text().splitlines():
+            event = json.loads(line)
+            if event["type"] == "job.discarded" and event["subject"] == job_id:
+                return event
+        return None
+    return wait_until(find, timeout=20, what=f"job.discarded of {job_id}")
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_task_failing_twice_completes_on_attempt_3(app: Celery, worker: Any) -> None:
@@ -51,15 +72,18 @@ def test_retry_with_new_args_publishes_one_new_job_only(app: Celery, worker: Any
 
 
 def test_non_retryable_error_goes_straight_to_the_dlq(app: Celery, worker: Any,
-                                                      amqp_channel: amqp.Channel) -> None:
+                                                      amqp_channel: amqp.Channel,
+                                                      events_file: Path) -> None:
     result = app.tasks["reject.value"].apply_async(queue="retries")
     with pytest.raises(ValueError):
         result.get(timeout=30)
     dead = get_message(amqp_channel, "ojs.queue.dlx.retries")
     headers = dead.properties["application_headers"]
     assert dead.properties["message_id"] == result.id
-    assert headers["x-ojs-error-code"] == "NON_RETRYABLE_ERROR"
+    assert headers["x-death"][0]["reason"] == "rejected"  # Basic.Nack (AMQP-009)
     assert headers["x-ojs-attempt"] == 1 and app.calls.count(result.id) == 1
+    last_error = discarded_event(events_file, result.id)["data"]["last_error"]
+    assert last_error["code"] == "NON_RETRYABLE_ERROR"
 
 
 def test_foreign_job_with_its_own_retry_policy_is_honoured(
@@ -79,12 +103,13 @@ def test_foreign_job_with_its_own_retry_policy_is_honoured(
     assert dead.properties["application_headers"]["x-ojs-attempt"] == 2
     envelope = body_of(dead)
     assert envelope["retry"]["max_attempts"] == 2  # the foreign job's own policy, kept
-    assert [e["attempt"] for e in envelope["errors"]] == [1, 2]
+    # nacked as delivered for attempt 2: the envelope holds attempt 1's error
+    assert [e["attempt"] for e in envelope["errors"]] == [1]
     assert app.calls.count(job_id) == 2
 
 
 def test_dead_letter_api_lists_shows_replays_and_purges(
-        app: Celery, worker: Any, amqp_channel: amqp.Channel) -> None:
+        app: Celery, worker: Any, amqp_channel: amqp.Channel, events_file: Path) -> None:
     SWITCHES["toggle.fail"] = True
     toggle = app.tasks["toggle.fail"]
     first = toggle.apply_async(queue="retries")
@@ -95,8 +120,10 @@ def test_dead_letter_api_lists_shows_replays_and_purges(
         assert {d.job_id for d in listed} == {first.id, second.id}
         assert len(dlq) == 2  # listing consumed nothing
         shown = dlq.get(first.id)
-        assert shown.error_code == "HANDLER_ERROR" and shown.error_message == "switched off"
-        assert shown.envelope is not None and shown.envelope["state"] == "discarded"
+        assert shown.death_reason == "rejected"  # nacked by the worker: say so
+        assert shown.envelope is not None and shown.envelope["id"] == first.id
+        last_error = discarded_event(events_file, first.id)["data"]["last_error"]
+        assert last_error == {"code": "HANDLER_ERROR", "message": "switched off"}
         with pytest.raises(ojs_kombu.DeadLetterNotFound):
             dlq.get(new_job_id())
 
@@ -111,17 +138,20 @@ def test_dead_letter_api_lists_shows_replays_and_purges(
     assert queue_depth(amqp_channel, "ojs.queue.dlx.retries") == 0
 
 
-def test_replay_all_keeps_error_history(app: Celery, worker: Any,
-                                        amqp_channel: amqp.Channel) -> None:
+def test_replay_all_puts_every_dead_letter_back(app: Celery, worker: Any,
+                                                amqp_channel: amqp.Channel) -> None:
     SWITCHES["toggle.fail"] = True
     ids = [app.tasks["toggle.fail"].apply_async(queue="retries").id for _ in range(3)]
     with ojs_kombu.dead_letter_queue(app, "retries") as dlq:
         wait_until(lambda: len(dlq) == 3, timeout=30, what="three dead letters")
-        SWITCHES["toggle.fail"] = True  # they fail again: history grows
+        SWITCHES["toggle.fail"] = True  # they fail again
         assert sorted(dlq.replay_all()) == sorted(ids)
         wait_until(lambda: len(dlq) == 3, timeout=30, what="the replayed jobs back")
-        histories = [d.envelope["errors"] for d in dlq.list()]
-        assert all(len(errors) == 2 for errors in histories)
+        back = dlq.list()
+        assert sorted(d.job_id for d in back) == sorted(ids)
+        # a replay starts afresh (x-death dropped), then one more nack
+        assert [d.headers["x-death"][0]["count"] for d in back] == [1, 1, 1]
+        assert [app.calls.count(job_id) for job_id in ids] == [2, 2, 2]
         dlq.purge()
     SWITCHES["toggle.fail"] = False
 
@@ -141,3 +171,81 @@ def test_replay_is_confirmed_before_the_dead_letter_is_removed(
         with pytest.raises(ojs_kombu.UnroutableJobError):
             dlq.replay(job_id)
         assert [d.job_id for d in dlq.list()] == [job_id]  # the dead letter stayed
+
+
+# -- ojs_retry_semantics ----------------------------------------------------------------------
+# "celery" (the default, the session's app): a Celery job is retried only where Celery
+# would retry it; "ojs": every failure is a failed OJS attempt (3 under the default policy).
+
+
+def dead_letter_of(channel: amqp.Channel, queue: str, job_id: str,
+                   timeout: float = 30) -> amqp.Message:
+    dead = get_message(channel, f"ojs.queue.dlx.{queue}", timeout=timeout)
+    assert dead.properties["message_id"] == job_id
+    return dead
+
+
+def test_a_task_without_retry_options_runs_once_then_is_dead_lettered(
+        app: Celery, worker: Any, amqp_channel: amqp.Channel) -> None:
+    """A failing ``send_email`` sends one email, not three."""
+    result = app.tasks["semantics.no_options"].apply_async(queue="semantics")
+    dead = dead_letter_of(amqp_channel, "semantics", result.id)
+    headers = dead.properties["application_headers"]
+    assert headers["x-ojs-attempt"] == 1 and headers["x-ojs-max-attempts"] == 1
+    envelope = body_of(dead)
+    assert envelope["retry"]["max_attempts"] == 1  # the envelope says it is not retried
+    assert "x_celery" in envelope
+    time.sleep(0.5)  # a retry would have run by now
+    assert app.calls.count(result.id) == 1
+
+
+def test_autoretry_for_retries_within_max_retries(
+        app: Celery, worker: Any, amqp_channel: amqp.Channel) -> None:
+    """``autoretry_for=(ValueError,)``, ``max_retries=2``: 3 runs, then the DLQ."""
+    result = app.tasks["semantics.autoretry"].apply_async(("ValueError",), queue="semantics")
+    dead = dead_letter_of(amqp_channel, "semantics", result.id)
+    assert dead.properties["application_headers"]["x-ojs-attempt"] == 3
+    assert body_of(dead)["retry"]["max_attempts"] == 3
+    time.sleep(0.5)
+    runs = [c for c in app.calls.all() if c["id"] == result.id]
+    assert [(c["attempt"], c["retries"]) for c in runs] == [(1, 0), (2, 1), (3, 2)]
+
+
+def test_an_exception_autoretry_for_does_not_name_is_not_retried(
+        app: Celery, worker: Any, amqp_channel: amqp.Channel) -> None:
+    result = app.tasks["semantics.autoretry"].apply_async(("KeyError",), queue="semantics")
+    dead = dead_letter_of(amqp_channel, "semantics", result.id)
+    headers = dead.properties["application_headers"]
+    assert headers["x-ojs-attempt"] == 1
+    assert headers.get("x-ojs-error-code", "NON_RETRYABLE_ERROR") == "NON_RETRYABLE_ERROR"
+    time.sleep(0.5)
+    assert app.calls.count(result.id) == 1
+
+
+def test_ojs_retry_semantics_retry_a_task_without_options_three_times(
+        broker_url: str, tmp_path: Path, amqp_channel: amqp.Channel) -> None:
+    """``ojs_retry_semantics="ojs"`` on producer and worker: the OJS default policy."""
+    client = make_app("semantics-ojs-client", broker_url, None, ojs_retry_semantics="ojs")
+    log = tmp_path / "worker.log"
+    env = {**os.environ, "OJS_TEST_BROKER_URL": broker_url, "OJS_TEST_RETRY_SEMANTICS": "ojs"}
+    with log.open("ab") as out:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "integration.cliapp", "worker", "-Q",
+             "semantics-ojs", "-n", "semantics-ojs@%h", "--pool", "threads", "-c", "2",
+             "--loglevel", "INFO", "--without-mingle", "--without-gossip"],
+            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        result = client.tasks["semantics.no_options"].apply_async(queue="semantics-ojs")
+        dead = dead_letter_of(amqp_channel, "semantics-ojs", result.id, timeout=60)
+        assert dead.properties["application_headers"]["x-ojs-attempt"] == 3, log.read_text()
+        assert "retry" not in body_of(dead)  # the OJS default policy is implied
+        received = f"Task semantics.no_options[{result.id}] received"
+        wait_until(lambda: log.read_text().count(received) == 3, timeout=10,
+                   what="three runs in the worker's log")
+    finally:
+        os.killpg(worker.pid, signal.SIGTERM)
+        try:
+            worker.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(worker.pid, signal.SIGKILL)
+            worker.wait(10)

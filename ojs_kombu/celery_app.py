@@ -8,7 +8,8 @@
   :class:`~ojs_kombu.settings.Binding` to the ``ojs`` transport;
 * makes Celery mint UUIDv7 task ids, so a task id *is* the OJS job id;
 * makes :class:`~ojs_kombu.worker.OJSTask` the app's task base, so failed
-  attempts are retried by the broker under the job's OJS retry policy;
+  attempts are retried by the broker (where ``ojs_retry_semantics`` says they
+  are retried: by default only where Celery would retry them);
 * sets what OJS delivery semantics need once the configuration is loaded:
   ``task_acks_late=True`` (ack after success), ``task_acks_on_failure_or_timeout=False``
   (a failed job is nacked into its dead-letter queue, never acked and lost),
@@ -50,7 +51,7 @@ from .job_ids import use_uuid7_task_ids
 from .serialization import SERIALIZER_NAME
 from .settings import BINDING_OPTION, Binding, OJSSettings
 from .topology import OWNED_ARGUMENTS
-from .worker import OJSTask, task_retry_policy, task_sets
+from .worker import RETRY_SEMANTICS, OJSTask, task_retry_policy, task_sets
 
 logger = logging.getLogger(__name__)
 
@@ -129,8 +130,12 @@ class OJSAMQP(AMQP):
         return SendSettings.from_conf(self.app.conf)
 
     def _retry_policy_for(self, task_name: str) -> RetryPolicy | None:
+        """The policy a job of ``task_name`` states in its envelope, under the app's
+        ``ojs_retry_semantics`` (:func:`~ojs_kombu.worker.task_retry_policy`)."""
         task = self.app.tasks.get(task_name)
-        return task_retry_policy(task) if task is not None else None
+        if task is None:
+            return None
+        return task_retry_policy(task, self.binding.settings.retry_semantics)
 
     @property
     def queues_cls(self) -> Any:  # type: ignore[override]
@@ -248,7 +253,8 @@ def check_app(app: Celery) -> dict[str, str]:
     binding.warn_unbounded(q.ojs_queue for q in queues.values() if isinstance(q, JobQueue))
     types = binding.job_types.validate()
     for name, task in app.tasks.items():
-        task_retry_policy(task)  # raises RetryPolicyError for an invalid ojs_retry
+        for semantics in RETRY_SEMANTICS:  # raises RetryPolicyError for an invalid ojs_retry
+            task_retry_policy(task, semantics)
         _check_acks(name, task)
         if not isinstance(task, OJSTask) and not name.startswith("celery."):
             logger.warning(

@@ -62,6 +62,10 @@ META_OPTION = "ojs_meta"
 RETRY_OPTION = "ojs_retry"
 #: Celery header through which a consumed job's own retry policy reaches the task.
 RETRY_HEADER = "ojs_retry"
+#: Celery header set (``True``) on a consumed job that carries Celery's own data
+#: (``x_celery``): a job a Celery producer published, whose failures may follow
+#: Celery's retry rules (see ``ojs_retry_semantics``).  Absent on other producers' jobs.
+CELERY_JOB_HEADER = "ojs_celery_job"
 CELERY_JSON = "application/json"
 DEFAULT_MAX_ATTEMPTS = 3
 
@@ -457,6 +461,8 @@ def decode_job_message(
                                                    include=envelope.retry.model_fields_set))
     if own_retry:
         headers[RETRY_HEADER] = own_retry
+    if X_CELERY in extra:
+        headers[CELERY_JOB_HEADER] = True
     if "traceparent" not in headers:  # continue a producer's trace (AMQP-023)
         meta = envelope.meta or {}
         traceparent = (amqp_headers.get("x-ojs-trace-id") or amqp_headers.get("x-ojs-traceparent")

@@ -51,6 +51,23 @@ class DeadLetter:
     def attempt(self) -> int | None:
         return self.headers.get("x-ojs-attempt")
 
+    @property
+    def death_reason(self) -> str | None:
+        """Why the broker dead-lettered it (``x-death``): ``rejected`` for a job the worker
+        discarded with ``Basic.Nack`` (AMQP-009, the default), ``expired``, ``maxlen`` or
+        ``delivery_limit``; ``None`` for a copy the worker republished with its error
+        (``ojs_dead_letter_mode="republish"``, and every message that was not a valid job).
+
+        A nacked job keeps the message as it was delivered: its ``x-ojs-error-*`` headers
+        and its envelope's ``errors`` are those of the earlier attempts; the last
+        attempt's error is in the ``job.discarded`` event and the result backend.
+        """
+        deaths = self.headers.get("x-death")
+        if isinstance(deaths, list) and deaths and isinstance(deaths[0], dict):
+            reason = deaths[0].get("reason")
+            return str(reason) if reason is not None else None
+        return None
+
     @classmethod
     def from_message(cls, queue: str, message: amqp.Message) -> DeadLetter:
         body = message.body if isinstance(message.body, bytes) else str(message.body).encode()

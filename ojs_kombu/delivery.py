@@ -10,7 +10,7 @@ from kombu.exceptions import MessageStateError
 from kombu.transport import pyamqp
 
 from .events.emitter import JobInfo
-from .failures import HANDLER_ERROR, JobFailure
+from .failures import HANDLER_ERROR, Action, JobFailure, Outcome
 
 logger = logging.getLogger(__name__)
 
@@ -43,39 +43,29 @@ class JobDelivery:
         return self._info
 
 
-class JobAction:
-    """What to do with a job delivery whose attempt did not succeed (set by the worker)."""
-
-    __slots__ = ("delay_s", "failure", "retry")
-
-    def __init__(self, failure: JobFailure, retry: bool = False, delay_s: float = 0.0) -> None:
-        self.failure = failure
-        self.retry = retry
-        self.delay_s = delay_s
-
-
 class JobMessage(pyamqp.Message):
     """A delivery from an OJS job queue, as Celery sees it.
 
     Celery settles an unsuccessful delivery with ``reject()`` from its event
-    loop's thread; here that means the OJS outcome chosen by the worker
-    (:attr:`ojs_action`): a broker-side retry, or the dead-letter queue with
-    the error.  Without one (a task that does not use ojs_kombu's request
-    class), the job is dead-lettered.  Never an immediate requeue: the binding
-    forbids it (section 5.4, it loops), so Celery's requeue of a timed-out job
-    or of ``Reject(requeue=True)`` dead-letters it too.
+    loop's thread; here that carries out the outcome the worker decided
+    (:attr:`ojs_outcome`, :func:`ojs_kombu.failures.decide`): a broker-side
+    retry, or the dead-letter queue.  Without one (a task that does not use
+    ojs_kombu's request class), the job is dead-lettered.  Never an immediate
+    requeue: the binding forbids it (section 5.4, it loops), so Celery's requeue
+    of ``Reject(requeue=True)`` dead-letters it too.  Nothing here waits for the
+    broker (:mod:`ojs_kombu.outcomes`).
     """
 
     ojs: JobDelivery
-    ojs_action: JobAction | None = None
+    ojs_outcome: Outcome | None = None
 
     def reject(self, requeue: bool = False) -> None:
         if self.acknowledged:
             raise MessageStateError(f"Message already acknowledged with state: {self._state}")
-        action = self.ojs_action
-        if action is None:
+        outcome = self.ojs_outcome
+        if outcome is None:
             reason = "requeue requested" if requeue else "rejected by Celery"
-            action = JobAction(JobFailure(HANDLER_ERROR, "Rejected", reason))
+            outcome = Outcome(Action.DEAD_LETTER, JobFailure(HANDLER_ERROR, "Rejected", reason))
             if requeue:
                 logger.warning("job %s: OJS jobs are never requeued immediately (AMQP "
                                "binding 5.4); dead-lettering it instead", self.ojs.job_id)
@@ -84,15 +74,12 @@ class JobMessage(pyamqp.Message):
         if connection is None:  # lost: the broker redelivers the job (py-amqp's error)
             raise RecoverableConnectionError("connection already closed")
         try:
-            if action.retry:
-                channel.retry_job(self.ojs, self.delivery_tag, action.failure, action.delay_s)
-            else:
-                channel.discard_job(self.ojs, self.delivery_tag, action.failure)
+            channel.settle_job(self.ojs, self.delivery_tag, outcome)
         except connection.connection_errors:
             raise
         except Exception:
             logger.exception("job %s: could not %s it; nacking it into its dead-letter queue",
-                             self.ojs.job_id, "retry" if action.retry else "dead-letter")
+                             self.ojs.job_id, outcome.action.value.replace("_", "-"))
             channel.basic_nack(self.delivery_tag, multiple=False, requeue=False)
         self._state = "REJECTED"
 

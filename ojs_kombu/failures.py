@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import json
 import traceback
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from enum import StrEnum
 from types import TracebackType
 from typing import Any
 
@@ -115,3 +116,120 @@ def reset_for_replay(body: bytes, headers: Mapping[str, Any]) -> tuple[bytes, di
     out = without_failure_headers(headers)
     out["x-ojs-attempt"] = 1
     return json.dumps(job, separators=(",", ":"), ensure_ascii=False).encode(), out
+
+
+# -- the failure decision ---------------------------------------------------
+
+
+class Happened(StrEnum):
+    """What became of a delivery that did not simply succeed."""
+
+    #: the task raised (``failure`` says what)
+    HANDLER_ERROR = "handler_error"
+    #: the task hit its hard time limit
+    TIME_LIMIT = "time_limit"
+    #: the pool process running it died (OOM kill, SIGKILL)
+    WORKER_LOST = "worker_lost"
+    #: the task asked for a retry (``self.retry()``, ``autoretry_for``); its own limit
+    #: (Celery's ``max_retries`` or the OJS policy) was checked where it asked
+    RETRY_REQUESTED = "retry_requested"
+    #: the message is not a runnable job: undecodable, invalid envelope or body,
+    #: unknown type (``failure.code`` names which)
+    INVALID = "invalid"
+    #: ``expires_at`` passed before it started
+    EXPIRED = "expired"
+    #: a CANCEL reached it (AMQP-019)
+    CANCELLED = "cancelled"
+    #: it arrived before its ``scheduled_at``
+    EARLY = "early"
+
+
+class Action(StrEnum):
+    """What the worker does with the delivery."""
+
+    ACK = "ack"
+    #: republish through the retry exchange after ``delay_s`` (section 5.4)
+    RETRY = "retry"
+    #: into ``ojs.queue.dlx.{q}`` (section 5.5)
+    DEAD_LETTER = "dead_letter"
+    #: back to the broker until ``delay_s`` from now (section 9)
+    WAIT = "wait"
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """The one decision for a delivery; :mod:`ojs_kombu.outcomes` carries it out."""
+
+    action: Action
+    failure: JobFailure | None = None
+    delay_s: float = 0.0
+    #: the message is not a valid job: its dead letter must carry ``x-ojs-error-*``
+    #: whatever the dead-letter mode (a ``Basic.Nack`` could not say why)
+    invalid_input: bool = False
+
+    @property
+    def retry(self) -> bool:
+        return self.action is Action.RETRY
+
+
+@dataclass(frozen=True, slots=True)
+class Delivered:
+    """What happened to a delivery, as the decision needs it."""
+
+    happened: Happened
+    failure: JobFailure | None = None
+    #: whether the job's retry rules allow retrying this failure at all
+    #: (``non_retryable_errors``, Celery's ``autoretry_for``/``dont_autoretry_for``;
+    #: a task's own exception was already judged in the pool, where it was raised)
+    retryable: bool = True
+    #: a requested retry's delay, or how early the job arrived (seconds)
+    delay_s: float | None = None
+
+
+_FAILURE_CODES = {Happened.HANDLER_ERROR: HANDLER_ERROR, Happened.TIME_LIMIT: HANDLER_TIMEOUT,
+                  Happened.WORKER_LOST: HANDLER_ERROR, Happened.RETRY_REQUESTED: HANDLER_ERROR}
+
+
+def decide(delivered: Delivered, attempt: int, max_attempts: int,
+           delay_of: Callable[[int], float]) -> Outcome:
+    """The outcome of a delivery, from what happened, its attempt and its retry policy.
+
+    ``attempt`` is the 1-based attempt that just ended, ``max_attempts`` the
+    policy's (every attempt counted, 1 = never retried) and ``delay_of(n)`` the
+    policy's backoff after failed attempt ``n``.  Pure: no I/O, no clock.
+    """
+    happened = delivered.happened
+    if happened is Happened.CANCELLED:
+        return Outcome(Action.ACK)
+    if happened is Happened.EARLY:
+        return Outcome(Action.WAIT, delay_s=max(delivered.delay_s or 0.0, 0.0))
+    if happened is Happened.INVALID:
+        return Outcome(Action.DEAD_LETTER, _failure(delivered, INVALID_JOB), invalid_input=True)
+    if happened is Happened.EXPIRED:
+        return Outcome(Action.DEAD_LETTER, _failure(delivered, EXPIRED))
+    failure = _failure(delivered, _FAILURE_CODES[happened])
+    if happened is Happened.RETRY_REQUESTED:
+        delay = delivered.delay_s if delivered.delay_s is not None else delay_of(attempt)
+        return Outcome(Action.RETRY, failure, max(delay, 0.0))
+    if attempt >= max_attempts:
+        return Outcome(Action.DEAD_LETTER, failure)
+    if not delivered.retryable:  # a time limit or a lost process keeps its own code
+        code = NON_RETRYABLE_ERROR if happened is Happened.HANDLER_ERROR else failure.code
+        return Outcome(Action.DEAD_LETTER, _with_code(failure, code))
+    return Outcome(Action.RETRY, failure, max(delay_of(attempt), 0.0))
+
+
+#: Code of an invalid delivery whose caller named none.
+INVALID_JOB = "INVALID_ENVELOPE"
+
+
+def _failure(delivered: Delivered, code: str) -> JobFailure:
+    failure = delivered.failure
+    if failure is None:
+        return JobFailure(code, code, delivered.happened.value.replace("_", " "))
+    return failure if failure.code == code or delivered.happened is Happened.INVALID \
+        else _with_code(failure, code)
+
+
+def _with_code(failure: JobFailure, code: str) -> JobFailure:
+    return JobFailure(code, failure.type, failure.message, failure.backtrace)

@@ -20,6 +20,8 @@ is held first.
 from __future__ import annotations
 
 import errno
+import os
+from contextlib import suppress
 from typing import Any
 
 from amqp.transport import TCPTransport
@@ -41,6 +43,24 @@ class ReadAheadTCPTransport(TCPTransport):
 
     _held = _EMPTY
     _offset = 0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._pid = os.getpid()
+
+    def close(self) -> None:
+        """py-amqp's close, except in a forked child: there only this process's copy of
+        the socket is closed.  py-amqp shuts the socket down first, which would end the
+        parent's connection too, and kombu closes the connection pools a child
+        inherits (a prefork pool process replaced after ``terminate`` did exactly that
+        to the worker's connections)."""
+        if self.sock is not None and os.getpid() != self._pid:
+            with suppress(OSError):
+                self.sock.close()
+            self.sock = None
+            self.connected = False
+            return
+        super().close()
 
     # py-amqp reads and restores ``_read_buffer`` (what was read and not parsed)
     # when a read times out mid-frame; here it is ``_held`` from ``_offset`` on.

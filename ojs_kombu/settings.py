@@ -74,10 +74,11 @@ class OJSSettings(BaseModel):
     #: Schedule through ``ojs.exchange.delayed`` (needs RabbitMQ's delayed-message
     #: plugin) instead of the TTL ladder.
     delayed_exchange: bool = False
-    #: ``republish``: a discarded job is published to the DLX with its error
-    #: headers and history, then acked.  ``nack``: ``Basic.Nack(requeue=false)``,
-    #: which keeps the message as it was (no error headers).
-    dead_letter_mode: Literal["republish", "nack"] = "republish"
+    #: ``nack`` (AMQP-009): a discarded job is ``Basic.Nack(requeue=false)``; the
+    #: broker dead-letters it as it was delivered.  ``republish`` (a deviation): it
+    #: is published to the DLX with its last error in ``x-ojs-error-*`` and its
+    #: history, then acked.  Invalid messages are always republished with headers.
+    dead_letter_mode: Literal["republish", "nack"] = "nack"
     #: ``Queue.Declare`` arguments of the scheduling ladder's queues
     #: (``{"x-queue-type": "quorum"}`` for quorum queues).
     schedule_queue_arguments: dict[str, Any] = Field(default_factory=dict)
@@ -109,6 +110,15 @@ class OJSSettings(BaseModel):
     #: ``celery beat`` does not send an entry again while its previous job is unfinished
     #: (needs a result backend); each skip is a ``cron.skipped`` event.
     beat_skip_overlapping: bool = False
+    #: Which rules decide whether a failed Celery job is retried (see
+    #: :func:`ojs_kombu.worker.failure_retryable`).  ``"celery"``: as under plain
+    #: Celery, only ``autoretry_for`` exceptions and ``self.retry()`` are retried, within
+    #: ``max_retries``, with Celery's delays; a task without ``autoretry_for`` publishes
+    #: ``retry: {"max_attempts": 1}``.  ``"ojs"``: every failure (hard time limits and
+    #: lost pool processes too) is retried under the OJS default policy merged with the
+    #: task's Celery options.  A task with an ``ojs_retry`` option, and every job from
+    #: another producer (no ``x_celery`` in its envelope), follow ``"ojs"`` either way.
+    retry_semantics: Literal["celery", "ojs"] = "celery"
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any], *, source: str) -> OJSSettings:

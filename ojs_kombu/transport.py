@@ -36,6 +36,7 @@ from kombu.utils.encoding import safe_repr
 from .acks import PendingAcks, ack_frames
 from .codec import (
     INVALID_ENVELOPE,
+    INVALID_PAYLOAD,
     OutgoingJob,
     decode_job_message,
     encode_task_message,
@@ -63,19 +64,16 @@ from .errors import (
     UnroutableJobError,
 )
 from .events.emitter import trace_id_of
-from .failures import (
-    EXPIRED,
-    JobFailure,
-    record_failure,
-    with_error_headers,
-    without_death_headers,
-)
+from .failures import EXPIRED, Action, Delivered, Happened, JobFailure, Outcome, decide
+from .frames import UNDECODABLE_HEADER, guarded_frame_handler
 from .naming import TopologyNames
+from .outcomes import OutcomePublisher
 from .publish_frames import PublishFrames
 from .read_ahead import LoopReads, ReadAheadTCPTransport
 from .reconnect import CONSUMER_CANCELLED, DEFAULT_POLICY
 from .reconnect import emit as emit_connection_event
 from .settings import Binding
+from .settle import settle
 from .topology import (
     RETRY_QUEUE_IDLE_MS,
     bind_scheduled_delivery,
@@ -106,6 +104,10 @@ BATCH_WINDOW = 500
 BATCH_WRITE = 64
 #: Longest wait for the reply to one declaration.
 DECLARE_TIMEOUT_S = 30.0
+#: Longest wait at close for the confirms of retries and dead letters in flight.
+OUTCOME_CLOSE_WAIT_S = 5.0
+#: Runs a :mod:`ojs_kombu.topology` declaration: ``(declare, *args)``.
+Declarer = Callable[..., None]
 
 
 class _BatchWriter:
@@ -170,6 +172,10 @@ def _batch_error(tracked: list[PendingPublish], failed: list[PendingPublish],
     )
 
 
+def _no_delay(_attempt: int) -> float:
+    return 0.0
+
+
 def _argsrepr(args: Any) -> str:
     text = safe_repr(args)
     return text if len(text) <= _MAX_ARGSREPR else text[:_MAX_ARGSREPR] + "..."
@@ -184,7 +190,12 @@ class Channel(pyamqp.Channel):
         super().__init__(*args, **kwargs)
         self._ojs_reset()
 
+    #: Bumped whenever the channel is reset: a delivery tag from an earlier
+    #: generation must not be settled on it.
+    generation = 0
+
     def _ojs_reset(self) -> None:
+        self.generation += 1
         self._ojs_confirming = False
         self._ojs_confirms = ConfirmTracker()
         self._ojs_qos_set = False
@@ -427,22 +438,11 @@ class Channel(pyamqp.Channel):
 
     def _schedule_route(self, properties: dict[str, Any], job_id: str, queue: str,
                         delay_ms: int) -> tuple[str, str, bool]:
-        """Exchange, routing key and ``mandatory`` of a job due in ``delay_ms``: the
-        delayed exchange when configured (``x-delay`` added to the job's ``properties``),
-        else the schedule ladder (declared on first use)."""
-        try:
-            check_schedule_delay(delay_ms)
-        except ValueError as exc:
-            raise JobEncodeError(f"job {job_id}: {exc}", job_id=job_id, queue=queue) from None
-        names = self.ojs.names
-        if self.ojs.settings.delayed_exchange:
-            self.connection.ensure_delayed_exchange(queue)
-            properties.setdefault("application_headers", {})["x-delay"] = delay_ms
-            # The plugin routes only when the delay is over: mandatory would always return.
-            return names.delayed_exchange, queue, False
-        self.connection.ensure_schedule(queue)
-        entry = names.schedule_exchange(schedule_levels(delay_ms)[0])
-        return entry, schedule_routing_key(delay_ms, queue), True
+        """:meth:`schedule_route`, declared at once (a producer may wait for replies)."""
+        exchange, routing_key, mandatory, prepare = self.schedule_route(
+            properties, job_id, queue, delay_ms)
+        prepare(None)
+        return exchange, routing_key, mandatory
 
     def _wait_outstanding(self, most: int, limit: float) -> bool:
         """Read confirms until at most ``most`` tracked publishes are unconfirmed;
@@ -585,6 +585,11 @@ class Channel(pyamqp.Channel):
         def receive_job(raw: amqp.Message) -> Any:
             self._ojs_unsettled[raw.delivery_tag] = queue
             events.metrics.consumed.add(1, labels)  # metrics may be swapped while consuming
+            undecodable = (raw.properties.get("application_headers") or {}).get(
+                UNDECODABLE_HEADER)
+            if undecodable is not None:
+                return self.dead_letter(raw, queue, INVALID_PAYLOAD, "the message's AMQP "
+                                        f"properties could not be decoded ({undecodable})")
             try:
                 job = decode_job_message(raw.body, raw.properties, resolve_task=resolve_task,
                                          argsrepr=_argsrepr)
@@ -623,48 +628,32 @@ class Channel(pyamqp.Channel):
         message.ojs = raw_message.properties.pop(_DELIVERY_KEY)
         return message
 
-    # -- retry, discard, reschedule (sections 5.4, 5.5, 8, 9) ----------------
+    # -- outcomes (sections 5.4, 5.5, 8, 9: ojs_kombu.settle) -----------------
+
+    def settle_job(self, delivery: JobDelivery, delivery_tag: int, outcome: Outcome,
+                   on_settled: Callable[[], None] | None = None) -> None:
+        """Carry out a decided outcome for one delivery of this channel; never waits."""
+        settle(self, delivery, delivery_tag, outcome, on_settled)
 
     def retry_job(self, delivery: JobDelivery, delivery_tag: int, failure: JobFailure,
-                  delay_s: float) -> int:
-        """Ack + republish through ``ojs.exchange.retry`` (section 5.4); returns the delay used.
-
-        The republish is confirmed before the ack, so the job is never nowhere.
-        """
-        delay_ms = retry_delay_rung(max(delay_s, 0.001) * 1000)
-        delay_ms = min(delay_ms, MAX_SCHEDULE_DELAY_MS)
-        body, headers = record_failure(delivery.body, delivery.headers, failure,
-                                       attempt=delivery.attempt, state="retryable")
-        headers["x-ojs-attempt"] = delivery.attempt + 1
-        queue = delivery.queue
-        self.connection.ensure_retry_queue(queue, delay_ms)
-        self.publish_confirmed(self._copy(delivery, body, headers), self.ojs.names.retry_exchange,
-                               f"{queue}.{delay_ms}", job_id=delivery.job_id, queue=queue)
-        self.basic_ack(delivery_tag)
-        logger.info("job %s failed attempt %d (%s: %s); retrying in %d ms", delivery.job_id,
-                    delivery.attempt, failure.code, failure.message, delay_ms)
-        return delay_ms
-
-    def discard_job(self, delivery: JobDelivery, delivery_tag: int,
-                    failure: JobFailure) -> None:
-        """FAIL (discard): into ``ojs.queue.dlx.{q}`` with the error (section 5.5).
-
-        ``Basic.Nack`` cannot add headers, so by default the job is published
-        to the DLX with its error headers and history, confirmed, then acked;
-        ``ojs_dead_letter_mode="nack"`` sends a plain ``Basic.Nack(requeue=false)``.
-        """
-        if self.ojs.settings.dead_letter_mode == "nack":
-            self.basic_nack(delivery_tag, multiple=False, requeue=False)
-            return
-        body, headers = record_failure(delivery.body, delivery.headers, failure,
-                                       attempt=delivery.attempt, state="discarded")
-        self._publish_dead_letter(self._copy(delivery, body, headers), delivery.queue,
-                                  delivery.job_id, delivery_tag, failure)
+                  delay_s: float, timeout: float | None = None) -> int:
+        """Retry ``delivery`` and wait until the broker confirmed the copy (for callers
+        outside a worker's loop, such as ``ojs-kombu conformance``); returns the delay
+        queue's delay in ms."""
+        done: list[bool] = []
+        self.settle_job(delivery, delivery_tag, Outcome(Action.RETRY, failure, delay_s),
+                        lambda: done.append(True))
+        limit = timeout or self.ojs.settings.confirm_timeout
+        if not self._drain_until(lambda: bool(done), limit):
+            raise PublishConfirmTimeout(f"no confirm for the retry of job {delivery.job_id} "
+                                        f"within {limit}s", job_id=delivery.job_id,
+                                        queue=delivery.queue)
+        return min(retry_delay_rung(max(delay_s, 0.001) * 1000), MAX_SCHEDULE_DELAY_MS)
 
     def _held_back(self, envelope: JobEnvelope, delivery: JobDelivery, delivery_tag: int
                    ) -> bool:
-        """Settle a job that must not run now: expired (discarded) or early (sent back to
-        wait); ``True`` when it was settled.  The clock is read only for a job that
+        """Settle a job that must not run now: expired (dead-lettered) or early (sent back
+        to wait); ``True`` when it was settled.  The clock is read only for a job that
         has ``expires_at`` or ``scheduled_at``."""
         if envelope.expires_at is None and envelope.scheduled_at is None:
             return False
@@ -672,60 +661,54 @@ class Channel(pyamqp.Channel):
         if envelope.expires_at is not None and envelope.expires_at <= now:
             failure = JobFailure(EXPIRED, EXPIRED, "job expired at "
                                  f"{format_time(envelope.expires_at)} before it started")
-            self.discard_job(delivery, delivery_tag, failure)
+            self._settle_now(delivery, delivery_tag, Delivered(Happened.EXPIRED, failure))
             self.ojs.events.expired(delivery.info(), envelope.created_at, envelope.expires_at)
             return True
         if envelope.scheduled_at is not None:
             early = (envelope.scheduled_at - now).total_seconds()
             if early > EARLY_TOLERANCE_S:
-                self._wait_again(delivery, delivery_tag, early)
+                self._settle_now(delivery, delivery_tag, Delivered(Happened.EARLY, delay_s=early))
                 return True
         return False
 
-    def _wait_again(self, delivery: JobDelivery, delivery_tag: int, seconds: float) -> None:
-        """A job that arrived before its ``scheduled_at`` goes back to the broker to wait."""
-        # beyond the ladder's reach the job waits as long as it can, then again
-        delay_ms = min(max(1, round(seconds * 1000)), MAX_SCHEDULE_DELAY_MS)
-        message = self._copy(delivery, delivery.body, without_death_headers(delivery.headers))
-        self.publish_scheduled(message, delivery.queue, delay_ms, job_id=delivery.job_id)
-        self.basic_ack(delivery_tag)
+    def _settle_now(self, delivery: JobDelivery, delivery_tag: int, what: Delivered) -> None:
+        """Decide and settle a delivery that never reaches Celery (no retry policy applies)."""
+        self.settle_job(delivery, delivery_tag, decide(what, delivery.attempt, 1, _no_delay))
 
-    @staticmethod
-    def _copy(delivery: JobDelivery, body: bytes, headers: dict[str, Any]) -> amqp.Message:
-        properties = dict(delivery.properties)
-        properties["application_headers"] = headers
-        properties["message_id"] = delivery.job_id  # returns are matched by it
-        return amqp.Message(body, **properties)
+    def schedule_route(self, properties: dict[str, Any], job_id: str, queue: str,
+                       delay_ms: int) -> tuple[str, str, bool, Callable[[Any], None]]:
+        """Exchange, routing key and ``mandatory`` of a job due in ``delay_ms``, and what
+        declares its way there (given a declaring function, ``None``: at once): the
+        delayed exchange when configured (``x-delay`` added to ``properties``), else
+        the schedule ladder."""
+        try:
+            check_schedule_delay(delay_ms)
+        except ValueError as exc:
+            raise JobEncodeError(f"job {job_id}: {exc}", job_id=job_id, queue=queue) from None
+        names, connection = self.ojs.names, self.connection
+        if self.ojs.settings.delayed_exchange:
+            properties.setdefault("application_headers", {})["x-delay"] = delay_ms
+            # The plugin routes only when the delay is over: mandatory would always return.
+            return (names.delayed_exchange, queue, False,
+                    lambda via: connection.ensure_delayed_exchange(queue))
+        entry = names.schedule_exchange(schedule_levels(delay_ms)[0])
+        return (entry, schedule_routing_key(delay_ms, queue), True,
+                lambda via: connection.ensure_schedule(queue, via))
 
     def dead_letter(self, raw: amqp.Message, queue: str, code: str, text: str) -> None:
-        """Move a delivery to ``ojs.queue.dlx.{queue}`` with error headers, then ack it.
-
-        ``Basic.Nack`` cannot add headers, so the copy is published to the DLX
-        and confirmed first; only then is the original acked.  If that fails,
-        the delivery is nacked without requeue, which the queue's own
-        dead-letter arguments route to the same DLQ (without the headers).
-        """
-        headers = with_error_headers(raw.properties.get("application_headers") or {}, code, text)
+        """Dead-letter a delivery that is not a runnable job, with ``x-ojs-error-*``."""
         properties = dict(raw.properties)
-        properties["application_headers"] = headers
-        message_id = str(properties.get("message_id") or f"delivery-{raw.delivery_tag}")
-        self._publish_dead_letter(amqp.Message(raw.body, **properties), queue, message_id,
-                                  raw.delivery_tag, JobFailure(code, code, text))
-
-    def _publish_dead_letter(self, message: amqp.Message, queue: str, job_id: str,
-                             delivery_tag: int, failure: JobFailure) -> None:
-        logger.error("dead-lettering job %s from queue %r: %s: %s", job_id, queue,
-                     failure.code, failure.message)
+        job_id = str(properties.get("message_id") or f"delivery-{raw.delivery_tag}")
+        delivery = JobDelivery(queue, job_id, raw.body, properties)
         try:
-            self.connection.ensure_topology(queue)
-            self.publish_confirmed(message, self.ojs.names.dlx_exchange, queue, job_id=job_id,
-                                   queue=queue)
+            self._settle_now(delivery, raw.delivery_tag,
+                             Delivered(Happened.INVALID, JobFailure(code, code, text)))
+        except self.connection.connection_errors:
+            raise
         except Exception:
-            logger.exception("could not publish job %s to the dead-letter exchange; nacking "
-                             "it so the queue's dead-letter routing takes it", job_id)
-            self.basic_nack(delivery_tag, multiple=False, requeue=False)
-            return
-        self.basic_ack(delivery_tag)
+            logger.exception("could not dead-letter message %s with its error headers; "
+                             "nacking it into its dead-letter queue", job_id)
+            self.basic_nack(raw.delivery_tag, multiple=False, requeue=False)
 
     def _on_basic_deliver(self, consumer_tag: str, delivery_tag: int, redelivered: bool,
                           exchange: str, routing_key: str, msg: amqp.Message) -> None:
@@ -821,6 +804,9 @@ class Connection(pyamqp.Connection):
         self.ojs_jobs_run_in_loop = False
         self._ojs_loop: Any = None
         super().__init__(*args, confirm_publish=False, **kwargs)
+        self.frame_handler_cls = guarded_frame_handler
+        #: Retries, dead letters and reschedules of this connection's deliveries.
+        self.ojs_outcomes = OutcomePublisher(self, lambda: self.frame_max)
 
     def Transport(self, host: str, connect_timeout: float | None, ssl: Any = False,
                   read_timeout: float | None = None, write_timeout: float | None = None,
@@ -898,36 +884,75 @@ class Connection(pyamqp.Connection):
 
     def close(self, *args: Any, **kwargs: Any) -> Any:
         self.unregister_from_loop()
+        self._settle_outcomes(OUTCOME_CLOSE_WAIT_S)
         self._write_collected_acks("the connection closed")
+        self.ojs_outcomes.reset()
         return super().close(*args, **kwargs)
 
-    def ensure_topology(self, queue: str) -> None:
-        """Declare the OJS topology of ``queue`` once per connection (lazy and eager paths)."""
+    def collect(self) -> None:
+        self.ojs_outcomes.reset()  # lost: the broker delivers those jobs again
+        super().collect()
+
+    def drain_events(self, timeout: float | None = None) -> Any:
+        """py-amqp's, first publishing again the outcomes whose backoff is over
+        (loops without kombu's hub, such as gevent's and eventlet's, call this)."""
+        self.ojs_outcomes.run_due()
+        return super().drain_events(timeout=timeout)
+
+    def _settle_outcomes(self, limit: float) -> None:
+        """On close, read confirms for outcomes in flight for up to ``limit`` seconds, so
+        their deliveries are acked; those still unsettled stay unacked and the broker
+        delivers them again."""
+        outcomes = self.ojs_outcomes
+        if not outcomes.in_flight or not self.connected:
+            return
+        deadline = monotonic() + limit
+        try:
+            while outcomes.in_flight and monotonic() < deadline:
+                outcomes.run_due()
+                with suppress(TimeoutError):
+                    super().drain_events(timeout=min(0.2, max(deadline - monotonic(), 0.01)))
+        except Exception as exc:
+            logger.warning("stopped waiting for %d retries or dead letters at close: %r",
+                           outcomes.in_flight, exc)
+        if outcomes.in_flight:
+            logger.warning("%d jobs whose retry or dead letter was not confirmed by close "
+                           "stay in their queues; the broker delivers them again",
+                           outcomes.in_flight)
+
+    def ensure_topology(self, queue: str, via: Declarer | None = None) -> None:
+        """Declare the OJS topology of ``queue`` once per connection (lazy and eager paths).
+
+        ``via`` runs the declarations another way (the outcome channel's, without
+        waiting for replies); by default on a channel of their own, waiting.
+        """
         if queue in self._ojs_declared:
             return
-        self._declare_with(declare_queue_topology, queue, self.ojs.declare_arguments(queue))
+        (via or self._declare_with)(declare_queue_topology, queue,
+                                    self.ojs.declare_arguments(queue))
         self._ojs_declared.add(queue)
 
-    def ensure_retry_queue(self, queue: str, delay_ms: int) -> None:
+    def ensure_retry_queue(self, queue: str, delay_ms: int, via: Declarer | None = None) -> None:
         """Declare ``ojs.queue.retry.{queue}.{delay_ms}``; re-declared while in use so that
         its ``x-expires`` (idle expiry) never removes it under waiting jobs."""
         key = (queue, delay_ms)
         declared = self._ojs_retry_declared.get(key)
         if declared is not None and monotonic() - declared < RETRY_QUEUE_IDLE_MS / 2000:
             return
-        self._declare_with(declare_retry_queue, queue, delay_ms, self.ojs.declare_arguments(queue))
+        (via or self._declare_with)(declare_retry_queue, queue, delay_ms,
+                                    self.ojs.declare_arguments(queue))
         self._ojs_retry_declared[key] = monotonic()
 
-    def ensure_schedule(self, queue: str) -> None:
+    def ensure_schedule(self, queue: str, via: Declarer | None = None) -> None:
         """The scheduling ladder (once per connection) and ``queue``'s way out of it."""
         if queue in self._ojs_scheduled:
             return
-        self.ensure_topology(queue)
+        self.ensure_topology(queue, via)
+        declare = via or self._declare_with
         if not self._ojs_ladder:
-            self._declare_with(declare_schedule_ladder,
-                               self.ojs.settings.schedule_queue_arguments)
+            declare(declare_schedule_ladder, self.ojs.settings.schedule_queue_arguments)
             self._ojs_ladder = True
-        self._declare_with(bind_scheduled_delivery, queue)
+        declare(bind_scheduled_delivery, queue)
         self._ojs_scheduled.add(queue)
 
     def ensure_delayed_exchange(self, queue: str) -> None:
@@ -998,6 +1023,7 @@ class Transport(pyamqp.Transport):
 
     def register_with_event_loop(self, connection: Connection, loop: Any) -> None:
         super().register_with_event_loop(connection, loop)
+        loop.on_tick.add(connection.ojs_outcomes.run_due)
         if connection.ojs.settings.acks != "each":
             connection.register_with_loop(loop)
         transport = connection.transport

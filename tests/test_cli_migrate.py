@@ -38,7 +38,10 @@ def test_a_plain_json_app_can_switch_and_each_task_gets_its_type() -> None:
     tasks = {t.name: t for t in report.tasks}
     assert (tasks["proj.tasks.add"].job_type, tasks["proj.tasks.add"].source) == (
         "proj.tasks.add", "task name")
-    assert tasks["proj.tasks.add"].max_attempts == 5
+    # ojs_retry_semantics="celery" (the default): without autoretry_for a failure is not
+    # retried (self.retry() still is, within max_retries), as under plain Celery
+    assert tasks["proj.tasks.add"].max_attempts == 1
+    assert tasks["proj.tasks.add"].retry_semantics == "celery"
     assert (tasks["proj.tasks.SendEmail"].job_type,
             tasks["proj.tasks.SendEmail"].source) == ("email.send", "ojs_job_types")
     assert tasks["proj.tasks.Legacy"].source == "ojs_type option"
@@ -109,7 +112,9 @@ def test_options_without_ojs_meaning_and_lossy_acks() -> None:
     assert any(m.startswith("rate_limit") for m in info)
     assert any(m.startswith("soft_time_limit") for m in info)
     assert "acks_late=False" in blockers(report)["task proj.early"]
-    assert any(f.level == "warning" and f.subject == "task proj.auto" for f in report.findings)
+    # autoretry_for keeps Celery's meaning under the default ojs_retry_semantics="celery"
+    assert not any(f.level == "warning" and f.subject == "task proj.auto"
+                   for f in report.findings)
 
 
 def test_queues_routes_and_pools_that_block() -> None:
@@ -130,3 +135,55 @@ def test_queues_routes_and_pools_that_block() -> None:
 def test_unknown_ojs_settings_block() -> None:
     report = build_report(make_app(ojs_perfix="tenant1"))
     assert "ojs_perfix" in blockers(report)["config"]
+
+
+def retry_app(**conf: object) -> Celery:
+    app = make_app(**conf)
+
+    @app.task(name="proj.send_email", shared=False)
+    def send_email() -> None:
+        return None
+
+    @app.task(name="proj.fetch", autoretry_for=(IOError,), max_retries=5, shared=False)
+    def fetch() -> None:
+        return None
+
+    @app.task(name="proj.charge", ojs_retry={"max_attempts": 4}, shared=False)
+    def charge() -> None:
+        return None
+
+    return app
+
+
+def retry_warnings(report: object) -> dict[str, str]:
+    return {f.subject: f.message for f in report.findings  # type: ignore[attr-defined]
+            if f.level == "warning" and f.subject.startswith("task ")}
+
+
+def test_celery_retry_semantics_change_nothing_but_ojs_retry_tasks() -> None:
+    report = build_report(retry_app())
+    tasks = {t.name: t for t in report.tasks}
+    assert {n: (tasks[n].max_attempts, tasks[n].retry_semantics)
+            for n in ("proj.send_email", "proj.fetch", "proj.charge")} == {
+        "proj.send_email": (1, "celery"), "proj.fetch": (6, "celery"),
+        "proj.charge": (4, "ojs")}
+    warnings = retry_warnings(report)
+    assert "task proj.send_email" not in warnings and "task proj.fetch" not in warnings
+    assert "task proj.charge" in warnings  # it chose OJS semantics
+    assert "OJS retry semantics" in retry_warnings(report)["task proj.charge"]
+    summary = next(f.message for f in report.findings if f.subject == "ojs_retry_semantics")
+    assert "nothing changes versus plain Celery" in summary
+    changed = summary.rpartition("would change the retries of: ")[2].split(", ")
+    assert {"proj.fetch", "proj.send_email"} <= set(changed) and "proj.charge" not in changed
+    assert "max_attempts 1 (celery retries)" in render_report(report)
+
+
+def test_ojs_retry_semantics_name_every_task_whose_retries_change() -> None:
+    report = build_report(retry_app(ojs_retry_semantics="ojs"))
+    tasks = {t.name: t for t in report.tasks}
+    assert (tasks["proj.send_email"].max_attempts, tasks["proj.fetch"].max_attempts) == (3, 6)
+    warnings = retry_warnings(report)
+    assert {"task proj.send_email", "task proj.fetch", "task proj.charge"} <= set(warnings)
+    assert "plain Celery does not retry this task" in warnings["task proj.send_email"]
+    assert "hard time limits" in warnings["task proj.fetch"]
+    assert report.blockers == []

@@ -144,11 +144,14 @@ def test_registering_with_a_loop_reads_what_is_already_held(pair: Any) -> None:
 
     class Registered(FakeConnection):
         ojs = type("Binding", (), {"settings": type("Settings", (), {"acks": "each"})})()
+        ojs_outcomes = type("Outcomes", (), {"run_due": lambda self: None})()
         sock = transport.sock
 
     connection = Registered(transport)
 
     class Hub(Loop):
+        on_tick: set[Any] = set()
+
         def add_reader(self, fd: Any, callback: Any, *args: Any) -> None:
             self.reader = (callback, args)
 

@@ -42,7 +42,8 @@ def open_dlq(ctx: click.Context, queue: str) -> Iterator[DeadLetterQueue]:
 def dead_letter_data(dead: DeadLetter, full: bool = False) -> dict[str, Any]:
     data: dict[str, Any] = {"job_id": dead.job_id, "type": dead.job_type,
                             "queue": dead.queue, "error_code": dead.error_code,
-                            "error_message": dead.error_message, "attempt": dead.attempt}
+                            "error_message": dead.error_message, "attempt": dead.attempt,
+                            "death_reason": dead.death_reason}
     if full:
         data["headers"] = dead.headers
         data["envelope"] = dead.envelope
@@ -89,8 +90,13 @@ def show(ctx: click.Context, queue: str, job_id: str) -> None:
     def human() -> None:
         import json
 
-        for key in ("job_id", "type", "queue", "attempt", "error_code", "error_message"):
+        for key in ("job_id", "type", "queue", "attempt", "error_code", "error_message",
+                    "death_reason"):
             click.echo(f"{key}: {data[key]}")
+        if data["death_reason"] == "rejected":
+            click.echo("note: discarded by the worker (Basic.Nack): the error headers and the "
+                       "envelope's errors are the earlier attempts'; the last attempt's error is "
+                       "in the job.discarded event and the result backend")
         click.echo("headers:")
         for key, value in sorted(data["headers"].items()):
             click.echo(f"  {key}: {value}")

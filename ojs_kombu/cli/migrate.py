@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 import click
 
+from ..envelope import RetryPolicy
 from ..errors import JobTypeError, OJSConfigurationError
 from ..job_types import JobTypeRegistry
 from ..naming import DEFAULT_QUEUE_ALIASES, TopologyNames
@@ -53,6 +54,9 @@ class TaskReport:
     source: str
     max_attempts: int | None = None
     builtin: bool = False
+    #: whose rules decide its retries under the app's ``ojs_retry_semantics``:
+    #: ``"celery"`` (as plain Celery) or ``"ojs"`` (every failure is a failed attempt)
+    retry_semantics: str | None = None
 
 
 @dataclass
@@ -101,6 +105,8 @@ def _check_tasks(app: Any, settings: OJSSettings, report: MigrationReport) -> No
 
     registry = JobTypeRegistry(settings.job_types, lambda: app.tasks)
     claimed: dict[str, str] = {}
+    semantics = settings.retry_semantics
+    changed: list[str] = []  # tasks whose retries differ between the two semantics
     for name in sorted(app.tasks):
         task = app.tasks[name]
         builtin = name.startswith("celery.")
@@ -115,11 +121,15 @@ def _check_tasks(app: Any, settings: OJSSettings, report: MigrationReport) -> No
                        f"app.conf.ojs_job_types = {{{name!r}: '{_suggest(name)}'}} or "
                        f"@app.task(ojs_type='{_suggest(name)}')")
         attempts = None
+        policy = None
         try:
-            attempts = task_retry_policy(task).max_attempts
+            policy = task_retry_policy(task, semantics)
+            attempts = policy.max_attempts
         except OJSConfigurationError as exc:
             report.add("blocker", f"task {name}", str(exc))
-        report.tasks.append(TaskReport(name, job_type, source, attempts, builtin))
+        own_policy = getattr(task, "ojs_retry", None) is not None
+        report.tasks.append(TaskReport(name, job_type, source, attempts, builtin,
+                                       "ojs" if own_policy else semantics))
         if job_type is not None:
             other = claimed.setdefault(job_type, name)
             if other != name:
@@ -130,6 +140,47 @@ def _check_tasks(app: Any, settings: OJSSettings, report: MigrationReport) -> No
         if builtin:
             continue
         _check_task_options(app, name, task, report)
+        if not own_policy:
+            changed.append(name)
+        if policy is not None and (own_policy or semantics == "ojs"):
+            report.add("warning", f"task {name}", _retry_change(task, policy, own_policy))
+    _report_semantics(semantics, changed, report)
+
+
+def _retry_change(task: Any, policy: RetryPolicy, own_policy: bool) -> str:
+    """How a task that follows OJS retry semantics is retried unlike under plain Celery."""
+    from ..worker import UNBOUNDED_ATTEMPTS
+
+    attempts = ("unbounded attempts" if policy.max_attempts >= UNBOUNDED_ATTEMPTS
+                else f"max_attempts {policy.max_attempts}")
+    delays = (f"delays: initial_interval {policy.initial_interval}, coefficient "
+              f"{policy.backoff_coefficient:g}, max_interval {policy.max_interval}, jitter "
+              f"{'on' if policy.jitter else 'off'}")
+    why = ("ojs_retry: this task follows OJS retry semantics" if own_policy else
+           "ojs_retry_semantics='ojs'")
+    if not getattr(task, "autoretry_for", None):
+        return (f"{why}: every failure, hard time limits and lost pool processes included, "
+                f"is retried by the broker ({attempts}; {delays}); plain Celery does not "
+                "retry this task (it has no autoretry_for; only self.retry() retries it)")
+    return (f"{why}: the autoretry_for exceptions, and also hard time limits and lost pool "
+            f"processes, are retried by the broker ({attempts}; {delays}); plain Celery "
+            "retries only the autoretry_for exceptions, after its own countdown "
+            "(retry_backoff or default_retry_delay)")
+
+
+def _report_semantics(semantics: str, changed: list[str], report: MigrationReport) -> None:
+    if semantics == "celery":
+        names = ", ".join(changed) if changed else "(none)"
+        report.add("info", "ojs_retry_semantics",
+                   "'celery' (the default): every task without ojs_retry is retried exactly "
+                   "where plain Celery retries it (autoretry_for, self.retry() within "
+                   "max_retries, Celery's delays): nothing changes versus plain Celery. "
+                   "ojs_retry_semantics='ojs' would change the retries of: " + names)
+    else:
+        report.add("info", "ojs_retry_semantics",
+                   "'ojs': every task failure is a failed OJS attempt, retried under the "
+                   "task's OJS policy; the default 'celery' keeps Celery's retry behaviour "
+                   "(the warnings above name every task whose retries change)")
 
 
 def _suggest(name: str) -> str:
@@ -200,10 +251,6 @@ def _check_task_options(app: Any, name: str, task: Any, report: MigrationReport)
     for option, why in CELERY_ONLY_OPTIONS.items():
         if task_sets(task, option) and getattr(task, option, None):
             report.add("info", subject, f"{option}: {why}")
-    if task_sets(task, "autoretry_for") and getattr(task, "autoretry_for", None):
-        report.add("warning", subject, "autoretry_for: under ojs_kombu every failure is a "
-                   "failed OJS attempt and is retried by the broker under the job's retry "
-                   "policy; autoretry_for only narrows which exceptions are retried")
 
 
 def _serializer_names(value: Any) -> list[str]:
@@ -318,7 +365,8 @@ def render_report(report: MigrationReport) -> str:
         if task.builtin:
             continue
         job_type = task.job_type or "-- NEEDS A MAPPING --"
-        attempts = "" if task.max_attempts is None else f"  max_attempts {task.max_attempts}"
+        attempts = "" if task.max_attempts is None else (
+            f"  max_attempts {task.max_attempts} ({task.retry_semantics} retries)")
         lines.append(f"  {task.name:<{width}}  -> {job_type}  ({task.source}){attempts}")
     builtin = sum(t.builtin for t in report.tasks)
     if builtin:
@@ -362,10 +410,12 @@ def migrate() -> None:
 def check(ctx: click.Context, app_spec: str, workdir: str | None, json_output: bool) -> None:
     """Report what the app's tasks become under ojs_kombu and what blocks the switch.
 
-    Per task: the OJS type it will get (and from where) and its OJS max_attempts.
-    Then blockers (exit 1), warnings and info: task names that need an explicit
-    mapping, non-JSON serializers, compression, exchange routes, queue names,
-    unsupported pools, ack options, and options with no OJS meaning.
+    Per task: the OJS type it will get (and from where), its OJS max_attempts
+    and whose retry rules it follows (ojs_retry_semantics).  Then blockers
+    (exit 1), warnings and info: task names that need an explicit mapping,
+    non-JSON serializers, compression, exchange routes, queue names, unsupported
+    pools, ack options, options with no OJS meaning, and every task whose retry
+    behaviour changes versus plain Celery.
     Does not connect to the broker.
     """
     options(ctx).json = json_output

@@ -1,0 +1,66 @@
+"""py-amqp's frame parser, made safe against content headers it cannot decode.
+
+RabbitMQ passes message properties through as bytes: a short string that is
+not UTF-8 (``content_type``, ``message_id``, ``app_id`` ...) or a header
+timestamp past the year 9999 reaches the consumer as sent, and py-amqp's
+parser raises while decoding the content header (``UnicodeDecodeError``,
+``OverflowError``).  Raised into the worker's loop that ends the worker, and
+every fresh worker dies on the same message at the head of the queue.
+
+:func:`guarded_frame_handler` wraps py-amqp's parser: a content header that
+does not decode is replaced, for that delivery only, by one carrying just the
+:data:`UNDECODABLE_HEADER` with the reason; the delivery then completes with
+its own body, and the consumer dead-letters it (see
+:meth:`ojs_kombu.transport.Channel.basic_consume`).  The parser's state stays
+that of this delivery, so no other delivery's header or body is ever
+attributed to it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from struct import error as StructError
+from struct import pack, unpack_from
+from typing import Any
+
+import amqp
+from amqp.method_framing import frame_handler
+
+logger = logging.getLogger(__name__)
+
+#: Header a delivery carries when its own properties could not be decoded.
+UNDECODABLE_HEADER = "x-ojs-undecodable-properties"
+#: What decoding a content header can raise on bytes the broker passed through.
+DECODE_ERRORS = (UnicodeDecodeError, OverflowError, ValueError, StructError)
+_CONTENT_HEADER = 2
+
+
+def replacement_header(buf: Any, reason: str) -> bytes:
+    """A content header with the class and body size of ``buf`` and only the
+    :data:`UNDECODABLE_HEADER` (``delivery_mode`` 2) as properties."""
+    class_id, body_size = unpack_from(">HxxQ", buf, 0)
+    properties = amqp.Message(b"", delivery_mode=2,
+                              application_headers={UNDECODABLE_HEADER: reason[:1024]})
+    return pack(">HHQ", class_id, 0, body_size) + properties._serialize_properties()
+
+
+def guarded_frame_handler(connection: Any, callback: Callable[..., Any]
+                          ) -> Callable[[tuple[int, int, Any]], bool]:
+    """py-amqp's ``frame_handler``, replacing content headers it cannot decode."""
+    on_frame = frame_handler(connection, callback)
+
+    def guarded(frame: tuple[int, int, Any]) -> bool:
+        try:
+            return on_frame(frame)
+        except DECODE_ERRORS as exc:
+            frame_type, channel, buf = frame
+            if frame_type != _CONTENT_HEADER:
+                raise
+            reason = f"{type(exc).__name__}: {exc}"
+            logger.debug("a delivery on channel %d has properties that cannot be decoded "
+                           "(%s); it is dead-lettered", channel, reason)
+            connection.bytes_recv -= 1  # counted once already
+            return on_frame((frame_type, channel, replacement_header(buf, reason)))
+
+    return guarded

@@ -1,0 +1,278 @@
+"""Carrying out a delivery's outcome without ever blocking the worker's loop.
+
+A retry republish, a dead letter and an early job's reschedule are published
+with publisher confirms, and the delivery they replace is acked only once the
+broker confirmed the copy (publish, confirm, then ack: the job is never
+nowhere).  Waiting for that confirm inside the delivery handler would read
+the next deliveries inside the wait and handle them nested in this one; so
+outcomes go out on a channel of their own, :class:`OutcomeChannel`, and the
+confirm is handled when the loop reads it, like any other frame.
+
+Everything on that channel is pipelined (``Channel.Open``, ``Confirm.Select``
+and declarations with ``nowait``): nothing here waits for a reply.  A copy the
+broker nacks or returns, or one caught by a channel error, is published again
+after the reconnection backoff (section 11.3), re-declaring its topology; its
+delivery stays unacked meanwhile, so a worker that stops or loses its
+connection leaves it to the broker, which delivers it again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from time import monotonic
+from typing import Any, Protocol
+
+import amqp
+from amqp import spec
+
+from .publish_frames import PublishFrames
+from .reconnect import DEFAULT_POLICY
+
+logger = logging.getLogger(__name__)
+
+#: Dead-letter log lines per second before they are summed up (a storm of poison
+#: jobs must not drown the log, nor spend the worker's time writing it).
+DEAD_LETTER_LOG_RATE = 10
+
+
+class DeliveryChannel(Protocol):
+    """The channel a job was delivered on (:class:`ojs_kombu.transport.Channel`)."""
+
+    generation: int
+    is_open: bool
+
+    def basic_ack(self, delivery_tag: int, multiple: bool = False) -> None: ...
+
+
+#: ``(channel, names, *args)`` topology declarations of :mod:`ojs_kombu.topology`.
+Declare = Callable[..., None]
+
+
+@dataclass(slots=True, eq=False)
+class PendingOutcome:
+    """A copy of a delivered job on its way to the broker, and the delivery it replaces."""
+
+    what: str  # "retry", "dead letter", "reschedule": for logs
+    job_id: str
+    queue: str
+    message: amqp.Message
+    exchange: str
+    routing_key: str
+    mandatory: bool
+    channel: DeliveryChannel
+    delivery_tag: int
+    generation: int
+    #: re-declares what the copy needs, through a declaring function (nowait)
+    prepare: Callable[[Callable[..., None]], None] | None = None
+    tries: int = 0
+    returned: str | None = None
+    on_settled: Callable[[], None] | None = field(default=None, repr=False)
+
+
+class OutcomeChannel(amqp.Channel):
+    """A confirm-mode channel that opens without waiting and never raises its close.
+
+    A channel error on it (a declaration the broker refuses) is reported to its
+    publisher instead of being raised into the loop that read it.
+    """
+
+    def __init__(self, connection: Any, on_closed: Callable[[int, str], None]) -> None:
+        super().__init__(connection)
+        self._on_closed = on_closed
+        self.send_method(spec.Channel.Open, "s", ("",))
+        self.is_open = True  # pipelined: the broker handles it before anything sent after
+        self.send_method(spec.Confirm.Select, "b", (True,))
+
+    def _on_close(self, reply_code: int, reply_text: str, class_id: int,
+                  method_id: int) -> None:
+        self.send_method(spec.Channel.CloseOk)
+        on_closed = self._on_closed
+        self.collect()
+        on_closed(reply_code, reply_text)
+
+
+class _NoWait:
+    """A channel whose declarations ask for no reply (``nowait=True``)."""
+
+    def __init__(self, channel: amqp.Channel) -> None:
+        self._channel = channel
+
+    def exchange_declare(self, *args: Any, **kwargs: Any) -> None:
+        self._channel.exchange_declare(*args, nowait=True, **kwargs)
+
+    def exchange_bind(self, *args: Any, **kwargs: Any) -> None:
+        self._channel.exchange_bind(*args, nowait=True, **kwargs)
+
+    def queue_declare(self, *args: Any, **kwargs: Any) -> None:
+        self._channel.queue_declare(*args, nowait=True, **kwargs)
+
+    def queue_bind(self, *args: Any, **kwargs: Any) -> None:
+        self._channel.queue_bind(*args, nowait=True, **kwargs)
+
+
+class DeadLetterLog:
+    """One error line per dead letter, at most :data:`DEAD_LETTER_LOG_RATE` a second;
+    the rest are counted and summed up in the next line."""
+
+    def __init__(self, rate: int = DEAD_LETTER_LOG_RATE,
+                 clock: Callable[[], float] = monotonic) -> None:
+        self._rate = rate
+        self._clock = clock
+        self._window = -1.0
+        self._logged = 0
+        self._skipped = 0
+
+    def __call__(self, job_id: str, queue: str, code: str, message: str) -> None:
+        self.flush()
+        if self._logged < self._rate:
+            self._logged += 1
+            logger.error("dead-lettering job %s from queue %r: %s: %s", job_id, queue, code,
+                         message)
+        else:
+            self._skipped += 1
+
+    def flush(self) -> None:
+        """Start a new second, first summing up the lines the last one left out."""
+        now = self._clock()
+        if now - self._window < 1.0:
+            return
+        if self._skipped:
+            logger.error("... and %d more jobs dead-lettered in the last %.0f s",
+                         self._skipped, now - self._window)
+        self._window, self._logged, self._skipped = now, 0, 0
+
+
+class OutcomePublisher:
+    """The outcomes of one connection's deliveries, published on their own channel."""
+
+    def __init__(self, connection: Any, frame_max: Callable[[], int]) -> None:
+        self._connection = connection
+        self._frame_max = frame_max
+        self._channel: OutcomeChannel | None = None
+        self._frames: PublishFrames | None = None
+        self._sequence = 0
+        #: publish sequence number -> outcome, in publish order
+        self._pending: OrderedDict[int, PendingOutcome] = OrderedDict()
+        #: (due, outcome) waiting to be published again
+        self._later: list[tuple[float, PendingOutcome]] = []
+        self.log_dead_letter = DeadLetterLog()
+
+    @property
+    def in_flight(self) -> int:
+        """Outcomes published or waiting to be, whose deliveries are not settled yet."""
+        return len(self._pending) + len(self._later)
+
+    def publish(self, outcome: PendingOutcome) -> None:
+        """Send ``outcome``'s copy; its delivery is acked when the broker confirms it."""
+        self._open()
+        if outcome.prepare is not None:
+            outcome.prepare(self.declare_nowait)
+        frames = self._frames
+        assert frames is not None  # set by _open
+        message = outcome.message
+        data = frames.encode(outcome.exchange, outcome.routing_key, outcome.mandatory,
+                             message.body, message.properties)
+        self._sequence += 1
+        self._pending[self._sequence] = outcome
+        self._connection.write_frames(data)
+
+    def declare_nowait(self, declare: Declare, *args: Any) -> None:
+        """Run a :mod:`ojs_kombu.topology` declaration on the outcome channel, pipelined."""
+        declare(_NoWait(self._open()), self._connection.ojs.names, *args)
+
+    def run_due(self) -> None:
+        """Publish again the outcomes whose backoff is over (from the loop, each tick)."""
+        self.log_dead_letter.flush()
+        if not self._later:
+            return
+        now = monotonic()
+        due = [item for item in self._later if item[0] <= now]
+        if not due:
+            return
+        self._later = [item for item in self._later if item[0] > now]
+        for _, outcome in due:
+            if not outcome.channel.is_open or outcome.channel.generation != outcome.generation:
+                continue  # its channel was reset: the broker delivers the job again
+            try:
+                self.publish(outcome)
+            except self._connection.connection_errors:
+                raise
+            except Exception as exc:
+                self._again(outcome, f"could not publish it again: {exc}")
+
+    def reset(self) -> None:
+        """The connection is gone: nothing left to settle (the broker redelivers)."""
+        self._channel = None
+        self._frames = None
+        self._pending.clear()
+        self._later.clear()
+
+    # -- the broker's answers ---------------------------------------------
+
+    def _open(self) -> OutcomeChannel:
+        channel = self._channel
+        if channel is None or not channel.is_open:
+            channel = OutcomeChannel(self._connection, self._on_channel_closed)
+            channel.events["basic_ack"].add(self._on_ack)
+            channel.events["basic_nack"].add(self._on_nack)
+            channel.events["basic_return"].add(self._on_return)
+            self._channel = channel
+            self._frames = PublishFrames(channel.channel_id, self._frame_max())
+            self._sequence = 0
+        return channel
+
+    def _settled(self, delivery_tag: int, multiple: bool) -> list[PendingOutcome]:
+        pending = self._pending
+        if not multiple:
+            one = pending.pop(delivery_tag, None)
+            return [one] if one is not None else []
+        done = []
+        while pending:
+            tag = next(iter(pending))
+            if tag > delivery_tag:
+                break
+            done.append(pending.popitem(last=False)[1])
+        return done
+
+    def _on_ack(self, delivery_tag: int, multiple: bool) -> None:
+        for outcome in self._settled(delivery_tag, multiple):
+            if outcome.returned is not None:
+                self._connection.forget_topology(outcome.queue)
+                self._again(outcome, f"returned by the broker ({outcome.returned})")
+                continue
+            if outcome.channel.is_open and outcome.channel.generation == outcome.generation:
+                outcome.channel.basic_ack(outcome.delivery_tag)
+            if outcome.on_settled is not None:
+                outcome.on_settled()
+
+    def _on_nack(self, delivery_tag: int, multiple: bool) -> None:
+        for outcome in self._settled(delivery_tag, multiple):
+            self._again(outcome, "refused by the broker (Basic.Nack)")
+
+    def _on_return(self, exc: Exception, exchange: str, routing_key: str,
+                   message: amqp.Message) -> None:
+        job_id = message.properties.get("message_id")
+        for outcome in self._pending.values():
+            if outcome.job_id == job_id and outcome.returned is None:
+                outcome.returned = str(exc)
+                return
+
+    def _on_channel_closed(self, reply_code: int, reply_text: str) -> None:
+        logger.error("the broker closed the channel of retries and dead letters (%s %s); "
+                     "the %d jobs on it are published again", reply_code, reply_text,
+                     len(self._pending))
+        self._channel = None
+        lost, self._pending = list(self._pending.values()), OrderedDict()
+        for outcome in lost:
+            self._again(outcome, f"channel closed ({reply_code} {reply_text})")
+
+    def _again(self, outcome: PendingOutcome, why: str) -> None:
+        outcome.tries += 1
+        outcome.returned = None
+        delay = DEFAULT_POLICY.delay(min(outcome.tries, 8))
+        logger.warning("job %s: the %s was %s; publishing it again in %.1f s (the job stays "
+                       "in its queue meanwhile)", outcome.job_id, outcome.what, why, delay)
+        self._later.append((monotonic() + delay, outcome))

@@ -1,0 +1,188 @@
+"""Outcomes are published without waiting; the delivery is acked when the broker confirms.
+
+The broker's answers are fed to the outcome channel as py-amqp would dispatch
+them off the wire (``Basic.Ack``/``Nack``/``Return``, ``Channel.Close``).
+"""
+
+from __future__ import annotations
+
+import logging
+from struct import pack
+from typing import Any
+
+import amqp
+import pytest
+from amqp import spec
+from amqp.serialization import dumps
+
+from ojs_kombu import outcomes as outcomes_module
+from ojs_kombu.naming import TopologyNames
+from ojs_kombu.outcomes import DeadLetterLog, OutcomePublisher, PendingOutcome
+
+
+class Wire:
+    """The connection an outcome channel writes to: what went out, what was declared."""
+
+    confirm_publish = False
+    connection_errors = (ConnectionError,)
+
+    def __init__(self) -> None:
+        self.channels: dict[int, Any] = {}
+        self._used_channel_ids: list[int] = []
+        self.methods: list[tuple[int, Any]] = []
+        self.publishes = 0
+        self.forgotten: list[str] = []
+        self.ojs = type("Binding", (), {"names": TopologyNames()})()
+
+    def _get_free_channel_id(self) -> int:
+        channel_id = max(self._used_channel_ids, default=0) + 1
+        self._used_channel_ids.append(channel_id)
+        return channel_id
+
+    def frame_writer(self, _type: int, channel_id: int, sig: Any, _args: Any,
+                     _content: Any) -> None:
+        self.methods.append((channel_id, sig))
+
+    def write_frames(self, data: bytes) -> None:
+        self.publishes += 1
+
+    def forget_topology(self, queue: str) -> None:
+        self.forgotten.append(queue)
+
+    def sent(self, sig: Any) -> list[int]:
+        return [channel_id for channel_id, s in self.methods if s == sig]
+
+
+class DeliveryChannel:
+    generation = 1
+    is_open = True
+
+    def __init__(self) -> None:
+        self.acked: list[int] = []
+
+    def basic_ack(self, delivery_tag: int, multiple: bool = False) -> None:
+        self.acked.append(delivery_tag)
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    now = [1000.0]
+    monkeypatch.setattr(outcomes_module, "monotonic", lambda: now[0])
+    return now
+
+
+def outcome(channel: DeliveryChannel, tag: int, prepared: list[str] | None = None,
+            job_id: str = "") -> PendingOutcome:
+    def prepare(via: Any) -> None:
+        if prepared is not None:
+            prepared.append("declared")
+
+    return PendingOutcome("retry", job_id or f"job-{tag}", "email",
+                          amqp.Message(b"{}", message_id=job_id or f"job-{tag}"),
+                          "ojs.exchange.retry", "email.1000", True, channel, tag,
+                          channel.generation, prepare)
+
+
+def answer(wire: Wire, sig: Any, argsig: str, args: tuple, content: Any = None) -> None:
+    channel_id = wire.sent(spec.Confirm.Select)[-1]
+    payload = pack(">HH", *sig) + dumps(argsig, args)  # a method frame's payload
+    wire.channels[channel_id].dispatch_method(sig, payload, content)
+
+
+def test_the_delivery_is_acked_only_when_the_broker_confirms_its_copy() -> None:
+    wire, delivered = Wire(), DeliveryChannel()
+    publisher = OutcomePublisher(wire, lambda: 131072)
+    publisher.publish(outcome(delivered, 7))
+    publisher.publish(outcome(delivered, 8))
+    assert wire.publishes == 2 and delivered.acked == []  # nothing waited for
+    assert publisher.in_flight == 2
+    answer(wire, spec.Basic.Ack, "Lb", (1, False))
+    assert delivered.acked == [7]
+    answer(wire, spec.Basic.Ack, "Lb", (2, True))
+    assert delivered.acked == [7, 8] and publisher.in_flight == 0
+
+
+def test_the_channel_opens_and_confirms_without_waiting() -> None:
+    wire = Wire()
+    OutcomePublisher(wire, lambda: 131072).publish(outcome(DeliveryChannel(), 1))
+    assert [sig for _, sig in wire.methods[:2]] == [spec.Channel.Open, spec.Confirm.Select]
+
+
+def test_a_nacked_copy_is_published_again_after_the_backoff(clock: list[float]) -> None:
+    wire, delivered = Wire(), DeliveryChannel()
+    publisher = OutcomePublisher(wire, lambda: 131072)
+    publisher.publish(outcome(delivered, 3))
+    answer(wire, spec.Basic.Nack, "Lbb", (1, False, False))
+    assert delivered.acked == [] and publisher.in_flight == 1  # kept, not lost
+    publisher.run_due()
+    assert wire.publishes == 1  # not before the backoff
+    clock[0] += 2.0  # the first delay of section 11.3 is 1 s +- 25 %
+    publisher.run_due()
+    assert wire.publishes == 2
+    answer(wire, spec.Basic.Ack, "Lb", (2, False))
+    assert delivered.acked == [3]
+
+
+def test_a_returned_copy_redeclares_its_topology_and_goes_again(clock: list[float]) -> None:
+    wire, delivered, prepared = Wire(), DeliveryChannel(), []
+    publisher = OutcomePublisher(wire, lambda: 131072)
+    publisher.publish(outcome(delivered, 5, prepared, job_id="job-a"))
+    answer(wire, spec.Basic.Return, "Bsss", (312, "NO_ROUTE", "ojs.exchange.retry", "email.1"),
+           amqp.Message(b"{}", message_id="job-a"))
+    answer(wire, spec.Basic.Ack, "Lb", (1, False))
+    assert delivered.acked == []  # routed nowhere: the job must not be acked
+    assert wire.forgotten == ["email"]
+    clock[0] += 2.0
+    publisher.run_due()
+    assert prepared == ["declared", "declared"]
+    answer(wire, spec.Basic.Ack, "Lb", (2, False))
+    assert delivered.acked == [5]
+
+
+def test_a_channel_error_is_not_raised_into_the_loop(clock: list[float],
+                                                    caplog: pytest.LogCaptureFixture) -> None:
+    wire, delivered = Wire(), DeliveryChannel()
+    publisher = OutcomePublisher(wire, lambda: 131072)
+    publisher.publish(outcome(delivered, 1))
+    publisher.publish(outcome(delivered, 2))
+    first = wire.sent(spec.Confirm.Select)[-1]
+    with caplog.at_level(logging.ERROR):
+        answer(wire, spec.Channel.Close, "BsBB", (406, "PRECONDITION_FAILED", 50, 10))
+    assert "406 PRECONDITION_FAILED" in caplog.text
+    assert wire.sent(spec.Channel.CloseOk) == [first]
+    clock[0] += 2.0
+    publisher.run_due()  # both again, on a new channel
+    assert wire.publishes == 4
+    answer(wire, spec.Basic.Ack, "Lb", (2, True))
+    assert sorted(delivered.acked) == [1, 2]
+
+
+def test_a_confirm_for_a_reset_channel_acks_nothing() -> None:
+    wire, delivered = Wire(), DeliveryChannel()
+    publisher = OutcomePublisher(wire, lambda: 131072)
+    publisher.publish(outcome(delivered, 9))
+    delivered.generation += 1  # the consumer's channel was reset: tag 9 is not its own
+    answer(wire, spec.Basic.Ack, "Lb", (1, False))
+    assert delivered.acked == []
+
+
+def test_reset_drops_what_the_broker_will_deliver_again() -> None:
+    wire = Wire()
+    publisher = OutcomePublisher(wire, lambda: 131072)
+    publisher.publish(outcome(DeliveryChannel(), 1))
+    publisher.reset()
+    assert publisher.in_flight == 0
+
+
+def test_dead_letter_lines_are_rate_limited_and_summed(caplog: pytest.LogCaptureFixture
+                                                      ) -> None:
+    now = [0.0]
+    log = DeadLetterLog(rate=10, clock=lambda: now[0])
+    with caplog.at_level(logging.ERROR, logger="ojs_kombu.outcomes"):
+        for n in range(25):
+            log(f"job-{n}", "email", "UNKNOWN_JOB_TYPE", "no task")
+        now[0] = 1.5
+        log.flush()
+    lines = [r.getMessage() for r in caplog.records]
+    assert sum("dead-lettering job" in line for line in lines) == 10
+    assert lines[-1].startswith("... and 15 more jobs dead-lettered")

@@ -3,7 +3,8 @@ scheduling and a poison storm.
 
 Run from the repository root::
 
-    python benchmarks/run.py [--jobs N] [--json PATH] [--only throughput|events|schedule|storm]
+    python benchmarks/run.py [--jobs N] [--json PATH]
+                             [--only throughput|events|schedule|storm|green]
 
 The throughput part publishes with plain Celery (without and with
 ``confirm_publish``), ojs_kombu (``apply_async`` and batch ``enqueue_many``)
@@ -19,7 +20,9 @@ runs one worker subprocess per side, to measure where delayed jobs wait and
 how late they start.  The poison storm (``poison_storm.py``) floods one worker
 subprocess per pool and side with messages it cannot run and times how fast
 they reach the dead-letter queue, whether the worker still answers ``ping`` and
-how fast it exits after SIGTERM.  Missed targets are reported, never fatal: the exit code
+how fast it exits after SIGTERM.  The green part (``green_drain.py``) drains I/O-bound
+jobs with the gevent and eventlet pools, a worker subprocess per pool and side.
+Missed targets are reported, never fatal: the exit code
 is 0 on success, 2 when RabbitMQ is unreachable and 1 on any other error.  See
 benchmarks/README.rst for what each number means.
 """
@@ -60,6 +63,7 @@ from ojs_kombu.celery_events import events_exchange
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # also when imported, not run
 import events_scenario
+import green_drain
 import poison_storm
 import prefork_drain
 import report
@@ -76,7 +80,7 @@ POOL = "threads"
 CONCURRENCY = 4
 #: Jobs per batch of ``enqueue_many`` (``--batch-size``).
 BATCH_SIZE = 1000
-PARTS = ("throughput", "events", "schedule", "storm")
+PARTS = ("throughput", "events", "schedule", "storm", "green")
 
 
 # -- broker administration (plain py-amqp, outside both Celery apps) -------
@@ -474,6 +478,8 @@ def render(results: dict[str, dict[str, Any]]) -> str:
         tables.append(scheduling.render(results["schedule"]))
     if "storm" in results:
         tables.append(poison_storm.render(results["storm"]))
+    if "green" in results:
+        tables.append(green_drain.render(results["green"]))
     return "\n\n".join("\n".join(table) for table in tables)
 
 
@@ -589,7 +595,8 @@ def _workdir() -> Iterator[Path]:
 
 
 def run(broker: Broker, args: argparse.Namespace) -> dict[str, Any]:
-    """The selected parts, throughput first, the storm last; the results keyed by part."""
+    """The selected parts, throughput first, then the storm and the green drains; the
+    results keyed by part."""
     results: dict[str, Any] = {}
     if "throughput" in args.parts:
         results["throughput"] = run_throughput(broker, args)
@@ -606,6 +613,11 @@ def run(broker: Broker, args: argparse.Namespace) -> dict[str, Any]:
                                       timeout_s=args.storm_timeout)
         results["storm"] = poison_storm.run(broker, lambda: connect(args.broker), args.broker,
                                             _ojs_url(args.broker), storm, log=_progress)
+    if "green" in args.parts:
+        green = green_drain.Settings(jobs=args.green_jobs, rounds=args.rounds,
+                                     timeout_s=args.timeout)
+        results["green"] = green_drain.run(broker, args.broker, _ojs_url(args.broker), green,
+                                           log=_progress)
     return results
 
 
@@ -817,7 +829,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="seconds a drain may take before it counts as an error")
     parser.add_argument("--only", choices=PARTS,
                         help="run one part: throughput (publish, drain), events (ojs_kombu "
-                        "with events off vs on), schedule or storm (poison messages)")
+                        "with events off vs on), schedule, storm (poison messages) or green "
+                        "(gevent and eventlet drains)")
     parser.add_argument("--skip-events", action="store_true", help="leave out the events part")
     parser.add_argument("--no-events-split", dest="events_split", action="store_false",
                         help="events: only events off and on, without the sides with the "
@@ -832,6 +845,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="storm: comma-separated worker pools (solo,prefork,threads)")
     parser.add_argument("--storm-timeout", type=float, default=120.0,
                         help="storm: seconds a side may take to dead-letter its storm")
+    parser.add_argument("--skip-green", action="store_true",
+                        help="leave out the gevent and eventlet drains")
+    parser.add_argument("--green-jobs", type=int, default=3000,
+                        help="green: I/O-bound jobs (a 10 ms green sleep each) per drain")
     parser.add_argument("--schedule-jobs", type=int, default=10_000,
                         help="scheduling: jobs due in 60 s to 1 h, for the memory numbers")
     parser.add_argument("--lateness-jobs", type=int, default=1_000,
@@ -856,12 +873,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                      "--settle and --lateness-grace not negative")
     if args.storm_jobs < 1 or args.storm_timeout <= 0:
         parser.error("--storm-jobs must be at least 1 and --storm-timeout positive")
-    if args.only and (args.skip_events or args.skip_schedule or args.skip_storm):
-        parser.error("--only cannot be combined with --skip-events, --skip-schedule or "
-                     "--skip-storm")
+    if args.green_jobs < 1:
+        parser.error("--green-jobs must be at least 1")
+    if args.only and (args.skip_events or args.skip_schedule or args.skip_storm
+                      or args.skip_green):
+        parser.error("--only cannot be combined with --skip-events, --skip-schedule, "
+                     "--skip-storm or --skip-green")
     skipped = {"events"} if args.skip_events else set()
     skipped |= {"schedule"} if args.skip_schedule else set()
     skipped |= {"storm"} if args.skip_storm else set()
+    skipped |= {"green"} if args.skip_green else set()
     args.parts = (args.only,) if args.only else tuple(p for p in PARTS if p not in skipped)
     return args
 

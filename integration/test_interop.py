@@ -14,7 +14,7 @@ from ojs_kombu.job_ids import new_job_id
 from ojs_kombu.naming import is_job_id
 
 from .conftest import HOST, PORT, body_of, get_message
-from .test_helpers import job_schema_validator
+from .test_helpers import check_job
 
 
 def test_spec_example_publisher_job_runs_as_a_celery_task(app: Celery, worker: Any,
@@ -98,7 +98,7 @@ def test_celery_job_is_a_complete_ojs_message_for_a_raw_consumer(
     assert "x-ojs-scheduled-at" not in headers
 
     body = body_of(message)
-    job_schema_validator().validate(body)
+    check_job(body)
     assert body["id"] == result.id and body["type"] == "email.send"
     assert body["queue"] == "rawread" and body["args"] == ["user@example.com", "welcome"]
     assert body["meta"] == meta and body["priority"] == 5

@@ -70,7 +70,8 @@ def test_expired_job_is_dead_lettered_not_run(app: Celery, worker: Any,
     result = app.tasks["math.add"].apply_async(
         (1, 2), queue="failing", expires=datetime.now(UTC) + timedelta(seconds=0.5),
         countdown=1)
-    dead = get_message(amqp_channel, "ojs.queue.dlx.failing", timeout=20)
+    dead = wait_until(lambda: _own(amqp_channel, "ojs.queue.dlx.failing", result.id),
+                      timeout=20, what="the expired job's dead letter")
     assert dead.properties["message_id"] == result.id
     # discarded by Basic.Nack (AMQP-009): the broker's x-death says so; why is in job.expired
     assert dead.properties["application_headers"]["x-death"][0]["reason"] == "rejected"
@@ -116,3 +117,10 @@ def test_the_ladder_works_on_quorum_queues(broker_url: str, vhost: str) -> None:
         connection.close()
     types = rabbitmqctl("list_queues", "--no-table-headers", "-p", vhost, "name", "type")
     assert "quorum.ojs.queue.schedule.0\tquorum" in types
+
+
+def _own(channel: amqp.Channel, queue: str, job_id: str) -> amqp.Message | None:
+    """The next message of ``queue`` if it is ``job_id``'s (others' are taken off)."""
+    message = channel.basic_get(queue, no_ack=True)
+    return message if message is not None and message.properties.get(
+        "message_id") == job_id else None

@@ -14,6 +14,11 @@
   ``task_acks_late=True`` (ack after success), ``task_acks_on_failure_or_timeout=False``
   (a failed job is nacked into its dead-letter queue, never acked and lost),
   and the ``ojs`` content type in ``accept_content`` (the pool reads envelopes);
+* keeps pickle off: out of ``accept_content`` and ``result_accept_content``, and a
+  ``pickle`` result or event serializer becomes ``json`` (with a warning each);
+  :func:`check_app` refuses an app that sets it again;
+* makes Celery's send path raise ``NonJSONArgumentError`` for arguments kombu's
+  JSON encoder refuses, and hands ``ojs_max_job_bytes`` to the transport;
 * adds consumer bootsteps for worker events, the control queues, reconnection
   reports and the dropped jobs of ``drop_oldest`` queues (``backpressure.dropped``);
 * adds a worker bootstep that refuses to start a worker whose tasks, queues
@@ -34,6 +39,7 @@ import kombu
 from celery import Celery, bootsteps
 from celery.app.amqp import AMQP, Queues
 from kombu import Queue
+from kombu.exceptions import EncodeError
 from kombu.utils.objects import cached_property
 
 from .celery_control import ControlQueues
@@ -41,12 +47,12 @@ from .celery_dropped import DroppedJobs
 from .celery_events import WorkerEvents, build_events
 from .celery_publish import SendSettings
 from .celery_reconnect import ConsumerReconnections
-from .codec import CELERY_JSON
+from .codec import CELERY_JSON, MAX_JOB_BYTES_PROPERTY
 from .connection import BrokerConnection as ReconnectingConnection
 from .dead_letters import DeadLetterQueue, open_dead_letter_queue
 from .entities import JobQueue, extra_arguments, job_queue
 from .envelope import CONTENT_TYPE, RetryPolicy
-from .errors import OJSConfigurationError
+from .errors import NonJSONArgumentError, OJSConfigurationError
 from .job_ids import use_uuid7_task_ids
 from .serialization import SERIALIZER_NAME
 from .settings import BINDING_OPTION, Binding, OJSSettings
@@ -159,11 +165,26 @@ class OJSAMQP(AMQP):
         explicit ``declare=[...]`` option is still honoured.
         """
         send = super()._create_task_sender()
+        conf = self.app.conf
+        max_job_bytes = self.binding.settings.max_job_bytes
 
         def send_task_message(producer: Any, name: str, message: Any, *,
                               declare: Any = None, **options: Any) -> Any:
-            return send(producer, name, message,
-                        declare=[] if declare is None else declare, **options)
+            # The transport reads the size bound from the message's properties.
+            options[MAX_JOB_BYTES_PROPERTY] = max_job_bytes
+            try:
+                return send(producer, name, message,
+                            declare=[] if declare is None else declare, **options)
+            except EncodeError as exc:
+                serializer = options.get("serializer") or conf.task_serializer
+                if serializer not in ("json", CELERY_JSON):
+                    raise
+                headers = getattr(message, "headers", None) or {}
+                raise NonJSONArgumentError(
+                    f"task {name!r}: an argument is not a JSON-native value ({exc}); OJS "
+                    "args/kwargs carry only strings, numbers, booleans, null, arrays and "
+                    "objects", job_id=headers.get("id"),
+                ) from exc
 
         return send_task_message
 
@@ -227,6 +248,7 @@ def _configure(sender: Celery, **_: Any) -> None:
         conf.beat_scheduler = "ojs_kombu.beat:OJSScheduler"
     conf.task_acks_late = True
     conf.task_acks_on_failure_or_timeout = False
+    _remove_pickle(conf)
     accept = list(conf.accept_content or [])
     if SERIALIZER_NAME not in accept and CONTENT_TYPE not in accept:
         accept.append(SERIALIZER_NAME)
@@ -238,15 +260,59 @@ def _configure(sender: Celery, **_: Any) -> None:
         )
 
 
+#: What Celery's ``accept_content`` names pickle by (serializer name, content type).
+PICKLE_NAMES = ("pickle", "application/x-python-serialize")
+
+
+def _pickle_settings(conf: Any) -> list[str]:
+    """The settings of ``conf`` that would make this process unpickle something."""
+    found = []
+    for setting in ("accept_content", "result_accept_content"):
+        value = conf.get(setting)
+        names = [value] if isinstance(value, str) else list(value or ())
+        if any(name in PICKLE_NAMES for name in names):
+            found.append(setting)
+    found += [setting for setting in ("result_serializer", "event_serializer")
+              if conf.get(setting) in PICKLE_NAMES]
+    return found
+
+
+def _remove_pickle(conf: Any) -> None:
+    """Pickle stays off: out of ``accept_content`` (tasks, and Celery's remote control,
+    whose mailbox accepts the same list) and ``result_accept_content``; results and
+    monitoring events are written as JSON instead (their readers accept JSON)."""
+    for setting in _pickle_settings(conf):
+        value = conf.get(setting)
+        if setting.endswith("_serializer"):
+            conf[setting] = "json"
+            logger.warning("%s is %r: ojs_kombu never unpickles anything, so it is set to "
+                           "'json'; set it to 'json' yourself to silence this warning",
+                           setting, value)
+            continue
+        names = [value] if isinstance(value, str) else list(value)
+        conf[setting] = [name for name in names if name not in PICKLE_NAMES] or ["json"]
+        logger.warning("%s contains pickle (%r): ojs_kombu never unpickles anything (a "
+                       "pickled message runs code), so it was removed; remove it from your "
+                       "configuration to silence this warning", setting, value)
+
+
 def check_app(app: Celery) -> dict[str, str]:
     """Check that ``app`` can run under ojs_kombu; return ``{task name: OJS type}``.
 
     Raises the :class:`~ojs_kombu.errors.OJSConfigurationError` subclass that
-    names the first problem: an unknown or invalid ``ojs_*`` setting, a queue
-    that cannot be an OJS queue, a task without a valid OJS type, or two tasks
-    claiming one type.
+    names the first problem: pickle in ``accept_content``/``result_accept_content``
+    or as the result or event serializer (set again after ``install()`` removed
+    it), an unknown or invalid ``ojs_*`` setting, a queue that cannot be an OJS
+    queue, a task without a valid OJS type, or two tasks claiming one type.
     """
     app.finalize(auto=True)
+    insisting = _pickle_settings(app.conf)
+    if insisting:
+        raise OJSConfigurationError(
+            f"{', '.join(insisting)} name(s) pickle: ojs_kombu.install() removes it (a pickled "
+            "message runs code in the worker), but it was set again after the app was "
+            "configured; remove 'pickle' from accept_content/result_accept_content and use "
+            "'json' as result_serializer/event_serializer")
     binding = app.amqp.binding
     queues = app.amqp.queues
     # Bad ojs_queues / argument combinations fail here, before any warning is logged.

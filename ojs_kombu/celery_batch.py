@@ -33,7 +33,15 @@ from celery.canvas import Signature, _chain, chord, group
 from celery.result import AsyncResult
 from celery.utils.nodenames import anon_nodename
 
-from .codec import META_OPTION, RETRY_OPTION, OutgoingJob, build_job, format_time, parse_time
+from .codec import (
+    META_OPTION,
+    RETRY_OPTION,
+    OutgoingJob,
+    build_job,
+    check_time_limits,
+    format_time,
+    parse_time,
+)
 from .errors import InvalidJobIdError, JobEncodeError
 from .job_ids import new_job_id
 from .naming import is_job_id
@@ -196,6 +204,7 @@ class JobEncoder:
         if ignore_result:
             x_celery["ignore_result"] = True
         hard, soft = opts.get("time_limit"), opts.get("soft_time_limit")
+        check_time_limits(hard, soft, task_name=name, job_id=job_id, queue=queue)
         if hard or soft:
             x_celery["timelimit"] = [hard, soft]
         if self.parent_ids:
@@ -208,6 +217,7 @@ class JobEncoder:
             timeout=hard, retry_policy=policy, per_call_retry=opts.get(RETRY_OPTION),
             scheduled_at=self._due(opts, job_id), expires_at=self._expires(opts, job_id),
             x_celery=x_celery, reply_to=self.reply_to,
+            max_job_bytes=self.binding.settings.max_job_bytes,
         )
 
     def _defaults_for(self, name: str) -> tuple[Mapping[str, Any], Any, bool]:

@@ -73,7 +73,7 @@ def ojs_cancel(state: Any, job_id: str, reason: str | None = None,
     held = _held(job_id)
     revoke(state, job_id, terminate=terminate, signal="SIGTERM")
     if held is not None and held[0] == "active" and not terminate:
-        _ask_to_stop(held[1])
+        _ask_to_stop(held[1], getattr(state.consumer, "pool", None))
     if held is None:
         logger.info("cancel of job %s: not on this worker now; it will not start here", job_id)
     return {"ok": f"job {job_id} cancelled", "held": held}
@@ -98,11 +98,17 @@ cancel_requested = threading.Event()
 COOPERATIVE_SIGNAL = signal.SIGUSR2
 
 
-def _ask_to_stop(request: Any) -> None:
+def _ask_to_stop(request: Any, pool: Any) -> None:
     """Cooperative cancel of a job running in a prefork pool process: signal the process,
-    whose handler sets :data:`cancel_requested` for ``self.ojs.cancelled`` to see."""
+    whose handler sets :data:`cancel_requested` for ``self.ojs.cancelled`` to see.
+
+    Only a prefork pool's ``worker_pid`` is a process: the gevent and eventlet pools
+    report the ``id()`` of the job's greenlet there (``os.kill`` would fail, or hit an
+    unrelated process), and their jobs see the revoke in the worker's own memory."""
+    from celery.concurrency.prefork import TaskPool as PreforkPool
+
     pid = getattr(request, "worker_pid", None)
-    if pid and pid != os.getpid():
+    if pid and pid != os.getpid() and isinstance(pool, PreforkPool):
         try:
             os.kill(pid, COOPERATIVE_SIGNAL)
         except OSError:
@@ -278,10 +284,27 @@ class ControlQueues(bootsteps.StartStopStep):
                 "job_id": delivery.job_id, "worker_id": parent.hostname,
                 "attempt": delivery.attempt, "visible_until": visible_until.isoformat()})
             try:
-                channel.publish_confirmed(beat, binding.names.direct_exchange,
-                                          binding.names.control_queue(delivery.queue),
-                                          job_id=beat.properties["message_id"],
-                                          queue=delivery.queue)
+                self._publish_beat(parent, channel, beat, delivery.queue)
             except Exception:
                 logger.exception("could not publish the heartbeat of job %s", delivery.job_id)
             binding.events.heartbeat(delivery.info(), parent.hostname, visible_until)
+
+    @staticmethod
+    def _publish_beat(parent: Any, channel: Any, beat: amqp.Message, queue: str) -> None:
+        """Publish one BEAT, confirmed.
+
+        With an event loop (prefork, threads, solo) this timer runs in the loop, which
+        owns the consumer connection: the control channel waits for the confirm there.
+        Without one (gevent, eventlet: ``parent.hub is None``) the timer is a greenlet
+        of its own while the consumer's greenlet reads that connection; a second reader
+        of its socket fails (gevent: ``ConcurrentObjectUseError``, eventlet: "Second
+        simultaneous read"), so the BEAT goes out on a pooled producer connection.
+        """
+        names = parent.app.amqp.binding.names
+        args = (beat, names.direct_exchange, names.control_queue(queue))
+        options = {"job_id": beat.properties["message_id"], "queue": queue}
+        if parent.hub is not None:
+            channel.publish_confirmed(*args, **options)
+            return
+        with parent.app.producer_or_acquire() as producer:
+            producer.channel.publish_confirmed(*args, **options)

@@ -20,6 +20,14 @@ OJS consumer):
 Mapped onto OJS attributes: ``id`` (UUIDv7), ``task`` -> ``type``, ``eta`` ->
 ``scheduled_at``, ``expires`` -> ``expires_at``, the hard time limit ->
 ``timeout`` (whole seconds, rounded up), ``priority`` -> ``priority``.
+
+Both directions are strict.  Publishing, an option no envelope can carry
+raises a :class:`~ojs_kombu.errors.JobEncodeError` subclass naming it
+(:func:`check_time_limits`, :func:`check_priority`, ``max_job_bytes``).
+Consuming, the body must be strict JSON (:func:`check_strict_json`), the
+envelope valid and on its own queue, ``x_celery`` valid
+(:func:`check_x_celery`), and a job from another producer may not name one of
+Celery's built-in tasks; anything else is a :class:`JobRejected` with its code.
 """
 
 from __future__ import annotations
@@ -37,11 +45,14 @@ from .envelope import CONTENT_TYPE, SPEC_VERSION, JobEnvelope, RetryPolicy
 from .errors import (
     InvalidJobIdError,
     JobEncodeError,
+    JobOptionError,
     JobRejected,
+    JobTooLargeError,
     NonJSONArgumentError,
     OJSConfigurationError,
     UnsupportedSerializerError,
 )
+from .job_types import JobTypeRegistry
 from .naming import is_job_id
 
 X_CELERY = "x_celery"
@@ -68,6 +79,16 @@ RETRY_HEADER = "ojs_retry"
 CELERY_JOB_HEADER = "ojs_celery_job"
 CELERY_JSON = "application/json"
 DEFAULT_MAX_ATTEMPTS = 3
+#: Message property through which the Celery wiring hands the app's ``ojs_max_job_bytes``
+#: to :func:`encode_task_message` (set on every task message Celery publishes).
+MAX_JOB_BYTES_PROPERTY = "ojs_max_job_bytes"
+#: The OJS priorities a producer may publish (the range the spec says every
+#: implementation must support; Celery's 0..9 fall inside it).
+PRIORITY_MIN, PRIORITY_MAX = -100, 100
+#: Task names of Celery's built-in tasks (``celery.chord_unlock``, ``celery.accumulate``,
+#: ``celery.group``, ``celery.chain``, ``celery.chord``, ``celery.map``, ``celery.starmap``,
+#: ``celery.chunks``, ``celery.backend_cleanup``) start with this.
+CELERY_BUILTIN_PREFIX = "celery."
 
 # Consume-side error codes (``x-ojs-error-code`` on dead-lettered messages).
 INVALID_PAYLOAD = "INVALID_PAYLOAD"
@@ -103,6 +124,47 @@ def amqp_priority(priority: int) -> int:
     treats a message without priority as 0 and nothing can sort below it.
     """
     return max(0, min(9, priority))
+
+
+def check_priority(priority: Any, *, task_name: str | None, job_id: str | None = None,
+                   queue: str | None = None) -> int | None:
+    """The call's ``priority`` as an OJS priority, or :class:`JobOptionError`: an
+    integer from -100 to 100 (``None``: unset).  Nothing is clamped: a value out of
+    range is refused, as one of the wrong type is."""
+    if priority is None:
+        return None
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        reason = "is not an integer"
+    elif not PRIORITY_MIN <= priority <= PRIORITY_MAX:
+        reason = "is out of range"
+    else:
+        return priority
+    raise JobOptionError(
+        f"task {task_name!r}: priority={priority!r} {reason}; OJS priorities are integers "
+        f"from {PRIORITY_MIN} to {PRIORITY_MAX} (HIGH=10, NORMAL=0, LOW=-10; Celery's 0..9 "
+        "keep their meaning)", option="priority", task_name=task_name, job_id=job_id,
+        queue=queue)
+
+
+def check_time_limits(hard: Any, soft: Any, *, task_name: str | None,
+                      job_id: str | None = None, queue: str | None = None) -> None:
+    """Refuse time limits an OJS job cannot carry (:class:`JobOptionError`): each is
+    ``None`` or a finite number of seconds >= 0 (0: none), and a soft limit never
+    exceeds the hard one."""
+    for option, value in (("time_limit", hard), ("soft_time_limit", soft)):
+        if value is None:
+            continue
+        if (isinstance(value, bool) or not isinstance(value, int | float)
+                or not math.isfinite(value) or value < 0):
+            raise JobOptionError(
+                f"task {task_name!r}: {option}={value!r} is not a number of seconds >= 0 "
+                "(0 or None: no limit)", option=option, task_name=task_name, job_id=job_id,
+                queue=queue)
+    if hard and soft and soft > hard:
+        raise JobOptionError(
+            f"task {task_name!r}: soft_time_limit={soft!r} is greater than time_limit={hard!r}; "
+            "the soft limit must not exceed the hard one", option="soft_time_limit",
+            task_name=task_name, job_id=job_id, queue=queue)
 
 
 def _reject_kombu_type(obj: dict[str, Any]) -> dict[str, Any]:
@@ -153,12 +215,17 @@ def encode_task_message(
     queue: str,
     retry_policy: RetryPolicy | None = None,
     now: datetime | None = None,
+    max_job_bytes: int | None = None,
 ) -> OutgoingJob:
     """Turn a serialised Celery protocol v2 task message into an OJS job message.
 
     ``retry_policy`` is the task's effective policy; an ``ojs_retry`` option of
     the call merges over it.  The envelope carries the policy when it is not
-    the OJS default, and ``x-ojs-max-attempts`` always does.
+    the OJS default, and ``x-ojs-max-attempts`` always does.  ``max_job_bytes``
+    bounds the body (:class:`JobTooLargeError`); when it is ``None`` the
+    ``ojs_max_job_bytes`` message property the Celery wiring sets gives it.
+    A time limit, priority or argument no OJS envelope can carry raises a
+    :class:`JobEncodeError` subclass naming the option and the task.
     """
     task_name = headers.get("task")
     job_id = headers.get("id")
@@ -188,6 +255,7 @@ def encode_task_message(
         args, kwargs, embed = payload
     except NonJSONArgumentError as exc:
         exc.job_id, exc.queue = job_id, queue
+        exc.args = (f"task {task_name!r}: {exc}",)
         raise exc.with_traceback(None) from None
     except (ValueError, TypeError) as exc:
         raise JobEncodeError(
@@ -199,6 +267,13 @@ def encode_task_message(
     meta = properties.get(META_OPTION)
     traceparent = headers.get("traceparent")  # W3C context Celery's instrumentation injected
     timelimit = headers.get("timelimit") or (None, None)
+    if not isinstance(timelimit, list | tuple) or len(timelimit) != 2:
+        raise JobOptionError(f"task {task_name!r}: timelimit header {timelimit!r} is not "
+                             "[time_limit, soft_time_limit]", option="timelimit",
+                             task_name=task_name, job_id=job_id, queue=queue)
+    check_time_limits(*timelimit, task_name=task_name, job_id=job_id, queue=queue)
+    if max_job_bytes is None:
+        max_job_bytes = properties.get(MAX_JOB_BYTES_PROPERTY)
     eta = headers.get("eta")
     expires = headers.get("expires")
     x_celery = {
@@ -226,7 +301,7 @@ def encode_task_message(
         scheduled_at=parse_time(eta, "eta") if eta else None,
         expires_at=parse_time(expires, "expires") if expires else None,
         attempt=int(headers.get("retries") or 0) + 1, x_celery=x_celery,
-        reply_to=properties.get("reply_to"),
+        reply_to=properties.get("reply_to"), max_job_bytes=max_job_bytes,
     )
 
 
@@ -251,11 +326,14 @@ def build_job(
     attempt: int = 1,
     x_celery: dict[str, Any] | None = None,
     reply_to: str | None = None,
+    max_job_bytes: int | None = None,
 ) -> OutgoingJob:
     """The OJS job message for already parsed values: the one place envelopes,
     properties and ``x-ojs-*`` headers are built, for single and batch publishes.
 
     ``created`` is ``format_time(now)``, passed in so that a batch formats it once.
+    A ``priority`` outside -100..100 (or not an integer) raises :class:`JobOptionError`;
+    a body over ``max_job_bytes`` (``None``: no limit) raises :class:`JobTooLargeError`.
     """
     job: dict[str, Any] = {
         "specversion": SPEC_VERSION, "id": job_id, "type": job_type, "queue": queue,
@@ -274,8 +352,8 @@ def build_job(
             meta["trace_id"] = trace_id
     if meta:
         job["meta"] = meta
-    if priority:
-        job["priority"] = int(priority)
+    if check_priority(priority, task_name=task_name, job_id=job_id, queue=queue):
+        job["priority"] = priority
     if timeout:
         job["timeout"] = math.ceil(timeout)
     policy = retry_policy
@@ -308,6 +386,13 @@ def build_job(
             f"task {task_name!r}: {exc}; OJS jobs carry JSON-native values only",
             job_id=job_id, queue=queue,
         ) from None
+    if max_job_bytes is not None and len(encoded) > max_job_bytes:
+        raise JobTooLargeError(
+            f"job {job_id} (task {task_name!r}, queue {queue!r}) is {len(encoded)} bytes as "
+            f"an OJS envelope, more than ojs_max_job_bytes={max_job_bytes}; it was not sent "
+            "(RabbitMQ refuses bodies over its max_message_size: pass a reference to the "
+            "data, not the data)", size=len(encoded), limit=max_job_bytes, job_id=job_id,
+            queue=queue)
 
     amqp_headers: dict[str, Any] = {
         "x-ojs-queue": queue,
@@ -378,12 +463,63 @@ def check_content_type(content_type: str | None, content_encoding: str | None) -
         )
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise JobRejected(
+                    INVALID_PAYLOAD,
+                    f"message body has the object key {key!r} twice; the JSON objects of an "
+                    "OJS job have unique keys (parsers disagree on which value wins)")
+            seen.add(key)
+    return obj
+
+
+def _refuse_constant(name: str) -> Any:
+    raise JobRejected(INVALID_PAYLOAD,
+                      f"message body contains {name}, which is not JSON (RFC 8259 has no "
+                      "NaN, Infinity or -Infinity)")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise JobRejected(INVALID_PAYLOAD,
+                          f"message body has the number {text[:40]}, beyond the range of a "
+                          "JSON number (it would read as Infinity)")
+    return value
+
+
+_STRICT_DECODER = json.JSONDecoder(object_pairs_hook=_unique_keys,
+                                   parse_constant=_refuse_constant, parse_float=_finite_float)
+
+
+def check_strict_json(body: bytes | str) -> None:
+    """Refuse, as ``INVALID_PAYLOAD``, a body that only lenient parsers read: not UTF-8,
+    not JSON, ``NaN``/``Infinity``/``-Infinity`` or a number that overflows to them, or
+    an object (at any depth) with a key twice."""
+    try:
+        text = body if isinstance(body, str) else bytes(body).decode()
+    except UnicodeDecodeError:
+        raise JobRejected(INVALID_PAYLOAD, "message body is not valid JSON (not UTF-8)") from None
+    try:
+        _STRICT_DECODER.decode(text)
+    except RecursionError:
+        raise JobRejected(INVALID_PAYLOAD, "message body is nested too deeply") from None
+    except ValueError:
+        raise JobRejected(INVALID_PAYLOAD, "message body is not valid JSON") from None
+
+
 def parse_envelope(body: bytes | str) -> JobEnvelope:
     """Validate a message body as an OJS job, or raise :class:`JobRejected`.
 
-    A body without ``specversion`` is read as ``"1.0"``: the binding's own
-    producer example (section 15.1) omits it, and the binding has one version.
+    The body must be strict JSON (:func:`check_strict_json`).  A body without
+    ``specversion`` is read as ``"1.0"``: the binding's own producer example
+    (section 15.1) omits it, and the binding has one version.
     """
+    check_strict_json(body)
     try:
         return JobEnvelope.model_validate_json(body)
     except ValidationError as exc:
@@ -408,32 +544,163 @@ def _with_specversion(body: bytes | str) -> bytes:
     return _dumps(job)
 
 
+def _is_str(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _is_signature(value: Any) -> bool:
+    return isinstance(value, dict) and isinstance(value.get("task"), str)
+
+
+def _is_signatures(value: Any) -> bool:
+    return isinstance(value, list) and all(_is_signature(item) for item in value)
+
+
+def _is_time_limit(value: Any) -> bool:
+    return value is None or (isinstance(value, int | float) and not isinstance(value, bool)
+                             and math.isfinite(value) and value >= 0)
+
+
+#: Every ``x_celery`` entry Celery reads, with what it must be (``null`` always means
+#: unset).  Other entries are custom headers (``apply_async(headers=...)``, stamps) and
+#: may be any JSON value.
+X_CELERY_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "kwargs": (lambda v: isinstance(v, dict), "an object"),
+    "callbacks": (_is_signatures, "an array of signatures (objects with a string task)"),
+    "errbacks": (_is_signatures, "an array of signatures (objects with a string task)"),
+    "chain": (_is_signatures, "an array of signatures (objects with a string task)"),
+    "chord": (_is_signature, "a signature (an object with a string task)"),
+    "root_id": (_is_str, "a string"),
+    "parent_id": (_is_str, "a string"),
+    "group": (_is_str, "a string"),
+    "group_index": (_is_count, "an integer >= 0"),
+    "retries": (_is_count, "an integer >= 0"),
+    "replaced_task_nesting": (_is_count, "an integer >= 0"),
+    "timelimit": (lambda v: isinstance(v, list) and len(v) == 2 and all(map(_is_time_limit, v)),
+                  "[hard, soft]: an array of two numbers of seconds >= 0 or nulls"),
+    "shadow": (_is_str, "a string"),
+    "argsrepr": (_is_str, "a string"),
+    "kwargsrepr": (_is_str, "a string"),
+    "origin": (_is_str, "a string"),
+    "ignore_result": (lambda v: isinstance(v, bool), "true or false"),
+    "stamps": (lambda v: isinstance(v, dict), "an object"),
+    "stamped_headers": (lambda v: isinstance(v, list) and all(map(_is_str, v)),
+                        "an array of strings"),
+    "periodic_task_name": (_is_str, "a string"),
+    "traceparent": (_is_str, "a string"),
+    "tracestate": (_is_str, "a string"),
+}
+#: ``x_celery`` entries that are not allowed: what the envelope itself carries, and
+#: what Celery's worker sets on a task request (never a message header).
+X_CELERY_RESERVED: dict[str, str] = {
+    "lang": "the consumer sets it",
+    "task": "the envelope's type carries it",
+    "id": "the envelope's id carries it",
+    "eta": "the envelope's scheduled_at carries it",
+    "expires": "the envelope's expires_at carries it",
+    **dict.fromkeys(("args", "called_directly", "children", "correlation_id", "delivery_info",
+                     "headers", "hostname", "is_eager", "logfile", "loglevel", "properties",
+                     "reply_to", "soft_time_limit", "taskset", "time_limit", "utc",
+                     "_children", "_protected"),
+                    "the worker sets it on the task request; it is not a message header"),
+}
+
+
+def _consumer_computed(key: str) -> bool:
+    """``x-ojs-*`` and ``ojs_*`` request headers are the consumer's own; a copy in
+    ``x_celery`` (Celery's ``self.retry(args=...)`` forwards a request's custom
+    headers) is stale and ignored."""
+    return key.startswith(("x-ojs-", "ojs_"))
+
+
+def check_x_celery(x_celery: Any) -> dict[str, Any]:
+    """Validate the ``x_celery`` extension; return it, or raise ``INVALID_ENVELOPE``
+    naming the entry, so that nothing unchecked reaches Celery's headers."""
+    if not isinstance(x_celery, dict):
+        raise JobRejected(INVALID_ENVELOPE, f"{X_CELERY} must be an object, "
+                                            f"not {type(x_celery).__name__}")
+    for key, value in x_celery.items():
+        reserved = X_CELERY_RESERVED.get(key)
+        if reserved is not None:
+            raise JobRejected(INVALID_ENVELOPE, f"{X_CELERY}.{key} is not allowed: {reserved}")
+        check = X_CELERY_FIELDS.get(key)
+        if check is not None and value is not None and not check[0](value):
+            raise JobRejected(INVALID_ENVELOPE,
+                              f"{X_CELERY}.{key} must be {check[1]} (or null), got "
+                              f"{_short_repr(value)}")
+    return x_celery
+
+
+def _short_repr(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _builtin_refused(resolve_task: Callable[[str], str | None], job_type: str,
+                     task_name: str) -> bool:
+    """A job without ``x_celery`` (not Celery's own) that resolves to one of Celery's
+    built-in tasks runs only where ``ojs_job_types`` maps that task onto its type."""
+    if not task_name.startswith(CELERY_BUILTIN_PREFIX):
+        return False
+    registry = getattr(resolve_task, "__self__", None)
+    if isinstance(registry, JobTypeRegistry):
+        return not registry.maps_explicitly(task_name, job_type)
+    return job_type == task_name
+
+
 def decode_job_message(
     body: bytes | str,
     properties: Mapping[str, Any],
     *,
     resolve_task: Callable[[str], str | None],
     argsrepr: Callable[[Any], str] = repr,
+    queue: str | None = None,
 ) -> IncomingJob:
-    """Validate a consumed OJS job and build the Celery v2 headers and payload for it."""
+    """Validate a consumed OJS job and build the Celery v2 headers and payload for it.
+
+    Raises :class:`JobRejected`: ``UNSUPPORTED_CONTENT_TYPE``; ``INVALID_PAYLOAD`` for
+    a body that is not strict JSON (:func:`check_strict_json`); ``INVALID_ENVELOPE``
+    for an invalid envelope, an invalid ``x_celery`` (:func:`check_x_celery`) or, when
+    ``queue`` (the OJS queue the message was consumed from) is given, an envelope
+    naming another queue; ``UNKNOWN_JOB_TYPE`` for a type no task handles, and for a
+    job without ``x_celery`` whose type is one of Celery's built-in tasks
+    (``celery.group`` ...) unless ``ojs_job_types`` maps that task onto it
+    (``resolve_task`` is then a :class:`~ojs_kombu.job_types.JobTypeRegistry`'s
+    ``task_for``; with any other callable, only a type other than the task's name does).
+    """
     check_content_type(properties.get("content_type"), properties.get("content_encoding"))
     envelope = parse_envelope(body)
+    if queue is not None and envelope.queue != queue:
+        raise JobRejected(
+            INVALID_ENVELOPE,
+            f"the envelope's queue is {envelope.queue!r} but the job was consumed from queue "
+            f"{queue!r}; a job runs only on the workers of its own queue (publish it with "
+            f"routing key {envelope.queue!r})",
+        )
+    extra = envelope.model_extra or {}
+    celery_job = X_CELERY in extra
+    x_celery = check_x_celery(extra[X_CELERY]) if celery_job else {}
     task_name = resolve_task(envelope.type)
     if task_name is None:
         raise JobRejected(
             UNKNOWN_JOB_TYPE,
             f"no Celery task handles OJS type {envelope.type!r} on this worker",
         )
-    extra = envelope.model_extra or {}
-    x_celery = extra.get(X_CELERY) or {}
-    if not isinstance(x_celery, dict):
-        raise JobRejected(INVALID_ENVELOPE, f"{X_CELERY} must be an object")
+    if not celery_job and _builtin_refused(resolve_task, envelope.type, task_name):
+        raise JobRejected(
+            UNKNOWN_JOB_TYPE,
+            f"OJS type {envelope.type!r} is Celery's built-in task {task_name!r}, which only "
+            f"Celery's own canvas publishes (with {X_CELERY}); to let other producers run "
+            f"it, map it: app.conf.ojs_job_types = {{{task_name!r}: 'your.type'}}",
+        )
 
     amqp_headers = properties.get("application_headers") or {}
     attempt = amqp_headers.get("x-ojs-attempt")
     kwargs = x_celery.get("kwargs") or {}
-    if not isinstance(kwargs, dict):
-        raise JobRejected(INVALID_ENVELOPE, f"{X_CELERY}.kwargs must be an object")
 
     headers: dict[str, Any] = {
         **HEADER_DEFAULTS,
@@ -444,16 +711,17 @@ def decode_job_message(
         "retries": (attempt - 1) if isinstance(attempt, int) and attempt > 0 else 0,
         "timelimit": [envelope.timeout or None, None],
     }
-    if "argsrepr" not in x_celery:
+    if x_celery.get("argsrepr") is None:
         headers["argsrepr"] = argsrepr(envelope.args)
     headers.update(
-        (k, v) for k, v in x_celery.items() if k != "kwargs" and k not in EMBED_KEYS
+        (k, v) for k, v in x_celery.items()
+        if v is not None and k != "kwargs" and k not in EMBED_KEYS and not _consumer_computed(k)
     )
     headers.update(
         (k, v) for k, v in amqp_headers.items() if isinstance(k, str) and k.startswith("x-ojs-")
     )
     own_retry: dict[str, Any] = {}
-    if X_CELERY not in extra and isinstance(amqp_headers.get("x-ojs-max-attempts"), int):
+    if not celery_job and isinstance(amqp_headers.get("x-ojs-max-attempts"), int):
         # A foreign producer may state its budget in the header only (section 6.2).
         own_retry["max_attempts"] = amqp_headers["x-ojs-max-attempts"]
     if envelope.retry is not None:
@@ -461,7 +729,7 @@ def decode_job_message(
                                                    include=envelope.retry.model_fields_set))
     if own_retry:
         headers[RETRY_HEADER] = own_retry
-    if X_CELERY in extra:
+    if celery_job:
         headers[CELERY_JOB_HEADER] = True
     if "traceparent" not in headers:  # continue a producer's trace (AMQP-023)
         meta = envelope.meta or {}

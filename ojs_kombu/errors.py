@@ -90,6 +90,29 @@ class JobRoutingError(JobEncodeError):
     """The task was routed somewhere the OJS binding cannot deliver; nothing was sent."""
 
 
+class JobOptionError(JobEncodeError):
+    """A call option cannot become an OJS envelope attribute (a time limit, a priority);
+    nothing was sent.  :attr:`option` names the option, :attr:`task_name` the task."""
+
+    def __init__(self, message: str, *, option: str, task_name: str | None = None,
+                 job_id: str | None = None, queue: str | None = None) -> None:
+        self.option = option
+        self.task_name = task_name
+        super().__init__(message, job_id=job_id, queue=queue)
+
+
+class JobTooLargeError(JobEncodeError):
+    """The encoded job is larger than ``ojs_max_job_bytes`` (RabbitMQ refuses bodies over
+    its ``max_message_size``); nothing was sent.  :attr:`size` and :attr:`limit` are in
+    bytes."""
+
+    def __init__(self, message: str, *, size: int, limit: int, job_id: str | None = None,
+                 queue: str | None = None) -> None:
+        self.size = size
+        self.limit = limit
+        super().__init__(message, job_id=job_id, queue=queue)
+
+
 class UnroutableJobError(JobPublishError):
     """The broker returned the job (``Basic.Return``): no queue is bound for it."""
 

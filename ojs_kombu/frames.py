@@ -25,7 +25,7 @@ from struct import pack, unpack_from
 from typing import Any
 
 import amqp
-from amqp.method_framing import frame_handler
+from amqp.method_framing import frame_handler, frame_writer
 
 logger = logging.getLogger(__name__)
 
@@ -64,3 +64,19 @@ def guarded_frame_handler(connection: Any, callback: Callable[..., Any]
             return on_frame((frame_type, channel, replacement_header(buf, reason)))
 
     return guarded
+
+
+def locked_frame_writer(connection: Any, transport: Any) -> Callable[..., Any]:
+    """py-amqp's frame writer under the connection's ``ojs_write_lock``, the lock every
+    other write of the connection takes too (:meth:`ojs_kombu.transport.Connection.
+    write_frames`): greenlets of the gevent and eventlet pools ack, retry and
+    dead-letter at the same time, and a write that yields half-way must not let
+    another one's bytes in between."""
+    write = frame_writer(connection, transport)
+    lock = connection.ojs_write_lock
+
+    def locked(*args: Any) -> Any:
+        with lock:
+            return write(*args)
+
+    return locked

@@ -9,7 +9,10 @@ Resolution order, publish side (task name -> type):
 
 Consume side (type -> task name) is the reverse of 1 and 2, then the type
 itself when a task of that name is registered.  A type nobody handles
-resolves to ``None`` and the job is dead-lettered as ``UNKNOWN_JOB_TYPE``.
+resolves to ``None`` and the job is dead-lettered as ``UNKNOWN_JOB_TYPE``, as is
+a job from another producer (no ``x_celery``) whose type is one of Celery's
+built-in tasks (``celery.group`` ...) that ``ojs_job_types`` does not map
+(:meth:`JobTypeRegistry.maps_explicitly`; see :func:`ojs_kombu.codec.decode_job_message`).
 """
 
 from __future__ import annotations
@@ -84,6 +87,11 @@ class JobTypeRegistry:
         if task_name is not None:
             self._task_names[job_type] = task_name
         return task_name
+
+    def maps_explicitly(self, task_name: str, job_type: str) -> bool:
+        """Whether ``ojs_job_types`` maps ``task_name`` onto ``job_type`` (what lets a
+        job from another producer run one of Celery's built-in tasks)."""
+        return self._explicit.get(task_name) == job_type
 
     def validate(self) -> dict[str, str]:
         """Check every registered task now; return ``{task_name: type}``.

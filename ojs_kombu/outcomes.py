@@ -19,6 +19,7 @@ connection leaves it to the broker, which delivers it again.
 from __future__ import annotations
 
 import logging
+import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -158,6 +159,10 @@ class OutcomePublisher:
         self._pending: OrderedDict[int, PendingOutcome] = OrderedDict()
         #: (due, outcome) waiting to be published again
         self._later: list[tuple[float, PendingOutcome]] = []
+        #: frames published from the event loop's thread, written once per loop
+        #: iteration (:meth:`flush`): a storm of dead letters costs one write per
+        #: socket read, not one per job
+        self._unwritten: list[bytes] = []
         self.log_dead_letter = DeadLetterLog()
 
     @property
@@ -175,19 +180,37 @@ class OutcomePublisher:
         message = outcome.message
         data = frames.encode(outcome.exchange, outcome.routing_key, outcome.mandatory,
                              message.body, message.properties)
-        self._sequence += 1
-        self._pending[self._sequence] = outcome
-        self._connection.write_frames(data)
+        connection = self._connection
+        # Numbered and written as one step: the broker numbers publishes in the order
+        # it reads them (several greenlets may publish at once).
+        with connection.ojs_write_lock:
+            self._sequence += 1
+            self._pending[self._sequence] = outcome
+            if connection.ojs_loop_thread == threading.get_ident():
+                self._unwritten.append(data)
+            else:
+                connection.write_frames(data)
+
+    def flush(self) -> None:
+        """Write the publishes collected in this loop iteration, in one write."""
+        if self._unwritten:
+            data = b"".join(self._unwritten)
+            self._unwritten.clear()
+            self._connection.write_frames(data)
 
     def declare_nowait(self, declare: Declare, *args: Any) -> None:
         """Run a :mod:`ojs_kombu.topology` declaration on the outcome channel, pipelined."""
         declare(_NoWait(self._open()), self._connection.ojs.names, *args)
 
     def run_due(self) -> None:
-        """Publish again the outcomes whose backoff is over (from the loop, each tick)."""
+        """Publish again the outcomes whose backoff is over, then write what was
+        collected (from the loop, each tick)."""
         self.log_dead_letter.flush()
-        if not self._later:
-            return
+        if self._later:
+            self._publish_due()
+        self.flush()
+
+    def _publish_due(self) -> None:
         now = monotonic()
         due = [item for item in self._later if item[0] <= now]
         if not due:
@@ -207,6 +230,7 @@ class OutcomePublisher:
         """The connection is gone: nothing left to settle (the broker redelivers)."""
         self._channel = None
         self._frames = None
+        self._unwritten.clear()
         self._pending.clear()
         self._later.clear()
 
@@ -265,6 +289,7 @@ class OutcomePublisher:
                      "the %d jobs on it are published again", reply_code, reply_text,
                      len(self._pending))
         self._channel = None
+        self._unwritten.clear()  # frames for the closed channel: published again below
         lost, self._pending = list(self._pending.values()), OrderedDict()
         for outcome in lost:
             self._again(outcome, f"channel closed ({reply_code} {reply_text})")

@@ -61,6 +61,10 @@ class OJSSettings(BaseModel):
     max_priority: int | None = Field(default=10, ge=1, le=255)
     #: Seconds to wait for a publisher confirm before raising ``PublishConfirmTimeout``.
     confirm_timeout: float = Field(default=30.0, gt=0)
+    #: Largest job body (the envelope's JSON, in bytes) a producer publishes; a bigger
+    #: one raises ``JobTooLargeError`` before anything is sent.  The default is
+    #: RabbitMQ's default ``max_message_size`` (128 MiB); ``None``: no check.
+    max_job_bytes: int | None = Field(default=134_217_728, ge=1)
     #: How a worker sends its acks (see :mod:`ojs_kombu.acks`).  ``"batched"``: the
     #: acks of jobs that end in the same event-loop iteration go out in one write,
     #: one ``Basic.Ack(multiple=false)`` per job (the binding's section 5.3).

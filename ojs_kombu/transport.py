@@ -65,7 +65,7 @@ from .errors import (
 )
 from .events.emitter import trace_id_of
 from .failures import EXPIRED, Action, Delivered, Happened, JobFailure, Outcome, decide
-from .frames import UNDECODABLE_HEADER, guarded_frame_handler
+from .frames import UNDECODABLE_HEADER, guarded_frame_handler, locked_frame_writer
 from .naming import TopologyNames
 from .outcomes import OutcomePublisher
 from .publish_frames import PublishFrames
@@ -263,6 +263,7 @@ class Channel(pyamqp.Channel):
             job_type=ojs.job_types.type_for(task),
             queue=queue,
             retry_policy=ojs.retry_policy_for(task) if ojs.retry_policy_for else None,
+            max_job_bytes=ojs.settings.max_job_bytes,
         )
         self.publish_job(job, timeout=timeout, confirm_timeout=confirm_timeout)
 
@@ -455,6 +456,7 @@ class Channel(pyamqp.Channel):
         first."""
         deadline = monotonic() + limit
         self.connection.flush_acks_in_loop()  # no ack waits behind a confirm
+        self.connection.ojs_outcomes.flush()
         while not done():
             remaining = deadline - monotonic()
             if remaining <= 0:
@@ -592,7 +594,7 @@ class Channel(pyamqp.Channel):
                                         f"properties could not be decoded ({undecodable})")
             try:
                 job = decode_job_message(raw.body, raw.properties, resolve_task=resolve_task,
-                                         argsrepr=_argsrepr)
+                                         argsrepr=_argsrepr, queue=queue)
             except JobRejected as rejected:
                 return self.dead_letter(raw, queue, rejected.code, rejected.message)
             delivery = JobDelivery(queue, job.envelope.id, raw.body, dict(raw.properties),
@@ -803,8 +805,13 @@ class Connection(pyamqp.Connection):
         #: collected acks are written before each delivery.
         self.ojs_jobs_run_in_loop = False
         self._ojs_loop: Any = None
+        #: Every write of this connection takes it (py-amqp's frame writer too): green
+        #: pools write from many greenlets.  Reentrant: an outcome is numbered and
+        #: written under it.
+        self.ojs_write_lock = threading.RLock()
         super().__init__(*args, confirm_publish=False, **kwargs)
         self.frame_handler_cls = guarded_frame_handler
+        self.frame_writer_cls = locked_frame_writer
         #: Retries, dead letters and reschedules of this connection's deliveries.
         self.ojs_outcomes = OutcomePublisher(self, lambda: self.frame_max)
 
@@ -873,8 +880,9 @@ class Connection(pyamqp.Connection):
         """Frames ojs_kombu encoded itself (publishes, collected acks), in one write,
         counted as py-amqp counts its own writes: its heartbeat check reads
         ``bytes_sent`` to know whether anything went out since the last tick."""
-        self.transport.write(data)
-        self.bytes_sent += 1
+        with self.ojs_write_lock:
+            self.transport.write(data)
+            self.bytes_sent += 1
 
     def flush_acks_in_loop(self) -> None:
         """:meth:`flush_acks` if called from the event loop's thread (before an ack or nack
@@ -908,6 +916,7 @@ class Connection(pyamqp.Connection):
             return
         deadline = monotonic() + limit
         try:
+            outcomes.flush()
             while outcomes.in_flight and monotonic() < deadline:
                 outcomes.run_due()
                 with suppress(TimeoutError):

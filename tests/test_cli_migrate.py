@@ -86,8 +86,9 @@ def test_pickle_and_other_serializers_block_or_warn() -> None:
     assert "UnsupportedSerializerError" in found["task_serializer"]
     assert "task_compression" in found
     assert "msgpack" in found["task proj.msg"]
-    warnings = {f.subject for f in report.findings if f.level == "warning"}
-    assert {"accept_content", "result_serializer"} <= warnings
+    # pickle stays off everywhere: install() removes it, so accepting it blocks
+    assert "install() removes pickle" in found["accept_content"]
+    assert "'json'" in found["result_serializer"]
 
 
 def test_options_without_ojs_meaning_and_lossy_acks() -> None:
@@ -125,7 +126,10 @@ def test_queues_routes_and_pools_that_block() -> None:
     assert "ojs_queue_aliases" in found["queue High_Priority"]
     assert "AMQP-003" in found["queue tmp"]
     assert "JobRoutingError" in found["task_routes['proj.*']"]
-    assert "gevent" in found["worker_pool"]
+    assert "worker_pool" not in found  # gevent is supported
+    green = build_report(make_app(worker_pool="gevent"))
+    assert any(f.level == "info" and f.subject == "worker_pool"
+               and "--without-heartbeat" in f.message for f in green.findings)
 
     aliased = make_app(task_queues=[Queue("High_Priority")],
                        ojs_queue_aliases={"High_Priority": "high-priority"})

@@ -18,12 +18,12 @@ HEADERS = {"x-ojs-attempt": 2, "x-ojs-trace-id": "00-abc-def-01", "custom": 1,
            "x-death": [{"count": 1}], "x-first-death-queue": "q", "x-last-death-reason": "x"}
 
 
-def test_failed_attempt_keeps_the_job_and_adds_the_error(job_schema: Any) -> None:
+def test_failed_attempt_keeps_the_job_and_adds_the_error(job_check: Any) -> None:
     failure = JobFailure.from_exception(ValueError("bad input"))
     body, headers = record_failure(json.dumps(JOB).encode(), HEADERS, failure, attempt=2,
                                    state="retryable", now=NOW)
     job = json.loads(body)
-    job_schema.validate(job)
+    job_check.validate(job)
     assert job["x_custom"] == {"kept": True} and job["state"] == "retryable"
     assert job["attempt"] == 2
     assert job["error"] == {"type": "ValueError", "message": "bad input"}

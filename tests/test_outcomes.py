@@ -7,6 +7,7 @@ them off the wire (``Basic.Ack``/``Nack``/``Return``, ``Channel.Close``).
 from __future__ import annotations
 
 import logging
+import threading
 from struct import pack
 from typing import Any
 
@@ -19,18 +20,25 @@ from ojs_kombu import outcomes as outcomes_module
 from ojs_kombu.naming import TopologyNames
 from ojs_kombu.outcomes import DeadLetterLog, OutcomePublisher, PendingOutcome
 
+#: A Basic.Publish method frame's class and method ids (60, 40).
+PUBLISH_METHOD = pack(">HH", *spec.Basic.Publish)
+
 
 class Wire:
     """The connection an outcome channel writes to: what went out, what was declared."""
 
     confirm_publish = False
     connection_errors = (ConnectionError,)
+    #: the event loop's thread (None: no loop, every publish is written at once)
+    ojs_loop_thread: int | None = None
+    ojs_write_lock = threading.RLock()
 
     def __init__(self) -> None:
         self.channels: dict[int, Any] = {}
         self._used_channel_ids: list[int] = []
         self.methods: list[tuple[int, Any]] = []
         self.publishes = 0
+        self.writes = 0
         self.forgotten: list[str] = []
         self.ojs = type("Binding", (), {"names": TopologyNames()})()
 
@@ -44,7 +52,8 @@ class Wire:
         self.methods.append((channel_id, sig))
 
     def write_frames(self, data: bytes) -> None:
-        self.publishes += 1
+        self.writes += 1
+        self.publishes += data.count(PUBLISH_METHOD)
 
     def forget_topology(self, queue: str) -> None:
         self.forgotten.append(queue)
@@ -186,3 +195,18 @@ def test_dead_letter_lines_are_rate_limited_and_summed(caplog: pytest.LogCapture
     lines = [r.getMessage() for r in caplog.records]
     assert sum("dead-lettering job" in line for line in lines) == 10
     assert lines[-1].startswith("... and 15 more jobs dead-lettered")
+
+
+def test_publishes_from_the_loop_thread_are_written_once_per_tick() -> None:
+    """In a storm, a socket read brings many deliveries: their copies go out in one
+    write when the loop ticks, not one write each."""
+    wire, delivered = Wire(), DeliveryChannel()
+    wire.ojs_loop_thread = threading.get_ident()
+    publisher = OutcomePublisher(wire, lambda: 131072)
+    for tag in range(1, 51):
+        publisher.publish(outcome(delivered, tag))
+    assert wire.publishes == 0  # collected
+    publisher.run_due()  # the loop's tick
+    assert (wire.publishes, wire.writes) == (50, 1)
+    answer(wire, spec.Basic.Ack, "Lb", (50, True))
+    assert delivered.acked == list(range(1, 51))

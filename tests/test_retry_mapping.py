@@ -113,7 +113,7 @@ def test_celery_semantics_policy_table(options: dict[str, Any],
     assert task_retry_policy(task, "celery") == task_retry_policy(task)
 
 
-def test_the_envelope_of_a_celery_job_states_its_celery_retries(job_schema: Any) -> None:
+def test_the_envelope_of_a_celery_job_states_its_celery_retries(job_check: Any) -> None:
     from ojs_kombu.codec import encode_task_message
 
     from .test_codec import celery_message
@@ -127,7 +127,7 @@ def test_the_envelope_of_a_celery_job_states_its_celery_retries(job_schema: Any)
             job_type="m.task", queue="q",
             retry_policy=task.app.amqp.binding.retry_policy_for("m.task"))
         envelope = json.loads(job.body)
-        job_schema.validate(envelope)
+        job_check.validate(envelope)
         assert envelope["retry"]["max_attempts"] == attempts
         assert job.properties["application_headers"]["x-ojs-max-attempts"] == attempts
         incoming = decode_job_message(job.body, job.properties, resolve_task=lambda t: t)
@@ -337,7 +337,7 @@ def test_celery_semantics_explicit_retry_is_celerys() -> None:
     assert isinstance(run_delivered(unbounded, CELERY_JOB, retries=1000), Retry)
 
 
-def test_a_non_default_policy_travels_in_the_envelope_and_header(job_schema: Any) -> None:
+def test_a_non_default_policy_travels_in_the_envelope_and_header(job_check: Any) -> None:
     job = encode(properties={}, task_id=None)
     assert "retry" not in json.loads(job.body)  # default policy: implied
     policy = RetryPolicy(max_attempts=5, initial_interval="PT2S")
@@ -348,7 +348,7 @@ def test_a_non_default_policy_travels_in_the_envelope_and_header(job_schema: Any
     job = encode_task_message(body=body, content_type=ct, properties=props, headers=headers,
                               job_type="email.send", queue="email", retry_policy=policy)
     envelope = json.loads(job.body)
-    job_schema.validate(envelope)
+    job_check.validate(envelope)
     assert envelope["retry"]["max_attempts"] == 5
     assert job.properties["application_headers"]["x-ojs-max-attempts"] == 5
 

@@ -26,8 +26,8 @@ from .common import EXIT_FAILED, EXIT_USAGE, CLIError, OJSGroup, emit, options
 
 Level = Literal["blocker", "warning", "info"]
 JSON_SERIALIZERS = ("json", "application/json")
-#: Pools ojs_kombu does not support (retries and dead letters publish from the event loop).
-UNSUPPORTED_POOLS = ("gevent", "eventlet")
+#: Green pools: supported, with Celery's event dispatcher off (see README, Worker pools).
+GREEN_POOLS = ("gevent", "eventlet")
 #: Task options that exist in Celery and have no OJS attribute.
 CELERY_ONLY_OPTIONS = {
     "rate_limit": "a Celery worker-side rate limit; OJS has no equivalent attribute (it "
@@ -271,18 +271,35 @@ def _check_serializers(conf: Mapping[str, Any], report: MigrationReport) -> None
     if conf.get("task_protocol", 2) != 2:
         report.add("blocker", "task_protocol",
                    "ojs_kombu maps Celery's task protocol 2; remove task_protocol=1")
-    accept = _serializer_names(conf.get("accept_content"))
-    for unsafe in ("pickle", "application/x-python-serialize", "yaml", "msgpack"):
-        if unsafe in accept:
-            report.add("warning", "accept_content",
-                       f"{unsafe!r} is accepted: OJS job queues carry JSON only (the worker "
-                       "dead-letters anything else), so it only matters for non-job messages")
+    for setting in ("accept_content", "result_accept_content"):
+        accept = _serializer_names(conf.get(setting))
+        for unsafe in ("pickle", "application/x-python-serialize"):
+            if unsafe in accept:
+                report.add("blocker", setting,
+                           f"{unsafe!r} is accepted: ojs_kombu.install() removes pickle (a "
+                           "pickled message runs code in the worker), and a worker whose app "
+                           "sets it again does not start; remove it, and make sure nothing "
+                           "the app reads (results, remote control) is pickled")
+        for unsafe in ("yaml", "msgpack"):
+            if unsafe in accept:
+                report.add("warning", setting,
+                           f"{unsafe!r} is accepted: OJS job queues carry JSON only (the "
+                           "worker dead-letters anything else), so it only matters for "
+                           "non-job messages")
     result_serializer = conf.get("result_serializer")
-    if result_serializer not in JSON_SERIALIZERS:
+    if result_serializer == "pickle":
+        report.add("blocker", "result_serializer",
+                   "'pickle': ojs_kombu.install() writes results as JSON instead (nothing is "
+                   "unpickled), so results JSON cannot carry would fail; set 'json'")
+    elif result_serializer not in JSON_SERIALIZERS:
         report.add("warning", "result_serializer",
                    f"{result_serializer!r}: results are not part of the OJS job, but other "
                    "OJS consumers cannot read non-JSON results; prefer 'json'")
-    if conf.get("event_serializer") not in (*JSON_SERIALIZERS, None):
+    if conf.get("event_serializer") == "pickle":
+        report.add("warning", "event_serializer",
+                   "'pickle': ojs_kombu.install() sends Celery's monitoring events as JSON "
+                   "instead (their readers accept JSON)")
+    elif conf.get("event_serializer") not in (*JSON_SERIALIZERS, None):
         report.add("info", "event_serializer",
                    f"{conf.get('event_serializer')!r}: Celery monitoring events are not OJS "
                    "events and pass through untouched")
@@ -339,9 +356,11 @@ def _check_queues(conf: Mapping[str, Any], tasks: Mapping[str, Any], aliases: di
 
 def _check_worker(conf: Mapping[str, Any], report: MigrationReport) -> None:
     pool = str(conf.get("worker_pool") or "prefork")
-    if pool.split(":")[-1].lower() in UNSUPPORTED_POOLS:
-        report.add("blocker", "worker_pool", f"{pool!r} is not supported by ojs_kombu yet "
-                   "(prefork, threads and solo are)")
+    if pool.split(":")[-1].lower() in GREEN_POOLS:
+        report.add("info", "worker_pool", f"{pool!r}: start workers with --without-heartbeat "
+                   "--without-gossip and without -E (Celery's loop for green pools waits "
+                   "on the event connection after every message otherwise)"
+                   + ("; eventlet is deprecated upstream" if "eventlet" in pool else ""))
     broker = str(conf.get("broker_url") or "")
     scheme = broker.partition("://")[0] if "://" in broker else ""
     if scheme not in ("ojs", "ojss"):
@@ -413,7 +432,8 @@ def check(ctx: click.Context, app_spec: str, workdir: str | None, json_output: b
     Per task: the OJS type it will get (and from where), its OJS max_attempts
     and whose retry rules it follows (ojs_retry_semantics).  Then blockers
     (exit 1), warnings and info: task names that need an explicit mapping,
-    non-JSON serializers, compression, exchange routes, queue names, unsupported
+    non-JSON serializers, pickle in accept_content, compression, exchange routes,
+    queue names, unsupported
     pools, ack options, options with no OJS meaning, and every task whose retry
     behaviour changes versus plain Celery.
     Does not connect to the broker.

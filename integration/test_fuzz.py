@@ -1,0 +1,151 @@
+"""Hostile input in bulk: a seeded fuzzer publishes malformed deliveries between valid
+jobs into a queue a real ``celery worker`` consumes.
+
+Counts asserted: every malformed delivery dead-lettered with an error code, every
+valid job run exactly once, no worker exit, no stall, nothing left behind.  The
+default run (CI) is 2,000 malformed deliveries on the prefork pool; the longer
+run is documented in faults/README.rst::
+
+    OJS_FUZZ_DELIVERIES=10000 OJS_FUZZ_SEEDS=1,2,3 OJS_FUZZ_POOLS=prefork,threads,solo \\
+        .venv/bin/python -m pytest integration/test_fuzz.py -s
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import amqp
+import pytest
+import redis
+
+from .conftest import HOST, PORT, queue_depth, unacked
+from .fuzz_messages import deliveries
+
+BACKEND = "redis://127.0.0.1:6379/12"
+DELIVERIES = int(os.environ.get("OJS_FUZZ_DELIVERIES", "2000"))
+SEEDS = [int(s) for s in os.environ.get("OJS_FUZZ_SEEDS", "20261125").split(",")]
+POOLS = os.environ.get("OJS_FUZZ_POOLS", "prefork").split(",")
+#: No dead letter for this long while malformed deliveries wait: a stall.
+STALL_S = 30.0
+
+APP = f'''
+import os
+import redis
+from celery import Celery
+import ojs_kombu
+
+app = Celery("fuzz", broker=os.environ["OJS_TEST_BROKER_URL"])
+ojs_kombu.install(app)
+app.conf.worker_prefetch_multiplier = 16
+runs = redis.Redis.from_url("{BACKEND}")
+
+@app.task(name="fuzz.count", bind=True)
+def count(self, *args):
+    runs.incr("fuzz:" + self.request.id)
+'''
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("fuzz")
+    (folder / "fuzzapp.py").write_text(APP)
+    return folder
+
+
+def start(broker_url: str, workdir: Path, pool: str, queue: str) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "OJS_TEST_BROKER_URL": broker_url, "PYTHONPATH": str(workdir)}
+    with (workdir / f"{queue}.log").open("ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "fuzzapp", "worker", "-Q", queue, "-P",
+             pool, "-c", "2", "-l", "WARNING", "--without-mingle", "--without-gossip"],
+            cwd=workdir, env=env, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True)
+
+
+@pytest.fixture
+def channel(vhost: str) -> Iterator[amqp.Channel]:
+    connection = amqp.Connection(f"{HOST}:{PORT}", virtual_host=vhost)
+    connection.connect()
+    try:
+        yield connection.channel()
+    finally:
+        connection.close()
+
+
+def wait_declared(channel: amqp.Channel, queue: str, worker: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        assert worker.poll() is None, "the worker exited while starting"
+        try:
+            channel.connection.channel().queue_declare(f"ojs.queue.dlx.{queue}", passive=True)
+            return
+        except amqp.exceptions.NotFound:
+            time.sleep(0.5)
+    pytest.fail(f"the worker never declared ojs.queue.dlx.{queue}")
+
+
+@pytest.mark.parametrize("pool", POOLS)
+@pytest.mark.parametrize("seed", SEEDS)
+def test_fuzzed_deliveries_are_dead_lettered_and_valid_jobs_run_once(
+        broker_url: str, vhost: str, workdir: Path, channel: amqp.Channel, pool: str,
+        seed: int) -> None:
+    queue = f"fuzz-{pool}-{seed}"
+    worker = start(broker_url, workdir, pool, queue)
+    store = redis.Redis.from_url(BACKEND)
+    try:
+        wait_declared(channel, queue, worker)
+        kinds: Counter[str] = Counter()
+        valid: list[str] = []
+        for delivery in deliveries(queue, DELIVERIES, valid_every=20, seed=seed):
+            # each one confirmed by the broker: what is counted below was enqueued
+            channel.basic_publish_confirm(delivery.message, exchange="ojs.exchange.direct",
+                                          routing_key=queue)
+            if delivery.valid:
+                valid.append(delivery.job_id)
+            else:
+                kinds[delivery.kind] += 1
+        dlq, job_queue = f"ojs.queue.dlx.{queue}", f"ojs.queue.{queue}"
+        seen, last_change, stalls = 0, time.monotonic(), 0
+        while (dead := queue_depth(channel, dlq)) < DELIVERIES:
+            assert worker.poll() is None, f"the worker exited ({worker.returncode})"
+            if dead != seen:
+                seen, last_change = dead, time.monotonic()
+            elif time.monotonic() - last_change > STALL_S:
+                stalls += 1
+                break
+            time.sleep(0.2)
+        ran = [int(store.get(f"fuzz:{job_id}") or 0) for job_id in valid]
+        codes: Counter[str] = Counter()
+        for _ in range(min(dead, DELIVERIES)):
+            message = channel.basic_get(dlq, no_ack=True)
+            if message is None:
+                break
+            codes[(message.properties.get("application_headers") or {}).get(
+                "x-ojs-error-code", "(none)")] += 1
+        left = queue_depth(channel, job_queue) + unacked(vhost, job_queue)
+        report = (f"seed {seed}, pool {pool}: published and confirmed {DELIVERIES} malformed "
+                  f"({dict(kinds)}) and {len(valid)} valid; dead-lettered {dead}, codes "
+                  f"{dict(codes)}; valid ran {sum(ran)} (lost {ran.count(0)}, duplicates "
+                  f"{sum(r - 1 for r in ran if r > 1)}); left in the queue (ready or "
+                  f"unacked) {left}; stalls {stalls}")
+        print(report)
+        assert stalls == 0, report
+        assert dead == DELIVERIES and "(none)" not in codes, report
+        assert ran == [1] * len(valid), report
+        assert left == 0, report
+        assert worker.poll() is None, report
+    finally:
+        os.killpg(worker.pid, signal.SIGTERM)
+        try:
+            code = worker.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(worker.pid, signal.SIGKILL)
+            code = None
+    assert code == 0, f"the worker exited with {code} after SIGTERM"

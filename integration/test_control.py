@@ -162,8 +162,7 @@ def test_cooperative_cancel_reaches_a_prefork_pool_process(broker_url: str,
         with pytest.raises(TaskRevokedError):  # stopped on the cancel: cancelled, not done
             result.get(timeout=20)
     finally:
-        os.killpg(worker.pid, signal.SIGTERM)
-        worker.wait(30)
+        _stop(worker)
 
 
 def test_cancel_reaches_the_worker_that_holds_the_job(broker_url: str, tmp_path: Path,
@@ -205,12 +204,7 @@ def test_cancel_reaches_the_worker_that_holds_the_job(broker_url: str, tmp_path:
                    in log.read_text(), timeout=30, what="the relay's answer to the broadcast")
     finally:
         for process in workers:
-            os.killpg(process.pid, signal.SIGTERM)
-        for process in workers:
-            try:
-                process.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
+            _stop(process)
     assert cancelled[0]["data"]["reason"] == "stop it"
     assert cancelled[0]["data"]["cancelled_by"] == "test"
     assert "holder" in cancelled[0]["source"]
@@ -244,7 +238,18 @@ def test_terminate_leaves_the_workers_connections_alone(broker_url: str,
         after = client_app.tasks["math.add"].apply_async((2, 3), queue="ctl")
         assert after.get(timeout=30) == 5
     finally:
-        os.killpg(worker.pid, signal.SIGTERM)
-        worker.wait(30)
+        _stop(worker)
     text = log.read_text()
     assert "Connection reset" not in text and "Broken pipe" not in text, text[-3000:]
+
+
+def _stop(worker: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to the worker's main process only, as a supervisor sends it: a warm
+    shutdown lets the pool finish and ack (SIGTERM to the whole group kills a pool
+    process mid-ack, and its job is then a lost worker's)."""
+    worker.send_signal(signal.SIGTERM)
+    try:
+        worker.wait(60)
+    except subprocess.TimeoutExpired:
+        os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait(10)

@@ -290,9 +290,10 @@ def run_jobs(connection: amqp.Connection, names: ojs_kombu.TopologyNames,
         outcome = f"found in {dlq}, but not as its OJS job envelope: {dead.body[:80]!r}"
     else:
         headers = dead.properties.get("application_headers") or {}
-        outcome = (f"dead-lettered (found in {dlq}) after {headers.get('x-ojs-attempt')} "
-                   f"attempts retried by the broker; {headers.get('x-ojs-error-code')}: "
-                   f"{headers.get('x-ojs-error-message')}")
+        deaths = headers.get("x-death") or [{}]
+        outcome = (f"dead-lettered (found in {dlq}, x-death reason "
+                   f"{deaths[0].get('reason')!r}) after {headers.get('x-ojs-attempt')} "
+                   f"attempts retried by the broker; last error: {error!r}")
     reports.append(JobReport(failing.id, "billing.charge", "delay", outcome,
                              outcome.startswith("dead-lettered")))
 

@@ -37,9 +37,11 @@ def send_email(self: Task, to: str, subject: str) -> str:
     return f"sent to {to}"
 
 
-@app.task(name="billing.charge", throws=(PaymentDeclinedError,))
+@app.task(name="billing.charge", throws=(PaymentDeclinedError,),
+          autoretry_for=(PaymentDeclinedError,), max_retries=2, default_retry_delay=0.2)
 def charge(customer: str, amount_cents: int) -> None:
-    """Always fails: the job is nacked into its queue's dead-letter queue."""
+    """Always fails: Celery's ``autoretry_for`` retries it twice (the broker holds each
+    retry), then the job is nacked into its queue's dead-letter queue."""
     raise PaymentDeclinedError(f"card of {customer} declined for {amount_cents} cents")
 
 

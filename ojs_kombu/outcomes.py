@@ -127,7 +127,9 @@ class DeadLetterLog:
         self._skipped = 0
 
     def __call__(self, job_id: str, queue: str, code: str, message: str) -> None:
-        self.flush()
+        now = self._clock()
+        if now - self._window >= 1.0:
+            self._new_window(now)
         if self._logged < self._rate:
             self._logged += 1
             logger.error("dead-lettering job %s from queue %r: %s: %s", job_id, queue, code,
@@ -136,10 +138,13 @@ class DeadLetterLog:
             self._skipped += 1
 
     def flush(self) -> None:
-        """Start a new second, first summing up the lines the last one left out."""
-        now = self._clock()
-        if now - self._window < 1.0:
-            return
+        """Sum up the lines the last second left out, once it is over (each loop tick)."""
+        if self._skipped:
+            now = self._clock()
+            if now - self._window >= 1.0:
+                self._new_window(now)
+
+    def _new_window(self, now: float) -> None:
         if self._skipped:
             logger.error("... and %d more jobs dead-lettered in the last %.0f s",
                          self._skipped, now - self._window)

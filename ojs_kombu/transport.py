@@ -902,9 +902,11 @@ class Connection(pyamqp.Connection):
         super().collect()
 
     def drain_events(self, timeout: float | None = None) -> Any:
-        """py-amqp's, first publishing again the outcomes whose backoff is over
-        (loops without kombu's hub, such as gevent's and eventlet's, call this)."""
-        self.ojs_outcomes.run_due()
+        """py-amqp's, first publishing again the outcomes whose backoff is over, for
+        loops without kombu's hub (gevent's and eventlet's); with a hub its tick does
+        (:meth:`Transport.register_with_event_loop`)."""
+        if self._ojs_loop is None:
+            self.ojs_outcomes.run_due()
         return super().drain_events(timeout=timeout)
 
     def _settle_outcomes(self, limit: float) -> None:

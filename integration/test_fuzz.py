@@ -18,14 +18,13 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import amqp
 import pytest
 import redis
 
-from .conftest import HOST, PORT, queue_depth, unacked
+from .conftest import queue_depth, unacked
 from .fuzz_messages import deliveries
 
 BACKEND = "redis://127.0.0.1:6379/12"
@@ -69,16 +68,6 @@ def start(broker_url: str, workdir: Path, pool: str, queue: str) -> subprocess.P
             start_new_session=True)
 
 
-@pytest.fixture
-def channel(vhost: str) -> Iterator[amqp.Channel]:
-    connection = amqp.Connection(f"{HOST}:{PORT}", virtual_host=vhost)
-    connection.connect()
-    try:
-        yield connection.channel()
-    finally:
-        connection.close()
-
-
 def wait_declared(channel: amqp.Channel, queue: str, worker: subprocess.Popen[bytes]) -> None:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -94,8 +83,9 @@ def wait_declared(channel: amqp.Channel, queue: str, worker: subprocess.Popen[by
 @pytest.mark.parametrize("pool", POOLS)
 @pytest.mark.parametrize("seed", SEEDS)
 def test_fuzzed_deliveries_are_dead_lettered_and_valid_jobs_run_once(
-        broker_url: str, vhost: str, workdir: Path, channel: amqp.Channel, pool: str,
+        broker_url: str, vhost: str, workdir: Path, amqp_channel: amqp.Channel, pool: str,
         seed: int) -> None:
+    channel = amqp_channel
     queue = f"fuzz-{pool}-{seed}"
     worker = start(broker_url, workdir, pool, queue)
     store = redis.Redis.from_url(BACKEND)

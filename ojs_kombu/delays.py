@@ -36,6 +36,11 @@ def retry_delay_rung(delay_ms: float) -> int:
     return min(candidates, key=lambda rung: (abs(rung - delay_ms), rung))
 
 
+def retry_delay_ms(delay_s: float) -> int:
+    """The delay queue (ms) a retry after ``delay_s`` seconds waits in."""
+    return min(retry_delay_rung(max(delay_s, 0.001) * 1000), MAX_SCHEDULE_DELAY_MS)
+
+
 def schedule_levels(delay_ms: int) -> list[int]:
     """Levels a ``delay_ms`` scheduling visits, highest first."""
     check_schedule_delay(delay_ms)

@@ -167,10 +167,6 @@ class Outcome:
     #: whatever the dead-letter mode (a ``Basic.Nack`` could not say why)
     invalid_input: bool = False
 
-    @property
-    def retry(self) -> bool:
-        return self.action is Action.RETRY
-
 
 @dataclass(frozen=True, slots=True)
 class Delivered:
@@ -190,13 +186,19 @@ _FAILURE_CODES = {Happened.HANDLER_ERROR: HANDLER_ERROR, Happened.TIME_LIMIT: HA
                   Happened.WORKER_LOST: HANDLER_ERROR, Happened.RETRY_REQUESTED: HANDLER_ERROR}
 
 
-def decide(delivered: Delivered, attempt: int, max_attempts: int,
-           delay_of: Callable[[int], float]) -> Outcome:
+def _no_delay(_attempt: int) -> float:
+    return 0.0
+
+
+def decide(delivered: Delivered, attempt: int, max_attempts: int = 1,
+           delay_of: Callable[[int], float] = _no_delay) -> Outcome:
     """The outcome of a delivery, from what happened, its attempt and its retry policy.
 
     ``attempt`` is the 1-based attempt that just ended, ``max_attempts`` the
     policy's (every attempt counted, 1 = never retried) and ``delay_of(n)`` the
-    policy's backoff after failed attempt ``n``.  Pure: no I/O, no clock.
+    policy's backoff after failed attempt ``n``; without them, as for a delivery
+    no retry policy governs (invalid, expired, cancelled, early).  Pure: no I/O,
+    no clock.
     """
     happened = delivered.happened
     if happened is Happened.CANCELLED:

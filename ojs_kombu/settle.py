@@ -23,7 +23,7 @@ from typing import Any
 
 import amqp
 
-from .delays import MAX_SCHEDULE_DELAY_MS, retry_delay_rung
+from .delays import MAX_SCHEDULE_DELAY_MS, retry_delay_ms
 from .delivery import JobDelivery
 from .failures import Action, Outcome, record_failure, with_error_headers, without_death_headers
 from .outcomes import PendingOutcome
@@ -57,7 +57,7 @@ def settle(channel: Any, delivery: JobDelivery, delivery_tag: int, outcome: Outc
 def _retry(channel: Any, delivery: JobDelivery, delivery_tag: int, outcome: Outcome,
            on_settled: Callable[[], None] | None) -> None:
     assert outcome.failure is not None
-    delay_ms = min(retry_delay_rung(max(outcome.delay_s, 0.001) * 1000), MAX_SCHEDULE_DELAY_MS)
+    delay_ms = retry_delay_ms(outcome.delay_s)
     body, headers = record_failure(delivery.body, delivery.headers, outcome.failure,
                                    attempt=delivery.attempt, state="retryable")
     headers["x-ojs-attempt"] = delivery.attempt + 1

@@ -44,9 +44,8 @@ from .codec import (
 )
 from .confirms import ConfirmTracker, PendingPublish
 from .delays import (
-    MAX_SCHEDULE_DELAY_MS,
     check_schedule_delay,
-    retry_delay_rung,
+    retry_delay_ms,
     schedule_levels,
     schedule_routing_key,
 )
@@ -170,10 +169,6 @@ def _batch_error(tracked: list[PendingPublish], failed: list[PendingPublish],
         f"{len(failed) + len(unsent)} of {total} jobs were not accepted: " + "; ".join(parts),
         rejected=rejected, unconfirmed=unconfirmed, accepted=accepted,
     )
-
-
-def _no_delay(_attempt: int) -> float:
-    return 0.0
 
 
 def _argsrepr(args: Any) -> str:
@@ -650,7 +645,7 @@ class Channel(pyamqp.Channel):
             raise PublishConfirmTimeout(f"no confirm for the retry of job {delivery.job_id} "
                                         f"within {limit}s", job_id=delivery.job_id,
                                         queue=delivery.queue)
-        return min(retry_delay_rung(max(delay_s, 0.001) * 1000), MAX_SCHEDULE_DELAY_MS)
+        return retry_delay_ms(delay_s)
 
     def _held_back(self, envelope: JobEnvelope, delivery: JobDelivery, delivery_tag: int
                    ) -> bool:
@@ -675,7 +670,7 @@ class Channel(pyamqp.Channel):
 
     def _settle_now(self, delivery: JobDelivery, delivery_tag: int, what: Delivered) -> None:
         """Decide and settle a delivery that never reaches Celery (no retry policy applies)."""
-        self.settle_job(delivery, delivery_tag, decide(what, delivery.attempt, 1, _no_delay))
+        self.settle_job(delivery, delivery_tag, decide(what, delivery.attempt))
 
     def schedule_route(self, properties: dict[str, Any], job_id: str, queue: str,
                        delay_ms: int) -> tuple[str, str, bool, Callable[[Any], None]]:

@@ -27,6 +27,7 @@ import ast
 import logging
 from collections.abc import Mapping
 from datetime import UTC, datetime
+from functools import cached_property
 from typing import Any, Literal
 
 from billiard.einfo import ExceptionWithTraceback
@@ -664,11 +665,17 @@ class JobRequest(Request):
             return
         super().acknowledge()
 
+    @cached_property
+    def _ojs_policy(self) -> RetryPolicy:
+        """The job's retry policy (the task's, then the envelope's), read once: the
+        decision, the events and the retry check of one failure all need it."""
+        return job_retry_policy(self.task, self._request_dict)
+
     def _decide(self, message: JobMessage, what: Delivered) -> Outcome:
         """The failure decision (:func:`ojs_kombu.failures.decide`) under the job's policy."""
         if what.happened in (Happened.EXPIRED, Happened.CANCELLED):
-            return decide(what, message.ojs.attempt, 1, _no_delay)
-        backoff = Backoff.of(job_retry_policy(self.task, self._request_dict))
+            return decide(what, message.ojs.attempt)
+        backoff = Backoff.of(self._ojs_policy)
         return decide(what, message.ojs.attempt, backoff.max_attempts, backoff.delay)
 
     def _settle(self, message: JobMessage, outcome: Outcome) -> None:
@@ -693,7 +700,7 @@ class JobRequest(Request):
         events.failed(job, failure.code, failure.message, retryable=retry,
                       stack_trace="\n".join(failure.backtrace) or None)
         if retry:
-            policy = job_retry_policy(self.task, self._request_dict)
+            policy = self._ojs_policy
             events.retrying(job, failure.code, failure.message,
                             max_attempts=policy.max_attempts, delay_s=outcome.delay_s)
         else:
@@ -714,7 +721,7 @@ class JobRequest(Request):
         happened = (Happened.TIME_LIMIT if timed_out else
                     Happened.WORKER_LOST if isinstance(exc, WorkerLostError) else
                     Happened.HANDLER_ERROR)
-        policy = job_retry_policy(self.task, self._request_dict)
+        policy = self._ojs_policy
         failure = JobFailure.from_exception(exc, HANDLER_ERROR,
                                             exc_info.traceback if exc_info else None)
         # The pool already turned a retryable exception of the task into a Retry
@@ -723,7 +730,3 @@ class JobRequest(Request):
         retryable = ((requeue or happened is not Happened.HANDLER_ERROR)
                      and failure_retryable(self.task, exc, policy, self._request_dict))
         return Delivered(happened, failure, retryable=retryable)
-
-
-def _no_delay(_attempt: int) -> float:
-    return 0.0

@@ -4,8 +4,9 @@
 
 * makes the app's AMQP layer an :class:`OJSAMQP`: every task queue becomes an
   OJS :class:`~ojs_kombu.entities.JobQueue` (configured, default and missing
-  ones alike), and every broker connection carries the app's OJS
-  :class:`~ojs_kombu.settings.Binding` to the ``ojs`` transport;
+  ones alike), and every broker connection carries the key of the app's OJS
+  :class:`~ojs_kombu.settings.Binding` to the ``ojs`` transport (a string: Celery
+  reports transport options as JSON);
 * makes Celery mint UUIDv7 task ids, so a task id *is* the OJS job id;
 * makes :class:`~ojs_kombu.worker.OJSTask` the app's task base, so failed
   attempts are retried by the broker (where ``ojs_retry_semantics`` says they
@@ -55,7 +56,7 @@ from .envelope import CONTENT_TYPE, RetryPolicy
 from .errors import NonJSONArgumentError, OJSConfigurationError
 from .job_ids import use_uuid7_task_ids
 from .serialization import SERIALIZER_NAME
-from .settings import BINDING_OPTION, Binding, OJSSettings
+from .settings import BINDING_OPTION, Binding, OJSSettings, register_binding
 from .topology import OWNED_ARGUMENTS
 from .worker import RETRY_SEMANTICS, OJSTask, task_retry_policy, task_sets
 
@@ -147,10 +148,15 @@ class OJSAMQP(AMQP):
     def queues_cls(self) -> Any:  # type: ignore[override]
         return partial(OJSQueues, binding=self.binding)
 
+    @cached_property
+    def binding_key(self) -> str:
+        """The binding's name in transport options, which Celery reports as JSON."""
+        return register_binding(self.binding, self.app.main or "celery")
+
     def Connection(self, *args: Any, transport_options: Any = None, **kwargs: Any
                    ) -> kombu.Connection:
         options = dict(transport_options or {})
-        options[BINDING_OPTION] = self.binding
+        options[BINDING_OPTION] = self.binding_key
         return ReconnectingConnection(*args, transport_options=options, **kwargs)
 
     BrokerConnection = Connection

@@ -50,7 +50,7 @@ from kombu.exceptions import OperationalError
 from kombu.utils.functional import retry_over_time
 
 from .reconnect import DEFAULT_POLICY, RECONNECTED, ReconnectPolicy, emit
-from .settings import BINDING_OPTION, Binding
+from .settings import Binding, registered_binding
 
 logger = logging.getLogger(__name__)
 
@@ -85,8 +85,7 @@ class BrokerConnection(kombu.Connection):
 
     @property
     def ojs_binding(self) -> Binding | None:
-        binding = (self.transport_options or {}).get(BINDING_OPTION)
-        return binding if isinstance(binding, Binding) else None
+        return registered_binding(self.transport_options)
 
     def _ensure_connection(  # type: ignore[override]
         self, errback: Any = None, max_retries: int | None = None,

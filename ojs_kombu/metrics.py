@@ -2,16 +2,12 @@
 
 Instruments come from the OpenTelemetry metrics API: without an SDK (a
 ``MeterProvider``) every call is a no-op.  Labels are ``job_type`` and
-``queue`` only, never a job id (section 7.3).  To expose them to Prometheus,
-install ``opentelemetry-exporter-prometheus`` and configure a provider::
+``queue`` only, never a job id (section 7.3).  The README's "Events, metrics
+and tracing" section has the Prometheus recipe.
 
-    from opentelemetry import metrics
-    from opentelemetry.exporter.prometheus import PrometheusMetricReader
-    from opentelemetry.sdk.metrics import MeterProvider
-    from prometheus_client import start_http_server
-
-    start_http_server(9464)
-    metrics.set_meter_provider(MeterProvider(metric_readers=[PrometheusMetricReader()]))
+Names are the specs' own.  ``ojs.jobs.duration_ms`` and ``ojs.jobs.wait_ms``
+carry their unit in the name, so their instruments declare none: exporters
+that append a unit suffix (Prometheus: ``_milliseconds``) would double it.
 """
 
 from __future__ import annotations
@@ -21,7 +17,7 @@ import threading
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from opentelemetry import metrics
 from opentelemetry.context import get_current
@@ -35,10 +31,37 @@ QueueReadings = Callable[[], Iterable[tuple[str, float]]]
 
 
 class OJSMetrics:
-    """Every ojs_kombu instrument; one per process (or per meter provider)."""
+    """Every ojs_kombu instrument: one set per meter provider in a process.
+
+    An OpenTelemetry meter keeps the first instrument registered under a name and
+    drops later ones (with their callbacks), so ``OJSMetrics(provider)`` returns the
+    instance already made for ``provider``; ``None`` and the global provider (the
+    default, also when it is set later) share one.
+    """
+
+    _made: ClassVar[weakref.WeakKeyDictionary[Any, OJSMetrics]] = weakref.WeakKeyDictionary()
+    _global: ClassVar[OJSMetrics | None] = None
+    _making: ClassVar[threading.Lock] = threading.Lock()
+
+    def __new__(cls, meter_provider: Any = None) -> OJSMetrics:
+        is_global = meter_provider is None or meter_provider is metrics.get_meter_provider()
+        with cls._making:
+            made = cls._global if is_global else cls._made.get(meter_provider)
+            if made is not None:
+                return made
+            made = super().__new__(cls)
+            made._register(metrics.get_meter_provider() if is_global else meter_provider)
+            if is_global:
+                cls._global = made
+            else:
+                cls._made[meter_provider] = made
+            return made
 
     def __init__(self, meter_provider: Any = None) -> None:
-        meter = (meter_provider or metrics.get_meter_provider()).get_meter("ojs_kombu")
+        """Nothing to do: :meth:`__new__` registered the instruments once."""
+
+    def _register(self, meter_provider: Any) -> None:
+        meter = meter_provider.get_meter("ojs_kombu")
         self.meter = meter
         self.jobs_enqueued = Tally(meter,
             "ojs.jobs.enqueued", unit="{job}", description="Jobs enqueued")
@@ -47,23 +70,29 @@ class OJSMetrics:
         self.jobs_failed = Tally(meter,
             "ojs.jobs.failed", unit="{job}", description="Jobs that reached terminal failure")
         self.duration = BufferedHistogram(meter,
-            "ojs.jobs.duration_ms", unit="ms", description="Execution time per attempt",
+            "ojs.jobs.duration_ms", description="Execution time per attempt, in milliseconds",
             explicit_bucket_boundaries_advisory=DURATION_BUCKETS)
         self.wait = BufferedHistogram(meter,
-            "ojs.jobs.wait_ms", unit="ms", description="Time from enqueued_at to started_at",
-            explicit_bucket_boundaries_advisory=WAIT_BUCKETS)
+            "ojs.jobs.wait_ms", description="Time from enqueued_at to started_at, in "
+            "milliseconds", explicit_bucket_boundaries_advisory=WAIT_BUCKETS)
         self.published = Tally(meter,
-            "ojs_amqp_messages_published_total", description="Messages published")
+            "ojs_amqp_messages_published_total", unit="{message}",
+            description="Messages published")
         self.consumed = Tally(meter,
-            "ojs_amqp_messages_consumed_total", description="Messages consumed")
+            "ojs_amqp_messages_consumed_total", unit="{message}",
+            description="Messages consumed")
         self.acked = Tally(meter,
-            "ojs_amqp_messages_acked_total", description="Messages acknowledged")
+            "ojs_amqp_messages_acked_total", unit="{message}",
+            description="Messages acknowledged")
         self.nacked = Tally(meter,
-            "ojs_amqp_messages_nacked_total", description="Messages negatively acknowledged")
+            "ojs_amqp_messages_nacked_total", unit="{message}",
+            description="Messages negatively acknowledged")
         self.returned = Tally(meter,
-            "ojs_amqp_messages_returned_total", description="Messages returned (Basic.Return)")
+            "ojs_amqp_messages_returned_total", unit="{message}",
+            description="Messages returned (Basic.Return)")
         self.reconnections = Tally(meter,
-            "ojs_amqp_reconnections_total", description="Reconnection attempts")
+            "ojs_amqp_reconnections_total", unit="{attempt}",
+            description="Reconnection attempts")
         self.confirm_latency = BufferedHistogram(meter,
             "ojs_amqp_publish_confirm_latency_seconds", unit="s",
             description="Publisher confirm latency",
@@ -75,13 +104,14 @@ class OJSMetrics:
         self.backpressure_dropped = Tally(meter,
             "ojs.backpressure.dropped_total", unit="{job}",
             description="Jobs a drop_oldest queue dropped (counted by its workers)")
-        self._pressure_observed = False
+        self._pressure_observed = self._queues_observed = False
         histograms = (self.duration, self.wait, self.confirm_latency)
         # Reports nothing itself: its callback runs on every collection, before the
         # SDK reads its aggregations, and hands them every buffered measurement.
         meter.create_observable_gauge(
             "ojs_kombu.buffered_histograms", callbacks=[_flusher(histograms)],
             description="Flushes ojs_kombu's buffered histograms when metrics are collected")
+        _observe_connections(meter)
 
     def observe_backpressure(self, pressure: QueueReadings) -> None:
         """Register ``ojs.backpressure.pressure`` (depth / bound, 0.0..1.0, last sampled)."""
@@ -95,7 +125,10 @@ class OJSMetrics:
     def observe_queues(self, depth: QueueReadings, active: QueueReadings,
                        dead_letters: QueueReadings) -> None:
         """Register the gauges ``ojs.queue.depth``, ``ojs.queue.active`` and
-        ``ojs.dead_letter.depth``."""
+        ``ojs.dead_letter.depth`` (the first readings given win)."""
+        if self._queues_observed:
+            return
+        self._queues_observed = True
         for name, read, description in (
             ("ojs.queue.depth", depth, "Jobs available per queue"),
             ("ojs.queue.active", active, "Jobs active per queue"),
@@ -122,6 +155,73 @@ def _flusher(histograms: Iterable[BufferedHistogram]
             histogram.flush(wait=True)
         return []
     return flush
+
+
+#: The ``ojs`` transport's connections of this process (:func:`track_connection`).
+_CONNECTIONS: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def track_connection(connection: Any) -> None:
+    """Count ``connection`` in the AMQP gauges of section 12.1 while it is open.
+
+    ``connection`` is a py-amqp connection (``connected``, ``channels``) whose
+    channels tell ``ojs_prefetch_count``, ``ojs_consumed_queues`` and
+    ``ojs_unacked()`` (the OJS queue of each unsettled job delivery).
+    """
+    _CONNECTIONS.add(connection)
+
+
+def _channels() -> tuple[int, list[Any]]:
+    """(open connections, their open channels), read from the exporter's thread."""
+    connections = [c for c in list(_CONNECTIONS) if c.connected]
+    channels = [channel for c in connections for number, channel in list(c.channels.items())
+                if number and channel.is_open]
+    return len(connections), channels
+
+
+def _consumer_readings() -> tuple[dict[str, float], dict[str, float]]:
+    """Per consumed OJS queue: unsettled job deliveries, and their share of the prefetch
+    window (1.0: the consumer is saturated, the broker holds further messages back)."""
+    unacked: dict[str, float] = {}
+    utilization: dict[str, float] = {}
+    for channel in _channels()[1]:
+        counts = dict.fromkeys(getattr(channel, "ojs_consumed_queues", ()), 0)
+        for queue in channel.ojs_unacked() if hasattr(channel, "ojs_unacked") else ():
+            counts[queue] = counts.get(queue, 0) + 1
+        prefetch = getattr(channel, "ojs_prefetch_count", 0)
+        for queue, count in counts.items():
+            unacked[queue] = unacked.get(queue, 0) + count
+            if prefetch:  # per consumer (Basic.Qos global=false); 0: no window
+                utilization[queue] = max(utilization.get(queue, 0.0), min(count / prefetch, 1.0))
+    return unacked, utilization
+
+
+def _observe_connections(meter: Any) -> None:
+    """The gauges of section 12.1, read from this process's connections when collected."""
+    def connections(_options: Any) -> list[metrics.Observation]:
+        return [metrics.Observation(_channels()[0])]
+
+    def channels(_options: Any) -> list[metrics.Observation]:
+        return [metrics.Observation(len(_channels()[1]))]
+
+    def by_queue(index: int) -> Callable[[Any], list[metrics.Observation]]:
+        def observe(_options: Any) -> list[metrics.Observation]:
+            readings = _consumer_readings()[index]
+            return [metrics.Observation(value, {"queue": q}) for q, value in readings.items()]
+        return observe
+
+    for name, callback, unit, description in (
+        ("ojs_amqp_connections_active", connections, "{connection}",
+         "Open AMQP connections of this process"),
+        ("ojs_amqp_channels_active", channels, "{channel}",
+         "Open AMQP channels of this process"),
+        ("ojs_amqp_messages_unacked", by_queue(0), "{message}",
+         "Job deliveries not yet acked or nacked, per consumed queue"),
+        ("ojs_amqp_consumer_utilization", by_queue(1), "1",
+         "Unacked job deliveries / prefetch count, per consumed queue (0.0-1.0)"),
+    ):
+        meter.create_observable_gauge(name, callbacks=[callback], unit=unit,
+                                      description=description)
 
 
 class BufferedHistogram:
@@ -195,8 +295,13 @@ _BUFFERED: weakref.WeakSet[BufferedHistogram] = weakref.WeakSet()
 
 
 def _forget_parent_measurements() -> None:
+    """A forked process (a prefork pool process) counts its own jobs and connections:
+    the parent's are the parent's to report."""
     for histogram in list(_BUFFERED):
         histogram._forked()
+    for tally in list(_TALLIES):
+        tally._forked()
+    _CONNECTIONS.clear()
 
 
 os.register_at_fork(after_in_child=_forget_parent_measurements)
@@ -213,7 +318,7 @@ class Tally:
     bounded (``job_type``, ``queue``), and so is the dict.
     """
 
-    __slots__ = ("_counts", "_lock", "name")
+    __slots__ = ("__weakref__", "_counts", "_lock", "name")
 
     def __init__(self, meter: Any, name: str, *, unit: str = "", description: str = "") -> None:
         self.name = name
@@ -221,6 +326,7 @@ class Tally:
         self._lock = threading.Lock()
         meter.create_observable_counter(name, callbacks=[self._observe], unit=unit,
                                         description=description)
+        _TALLIES.add(self)
 
     def add(self, amount: float, attributes: Mapping[str, Any] | None = None) -> None:
         key = tuple(attributes.items()) if attributes else ()
@@ -231,6 +337,13 @@ class Tally:
         with self._lock:
             counts = list(self._counts.items())
         return [metrics.Observation(value, dict(key)) for key, value in counts]
+
+    def _forked(self) -> None:
+        self._counts = {}
+        self._lock = threading.Lock()
+
+
+_TALLIES: weakref.WeakSet[Tally] = weakref.WeakSet()
 
 
 def labels(job_type: str, queue: str) -> dict[str, str]:

@@ -8,25 +8,32 @@ body) and three per publisher confirm a producer waits for.
 bytes at once and parses the following frames from what it already holds.
 
 Bytes held in the process are invisible to the event loop, which only wakes
-for bytes in the socket.  kombu's loop reader keeps reading until a read finds
-no whole frame (``socket.timeout``), so nothing it reads ahead stays behind;
-a connection registered with an event loop therefore reads ahead only inside
-that reader (:class:`LoopReads`) and reads exactly, as py-amqp does, from
-anywhere else (a blocking RPC made from a timer, say).  A connection with no
-event loop (a producer's) reads ahead always: every read it makes takes what
-is held first.
+for bytes in the socket.  kombu's loop reader handles one AMQP method per turn
+of the loop and schedules itself again (``call_soon``), but the loop then polls
+before it runs what was scheduled, and a poll with whole frames held and a quiet
+socket waits for its timeout (up to 10 s, or for good when the broker waits
+for the acks of the jobs those frames hold).  So a connection registered with an
+event loop reads ahead only inside that reader (:class:`LoopReads`), and when
+the reader stops with frames still held it makes the next poll return at once
+(:class:`LoopWake`).  From anywhere else (a blocking RPC made from a timer, say)
+it reads exactly, as py-amqp does.  A connection with no event loop (a
+producer's) reads ahead always: every read it makes takes what is held first.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import sys
+from collections.abc import Callable
 from contextlib import suppress
 from typing import Any
 
 from amqp.transport import TCPTransport
 
 _EMPTY = b""
+#: What an ``eventfd`` write adds (a native 8-byte integer); any byte for a pipe.
+_ONE = (1).to_bytes(8, sys.byteorder)
 
 
 class ReadAheadTCPTransport(TCPTransport):
@@ -40,6 +47,8 @@ class ReadAheadTCPTransport(TCPTransport):
     in_event_loop = False
     #: Set by :class:`LoopReads` while the event loop's reader runs.
     reading_for_loop = False
+    #: Makes the event loop's next poll return at once (:class:`LoopWake`).
+    loop_wake: Callable[[], None] | None = None
 
     _held = _EMPTY
     _offset = 0
@@ -106,12 +115,73 @@ class ReadAheadTCPTransport(TCPTransport):
         """Bytes read from the socket and not parsed yet."""
         return self._offset < len(self._held)
 
+    @property
+    def holds_whole_frame(self) -> bool:
+        """A whole frame read from the socket and not parsed yet: the next read needs no
+        bytes from the socket."""
+        held, offset = self._held, self._offset
+        if len(held) - offset < 7:
+            return False
+        size = int.from_bytes(held[offset + 3:offset + 7], "big")
+        return len(held) - offset >= size + 8
+
+
+class LoopWake:
+    """A file descriptor of the event loop's own that makes its next poll return at once.
+
+    kombu's hub has no public way to say "do not block in the next poll"; a
+    readable descriptor is one.  :meth:`wake` writes to it (once until the loop
+    has read it); the loop reads it and does nothing else: the reader that left
+    the frames held has already scheduled itself.  An ``eventfd`` where the OS has
+    one, else a pipe.
+    """
+
+    def __init__(self, loop: Any) -> None:
+        self._loop = loop
+        self._pending = False
+        if hasattr(os, "eventfd"):
+            self._read_fd = self._write_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        else:  # pragma: no cover - platforms without eventfd
+            self._read_fd, self._write_fd = os.pipe()
+            os.set_blocking(self._read_fd, False)
+            os.set_blocking(self._write_fd, False)
+        loop.add_reader(self._read_fd, self._woken)
+        loop.on_close.add(self._on_loop_closed)
+
+    def wake(self) -> None:
+        if not self._pending and self._write_fd >= 0:
+            self._pending = True
+            with suppress(BlockingIOError):  # already readable: one wake is enough
+                os.write(self._write_fd, _ONE)
+
+    def _woken(self) -> None:
+        with suppress(BlockingIOError):
+            os.read(self._read_fd, 8)
+        self._pending = False
+
+    def _on_loop_closed(self, _loop: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Leave the loop and close the descriptor (with the connection or the loop)."""
+        if self._read_fd < 0:
+            return
+        self._loop.on_close.discard(self._on_loop_closed)
+        with suppress(Exception):
+            self._loop.remove_reader(self._read_fd)
+        for fd in {self._read_fd, self._write_fd}:
+            with suppress(OSError):
+                os.close(fd)
+        self._read_fd = self._write_fd = -1
+
 
 class LoopReads:
     """``connection`` as kombu's event-loop reader (``Transport._make_reader``) sees it:
-    each of the reader's ``drain_events(timeout=0)`` may read ahead.  kombu's reader
-    keeps its own loop (rescheduling itself until a read times out) and error handling;
-    only the flag is added here."""
+    each of the reader's ``drain_events(timeout=0)`` may read ahead, and a read that
+    leaves whole frames held wakes the loop (``wake``), so that its next poll does not
+    wait for bytes that are already here (the transport's ``loop_wake``).  kombu's
+    reader keeps its own loop and error handling; only the flag and the wake are added
+    here."""
 
     __slots__ = ("_connection",)
 
@@ -129,3 +199,5 @@ class LoopReads:
             return self._connection.drain_events(timeout=timeout)
         finally:
             transport.reading_for_loop = False
+            if transport.loop_wake is not None and transport.holds_whole_frame:
+                transport.loop_wake()

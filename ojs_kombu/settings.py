@@ -8,7 +8,9 @@ not a setting is an error, so a typo never silently falls back to a default.
 
 from __future__ import annotations
 
+import itertools
 import logging
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -37,7 +39,11 @@ logger = logging.getLogger("ojs_kombu")
 
 OPTION_PREFIX = "ojs_"
 RetryPolicyLookup = Callable[[str], "RetryPolicy | None"]
-#: Transport option holding a ready-made :class:`Binding` (set by ``install()``).
+#: Transport option naming a ready-made :class:`Binding` of this process by its
+#: :func:`register_binding` key (``install()`` sets it on every connection of the app).
+#: A string, not the object: Celery reports a connection's transport options as JSON
+#: (``celery inspect stats``, Flower's worker page).  The transport itself also accepts
+#: the :class:`Binding` object.
 BINDING_OPTION = "ojs_binding"
 
 
@@ -258,11 +264,41 @@ class Binding:
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> Binding:
-        binding = options.get(BINDING_OPTION)
+        """The binding ``options[BINDING_OPTION]`` names, else one built from the
+        ``ojs_*`` options."""
+        binding = registered_binding(options)
         if binding is not None:
-            if not isinstance(binding, Binding):
-                raise OJSConfigurationError(
-                    f"transport option {BINDING_OPTION} must be an ojs_kombu Binding"
-                )
             return binding
+        value = options.get(BINDING_OPTION)
+        if value is not None:
+            raise OJSConfigurationError(
+                f"transport option {BINDING_OPTION}={value!r} names no ojs_kombu Binding of "
+                "this process: it is set by ojs_kombu.install() and holds a key of "
+                "register_binding() (or a Binding); remove it and set ojs_* options instead"
+            )
         return cls.from_settings(OJSSettings.from_options(options, source="transport options"))
+
+
+#: ``register_binding`` key -> binding; an app's binding lives as long as the app.
+_BINDINGS: weakref.WeakValueDictionary[str, Binding] = weakref.WeakValueDictionary()
+_keys = itertools.count(1)
+
+
+def register_binding(binding: Binding, name: str = "binding") -> str:
+    """Make ``binding`` reachable from transport options by the returned key.
+
+    The key is a plain string, so the options stay JSON; it is valid in this
+    process and in processes forked from it (prefork pool processes), where the
+    registry is inherited.  ``name`` (an app's name) only makes the key readable.
+    """
+    key = f"{name}#{next(_keys)}"
+    _BINDINGS[key] = binding
+    return key
+
+
+def registered_binding(options: Mapping[str, Any] | None) -> Binding | None:
+    """The binding that ``options[BINDING_OPTION]`` names (a key or the object), if any."""
+    value = (options or {}).get(BINDING_OPTION)
+    if isinstance(value, Binding):
+        return value
+    return _BINDINGS.get(value) if isinstance(value, str) else None

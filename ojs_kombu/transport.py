@@ -65,10 +65,11 @@ from .errors import (
 from .events.emitter import trace_id_of
 from .failures import EXPIRED, Action, Delivered, Happened, JobFailure, Outcome, decide
 from .frames import UNDECODABLE_HEADER, guarded_frame_handler, locked_frame_writer
+from .metrics import track_connection
 from .naming import TopologyNames
 from .outcomes import OutcomePublisher
 from .publish_frames import PublishFrames
-from .read_ahead import LoopReads, ReadAheadTCPTransport
+from .read_ahead import LoopReads, LoopWake, ReadAheadTCPTransport
 from .reconnect import CONSUMER_CANCELLED, DEFAULT_POLICY
 from .reconnect import emit as emit_connection_event
 from .settings import Binding
@@ -196,6 +197,9 @@ class Channel(pyamqp.Channel):
         self._ojs_qos_set = False
         #: delivery tag -> OJS queue of job deliveries not yet settled (metrics labels)
         self._ojs_unsettled: dict[int, str] = {}
+        #: the last ``Basic.Qos`` prefetch count and the OJS queues consumed (metrics)
+        self.ojs_prefetch_count = 0
+        self.ojs_consumed_queues: set[str] = set()
         #: every delivery that needs an ack, and the acks the event loop collected
         self._ojs_acks = PendingAcks()
         self._ojs_frames: PublishFrames | None = None
@@ -528,6 +532,7 @@ class Channel(pyamqp.Channel):
     def basic_qos(self, prefetch_size: int, prefetch_count: int, a_global: bool,
                   *args: Any, **kwargs: Any) -> Any:
         self._ojs_qos_set = True
+        self.ojs_prefetch_count = prefetch_count
         return super().basic_qos(prefetch_size, prefetch_count, a_global, *args, **kwargs)
 
     def basic_consume(self, queue: str = "", consumer_tag: str = "", no_local: bool = False,
@@ -546,10 +551,15 @@ class Channel(pyamqp.Channel):
                                queue, self.ojs.settings.default_prefetch)
                 self.basic_qos(0, self.ojs.settings.default_prefetch, False)
             callback = self._job_receiver(ojs_queue, callback)
+            self.ojs_consumed_queues.add(ojs_queue)
             if len(args) < 2 and kwargs.get("on_cancel") is None:  # (arguments, on_cancel)
                 kwargs["on_cancel"] = partial(self._on_consumer_cancelled, ojs_queue)
         return super().basic_consume(queue, consumer_tag, no_local, no_ack, exclusive, nowait,
                                      callback, *args, **kwargs)
+
+    def ojs_unacked(self) -> list[str]:
+        """The OJS queue of each job delivery not yet settled (``ojs_kombu.metrics``)."""
+        return list(self._ojs_unsettled.values())
 
     def _on_consumer_cancelled(self, queue: str, consumer_tag: str) -> None:
         """``Basic.Cancel`` from the broker (section 10.4, AMQP-027): usually the queue was
@@ -809,6 +819,20 @@ class Connection(pyamqp.Connection):
         self.frame_writer_cls = locked_frame_writer
         #: Retries, dead letters and reschedules of this connection's deliveries.
         self.ojs_outcomes = OutcomePublisher(self, lambda: self.frame_max)
+        self._ojs_loop_wake: LoopWake | None = None
+        track_connection(self)
+
+    def join_loop_wake(self, wake: LoopWake) -> None:
+        """Frames this connection reads ahead in the event loop wake it through ``wake``
+        (:mod:`ojs_kombu.read_ahead`); closed with the connection or the loop."""
+        self._close_loop_wake()
+        self._ojs_loop_wake = wake
+        self.transport.loop_wake = wake.wake
+
+    def _close_loop_wake(self) -> None:
+        wake, self._ojs_loop_wake = self._ojs_loop_wake, None
+        if wake is not None:
+            wake.close()
 
     def Transport(self, host: str, connect_timeout: float | None, ssl: Any = False,
                   read_timeout: float | None = None, write_timeout: float | None = None,
@@ -887,6 +911,7 @@ class Connection(pyamqp.Connection):
 
     def close(self, *args: Any, **kwargs: Any) -> Any:
         self.unregister_from_loop()
+        self._close_loop_wake()
         self._settle_outcomes(OUTCOME_CLOSE_WAIT_S)
         self._write_collected_acks("the connection closed")
         self.ojs_outcomes.reset()
@@ -894,6 +919,7 @@ class Connection(pyamqp.Connection):
 
     def collect(self) -> None:
         self.ojs_outcomes.reset()  # lost: the broker delivers those jobs again
+        self._close_loop_wake()
         super().collect()
 
     def drain_events(self, timeout: float | None = None) -> Any:
@@ -1034,9 +1060,11 @@ class Transport(pyamqp.Transport):
             connection.register_with_loop(loop)
         transport = connection.transport
         if isinstance(transport, ReadAheadTCPTransport):
+            connection.join_loop_wake(LoopWake(loop))
             transport.in_event_loop = True
             if transport.holds_frames:  # read before the loop watched the socket
                 loop.call_soon(self.on_readable, connection, loop)
+                transport.loop_wake()
 
     def _make_reader(self, connection: Connection, *args: Any, **kwargs: Any) -> Any:
         return super()._make_reader(LoopReads(connection), *args, **kwargs)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import multiprocessing
 from typing import Any
 
 import pytest
@@ -16,7 +18,7 @@ from ojs_kombu.celery_control import cancel_requested
 from ojs_kombu.entities import JobQueue
 from ojs_kombu.errors import JobTypeError, OJSConfigurationError, QueueNameError
 from ojs_kombu.naming import is_job_id
-from ojs_kombu.settings import BINDING_OPTION
+from ojs_kombu.settings import BINDING_OPTION, Binding
 from ojs_kombu.transport import SSLTransport, Transport
 
 
@@ -117,8 +119,39 @@ def test_delivery_semantics_are_configured() -> None:
 def test_connections_carry_the_binding() -> None:
     app = make_app(ojs_prefix="t9")
     connection = app.connection_for_write()
-    binding = connection.transport_options[BINDING_OPTION]
-    assert binding is app.amqp.binding and binding.names.prefix == "t9."
+    for options in (connection.transport_options, connection.clone().transport_options):
+        binding = Binding.from_options(options)
+        assert binding is app.amqp.binding and binding.names.prefix == "t9."
+    assert connection.ojs_binding is app.amqp.binding  # counts its reconnections
+    other = make_app(ojs_prefix="t8")
+    assert Binding.from_options(other.connection_for_write().transport_options) \
+        is other.amqp.binding
+
+
+def test_what_celery_reports_of_an_installed_app_is_json() -> None:
+    """``celery inspect stats`` sends the connection's info (transport options
+    included), ``inspect conf`` the configuration: both as JSON."""
+    app = make_app(broker_transport_options={"confirm_publish": True})
+    app.loader.import_default_modules()
+    connection = app.connection_for_write()
+    info = json.loads(json.dumps(connection.info()))
+    assert isinstance(info["transport_options"][BINDING_OPTION], str)
+    assert info["transport_options"]["confirm_publish"] is True
+    json.dumps(app.conf.table(with_defaults=False))  # what install() and the user set
+    assert "Binding" not in app.bugreport()  # ``celery report``
+
+
+def test_prefork_children_find_the_binding() -> None:
+    """Pool processes are forked after the app made its connections' options."""
+    app = make_app(ojs_prefix="fork")
+    options = app.connection_for_write().transport_options
+    context = multiprocessing.get_context("fork")
+    with context.Pool(1) as pool:
+        assert pool.apply(_prefix_of_binding, (options,)) == "fork."
+
+
+def _prefix_of_binding(options: dict[str, Any]) -> str:
+    return Binding.from_options(options).names.prefix
 
 
 def test_unmappable_task_names_fail_at_finalize() -> None:

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from kombu.asynchronous import Hub
 
 from ojs_kombu.read_ahead import ReadAheadTCPTransport
 from ojs_kombu.transport import Transport
@@ -134,6 +135,68 @@ def test_the_loop_reader_reads_ahead_and_leaves_no_whole_frame_behind(pair: Any)
     assert not transport.reading_for_loop
 
 
+class Registered(FakeConnection):
+    """What ``Transport.register_with_event_loop`` needs of an ojs_kombu connection."""
+
+    ojs = type("Binding", (), {"settings": type("Settings", (), {"acks": "each"})})()
+    ojs_outcomes = type("Outcomes", (), {"run_due": lambda self: None})()
+
+    @property
+    def sock(self) -> socket.socket:
+        return self.transport.sock
+
+    def join_loop_wake(self, wake: Any) -> None:
+        self.transport.loop_wake = wake.wake
+
+
+class WatchedHub(Hub):
+    """kombu's hub, whose polls are watched: a poll that would wait (nothing ready on
+    any descriptor) while whole frames are held is recorded and not waited for."""
+
+    def __init__(self, transport: ReadAheadTCPTransport) -> None:
+        super().__init__()
+        self.stranded = 0
+        poll = self.poller.poll
+
+        def watched(timeout: float | None) -> Any:
+            events = poll(0)
+            if not events and transport.holds_whole_frame:
+                self.stranded += 1  # the real loop would sleep up to `timeout` here
+            return events
+
+        self.poller.poll = watched  # type: ignore[method-assign]
+
+    def turn(self, times: int) -> None:
+        loop = self.create_loop()
+        for _ in range(times):
+            next(loop)
+
+
+def run_in_hub(transport: CountingTransport, connection: Registered) -> WatchedHub:
+    hub = WatchedHub(transport)
+    Transport.__new__(Transport).register_with_event_loop(connection, hub)
+    assert transport.in_event_loop
+    return hub
+
+
+def test_the_loop_never_waits_on_the_socket_while_whole_frames_are_held(pair: Any) -> None:
+    """kombu's reader handles one method per turn and schedules itself; the hub polls
+    before it runs what was scheduled.  Frames read ahead must make that poll return at
+    once, or a worker whose prefetched jobs all arrived in one read stalls (the broker
+    sends nothing more until those jobs are acked)."""
+    transport, broker = pair
+    connection = Registered(transport)
+    hub = run_in_hub(transport, connection)
+    try:
+        broker.sendall(WIRE)  # all five frames arrive in one read
+        hub.turn(len(FRAMES) * 2 + 2)
+        assert connection.frames == FRAMES
+        assert hub.stranded == 0
+        assert transport.recvs <= 3
+    finally:
+        hub.close()
+
+
 def test_registering_with_a_loop_reads_what_is_already_held(pair: Any) -> None:
     """Frames read ahead before the connection joined the loop (consumer set-up) would
     wait for the next bytes on the socket; registration schedules a read for them."""
@@ -141,23 +204,11 @@ def test_registering_with_a_loop_reads_what_is_already_held(pair: Any) -> None:
     broker.sendall(WIRE)
     assert transport.read_frame() == FRAMES[0]
     assert transport.holds_frames
-
-    class Registered(FakeConnection):
-        ojs = type("Binding", (), {"settings": type("Settings", (), {"acks": "each"})})()
-        ojs_outcomes = type("Outcomes", (), {"run_due": lambda self: None})()
-        sock = transport.sock
-
     connection = Registered(transport)
-
-    class Hub(Loop):
-        on_tick: set[Any] = set()
-
-        def add_reader(self, fd: Any, callback: Any, *args: Any) -> None:
-            self.reader = (callback, args)
-
-    hub = Hub()
-    kombu_transport = Transport.__new__(Transport)
-    kombu_transport.register_with_event_loop(connection, hub)
-    assert transport.in_event_loop
-    hub.run()
-    assert connection.frames == FRAMES[1:]
+    hub = run_in_hub(transport, connection)
+    try:
+        hub.turn(len(FRAMES) * 2)
+        assert connection.frames == FRAMES[1:]
+        assert hub.stranded == 0
+    finally:
+        hub.close()

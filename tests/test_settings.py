@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from ojs_kombu.errors import OJSConfigurationError, QueueNameError
-from ojs_kombu.settings import Binding, OJSSettings
+from ojs_kombu.settings import Binding, OJSSettings, register_binding
 
 
 def test_defaults() -> None:
@@ -49,9 +49,20 @@ def test_conflicting_queue_definitions_are_refused() -> None:
         binding.add_queue_arguments("email", {"x-max-length": 6})
 
 
-def test_binding_option_must_be_a_binding() -> None:
+def test_binding_option_must_name_a_binding() -> None:
     with pytest.raises(OJSConfigurationError, match="ojs_binding"):
         Binding.from_options({"ojs_binding": {"prefix": "x"}})
+    with pytest.raises(OJSConfigurationError, match="names no ojs_kombu Binding"):
+        Binding.from_options({"ojs_binding": "gone#0"})
+
+
+def test_a_registered_binding_is_found_by_its_key() -> None:
+    binding = Binding.from_settings(OJSSettings(prefix="reg"))
+    key = register_binding(binding, "proj")
+    assert isinstance(key, str) and key.startswith("proj#")
+    assert Binding.from_options({"ojs_binding": key}) is binding
+    assert Binding.from_options({"ojs_binding": binding}) is binding
+    assert register_binding(binding, "proj") != key
 
 
 def test_max_priority_none_turns_priorities_off() -> None:

@@ -1,5 +1,14 @@
-"""Entry point for ``celery -A integration.cliapp worker`` in the integration suite."""
+"""Entry point for ``celery -A integration.cliapp worker`` in the integration suite.
+
+``OJS_TEST_RESULT_BACKEND`` replaces the app's result backend (``none``: no backend),
+for workers whose INFO answers depend on it.
+"""
+
+import os
 
 from integration.apps import cli_app
 
 app = cli_app()
+if "OJS_TEST_RESULT_BACKEND" in os.environ:
+    backend = os.environ["OJS_TEST_RESULT_BACKEND"]
+    app.conf.result_backend = None if backend == "none" else backend

@@ -42,6 +42,16 @@ def run(broker_url: str, *args: str, input: str | None = None, timeout: float = 
                           timeout=timeout, input=input, cwd=cwd or ROOT, check=False)
 
 
+def run_bare(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None
+             ) -> subprocess.CompletedProcess[str]:
+    """The CLI with no broker in its environment but ``env``."""
+    environment = {k: v for k, v in os.environ.items()
+                   if k not in ("OJS_BROKER_URL", "CELERY_BROKER_URL", "CELERY_APP")}
+    return subprocess.run([cli_path(), *args], env={**environment, **(env or {})},
+                          capture_output=True, text=True, timeout=120, cwd=cwd or ROOT,
+                          check=False)
+
+
 def run_json(broker_url: str, *args: str, **kwargs: Any) -> tuple[int, Any]:
     result = run(broker_url, *args, "--json", **kwargs)
     try:
@@ -106,15 +116,71 @@ def test_unreachable_broker_exits_3(command: list[str]) -> None:
     result = run(UNREACHABLE, *command)
     assert result.returncode == 3, result
     assert "cannot reach the broker" in result.stderr
+    assert "on broker ojs://guest:**@127.0.0.1:1// (vhost '/', URL from OJS_BROKER_URL)" \
+        in result.stderr
     code, data = run_json(UNREACHABLE, *command)
     assert code == 3
     assert data["error"] == "unreachable" and data["exit_code"] == 3
+    assert (data["broker"], data["vhost"]) == ("ojs://guest:**@127.0.0.1:1//", "/")
 
 
 def test_broker_url_from_the_option_beats_the_environment(worker: Any, broker_url: str
                                                           ) -> None:
     result = run(UNREACHABLE, "topology", "show", "-q", "email", "--broker", broker_url)
     assert result.returncode == 0, result.stderr
+
+
+def test_broker_and_ojs_settings_come_from_the_app(broker_url: str, amqp_channel: amqp.Channel,
+                                                   tmp_path: Path) -> None:
+    """``-A`` alone: the app's broker_url (an amqp:// URL, as before the switch), its
+    prefix, queue aliases and queue settings; --prefix still wins over the app's."""
+    (tmp_path / "tenantcliproj.py").write_text(textwrap.dedent(f"""
+        from celery import Celery
+
+        app = Celery("tenantcliproj", broker={broker_url.replace("ojs://", "amqp://", 1)!r})
+        app.conf.ojs_prefix = "tenant1"
+        app.conf.ojs_queue_aliases = {{"Billing_Q": "cli-billing"}}
+        app.conf.ojs_queues = {{"cli-billing": {{"max_depth": 50}}}}
+    """))
+    app = ("-A", "tenantcliproj")
+    result = run_bare(*app, "topology", "declare", "-q", "Billing_Q", "--json", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    declared = json.loads(result.stdout)["declared"][0]
+    job = declared["queues"][0]
+    assert declared["queue"] == "cli-billing" and job["name"] == "tenant1.ojs.queue.cli-billing"
+    assert job["arguments"]["x-max-length"] == 50
+    assert queue_depth(amqp_channel, "tenant1.ojs.queue.cli-billing") == 0  # really there
+
+    result = run_bare(*app, "enqueue", "math.add", "[1, 2]", "-q", "Billing_Q", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert queue_depth(amqp_channel, "tenant1.ojs.queue.cli-billing") == 1
+    result = run_bare(*app, "topology", "show", "-q", "Billing_Q", "--json", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["queues"][0]["queues"][0]["messages"] == 1
+    result = run_bare(*app, "topology", "show", "-q", "Billing_Q", "--prefix", "tenant2",
+                      cwd=tmp_path)
+    assert result.returncode == 4 and "tenant2.ojs.queue.cli-billing" in result.stdout
+    assert "URL from the broker_url of app 'tenantcliproj'" in result.stderr
+
+
+def test_celery_broker_url_is_read_and_ojs_broker_url_beats_it(broker_url: str) -> None:
+    env = {"CELERY_BROKER_URL": broker_url.replace("ojs://", "amqp://", 1)}
+    result = run_bare("topology", "declare", "-q", "cli-celery-env", env=env)
+    assert result.returncode == 0, result.stderr
+    result = run_bare("topology", "show", "-q", "cli-celery-env",
+                      env={**env, "OJS_BROKER_URL": UNREACHABLE})
+    assert result.returncode == 3 and "URL from OJS_BROKER_URL" in result.stderr
+    result = run_bare("topology", "show", "-q", "cli-celery-env", "--broker", broker_url,
+                      env={**env, "OJS_BROKER_URL": UNREACHABLE})
+    assert result.returncode == 0, result.stderr
+
+
+def test_without_any_broker_setting_the_error_names_the_default() -> None:
+    """Read-only: passive declarations on the default vhost change nothing."""
+    result = run_bare("topology", "show", "-q", "cli-not-in-the-default-vhost")
+    assert result.returncode in (3, 4), result.stderr  # 3 where localhost has no broker
+    assert "on broker ojs://guest:**@localhost:5672// (vhost '/', URL from the default" \
+        in result.stderr
 
 
 # -- topology -----------------------------------------------------------------------------
@@ -175,12 +241,16 @@ def test_unknown_queue_exits_4(broker_url: str, amqp_channel: amqp.Channel) -> N
     assert shown["queues"][0]["queues"][0]["exists"] is False
     result = run(broker_url, "topology", "show", "-q", "cli-never-declared")
     assert result.returncode == 4 and "unknown queue" in result.stderr
+    vhost = broker_url.rpartition("/")[2]
+    assert f"on broker ojs://guest:**@{HOST}:" in result.stderr
+    assert f"(vhost '{vhost}', URL from OJS_BROKER_URL)" in result.stderr
     for command in (["dlq", "list", "-q", "cli-never-declared"],
                     ["info", new_job_id(), "-q", "cli-never-declared"],
                     ["cancel", new_job_id(), "-q", "cli-never-declared"],
                     ["conformance", "-q", "cli-never-declared"]):
         code, error = run_json(broker_url, *command)
         assert (code, error["error"]) == (4, "not_found"), command
+        assert error["vhost"] == vhost and "guest:**@" in error["broker"]
     with pytest.raises(amqp.exceptions.NotFound):  # and nothing was declared
         amqp_channel.queue_declare("ojs.queue.dlx.cli-never-declared", passive=True)
 
@@ -275,23 +345,28 @@ def test_dlq_list_show_replay_purge(broker_url: str, amqp_channel: amqp.Channel)
     human = run(broker_url, "dlq", "list", "-q", "cli-dlq", "--limit", "2").stdout
     assert "4 dead letter(s)" in human and ids[0] in human and "2 more" in human
 
-    code, shown = run_json(broker_url, "dlq", "show", "-q", "cli-dlq", "--id", ids[1])
+    code, shown = run_json(broker_url, "dlq", "show", "-q", "cli-dlq", ids[1])
     assert code == 0 and shown["envelope"]["id"] == ids[1] and shown["envelope"]["args"] == [1, 1]
     assert shown["headers"]["x-death"]
-    assert ids[1] in run(broker_url, "dlq", "show", "-q", "cli-dlq", "--id", ids[1]).stdout
-    code, error = run_json(broker_url, "dlq", "show", "-q", "cli-dlq", "--id", new_job_id())
+    assert ids[1] in run(broker_url, "dlq", "show", "-q", "cli-dlq", ids[1]).stdout
+    old_spelling = run(broker_url, "dlq", "show", "-q", "cli-dlq", "--id", ids[1])
+    assert old_spelling.returncode == 0 and ids[1] in old_spelling.stdout
+    assert "--id is deprecated" in old_spelling.stderr
+    code, error = run_json(broker_url, "dlq", "show", "-q", "cli-dlq", new_job_id())
     assert (code, error["error"]) == (4, "not_found")
+    code, error = run_json(broker_url, "dlq", "show", "-q", "cli-dlq", "not-a-uuid")
+    assert (code, error["error"]) == (2, "usage")  # as info: a malformed id is a usage error
 
-    code, replayed = run_json(broker_url, "dlq", "replay", "-q", "cli-dlq", "--id", ids[0])
+    code, replayed = run_json(broker_url, "dlq", "replay", "-q", "cli-dlq", ids[0])
     assert code == 0 and replayed["replayed"] == [ids[0]]
     back = amqp_channel.basic_get("ojs.queue.cli-dlq", no_ack=True)
     assert back.properties["message_id"] == ids[0]
     assert back.properties["application_headers"]["x-ojs-attempt"] == 1
 
-    result = run(broker_url, "dlq", "purge", "-q", "cli-dlq", "--id", ids[1], input="n\n")
+    result = run(broker_url, "dlq", "purge", "-q", "cli-dlq", ids[1], input="n\n")
     assert result.returncode == 1 and "Aborted" in result.stderr  # asked, refused
     assert queue_depth(amqp_channel, "ojs.queue.dlx.cli-dlq") == 3
-    result = run(broker_url, "dlq", "purge", "-q", "cli-dlq", "--id", ids[1], input="y\n")
+    result = run(broker_url, "dlq", "purge", "-q", "cli-dlq", ids[1], input="y\n")
     assert result.returncode == 0 and "deleted 1" in result.stdout
     assert queue_depth(amqp_channel, "ojs.queue.dlx.cli-dlq") == 2
 
@@ -312,7 +387,7 @@ def test_dlq_list_show_replay_purge(broker_url: str, amqp_channel: amqp.Channel)
 def test_dlq_replay_needs_id_or_all(broker_url: str) -> None:
     run(broker_url, "topology", "declare", "-q", "cli-dlq")
     result = run(broker_url, "dlq", "replay", "-q", "cli-dlq")
-    assert result.returncode == 2 and "--id ID or --all" in result.stderr
+    assert result.returncode == 2 and "give JOB_ID or --all" in result.stderr
 
 
 def test_dead_letter_of_a_worker_shows_its_error(app: Celery, worker: Any, broker_url: str,
@@ -322,11 +397,11 @@ def test_dead_letter_of_a_worker_shows_its_error(app: Celery, worker: Any, broke
     wait_until(lambda: queue_depth(amqp_channel, "ojs.queue.dlx.malformed") == 1,
                what="the dead letter")
     try:
-        code, shown = run_json(broker_url, "dlq", "show", "-q", "malformed", "--id", job["id"])
+        code, shown = run_json(broker_url, "dlq", "show", "-q", "malformed", job["id"])
         assert code == 0 and shown["error_code"] == "UNKNOWN_JOB_TYPE"
         assert "UNKNOWN_JOB_TYPE" in run(broker_url, "dlq", "list", "-q", "malformed").stdout
     finally:
-        result = run(broker_url, "dlq", "purge", "-q", "malformed", "--id", job["id"], "--yes")
+        result = run(broker_url, "dlq", "purge", "-q", "malformed", job["id"], "--yes")
         assert result.returncode == 0
     assert queue_depth(amqp_channel, "ojs.queue.dlx.malformed") == 0
 
@@ -383,6 +458,62 @@ def test_info_without_a_worker_times_out_with_5(broker_url: str) -> None:
     code, error = run_json(broker_url, "info", new_job_id(), "-q", "cli-no-worker",
                            "--timeout", "0.5")
     assert (code, error["error"]) == (5, "timeout")
+
+
+def _consumers(channel: amqp.Channel, queue: str) -> int:
+    probe = channel.connection.channel()  # a failed passive declare closes its channel
+    try:
+        return int(probe.queue_declare(queue, passive=True).consumer_count)
+    except amqp.exceptions.NotFound:
+        return 0
+
+
+def _cli_worker(broker_url: str, queue: str, result_backend: str, log: Path
+                ) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "OJS_TEST_BROKER_URL": broker_url,
+           "OJS_TEST_RESULT_BACKEND": result_backend}
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "integration.cliapp", "worker", "-Q", queue,
+             "-n", f"{queue}@%h", "--pool", "solo", "--loglevel", "INFO", "--without-mingle",
+             "--without-gossip"],
+            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def test_info_without_a_result_backend_and_with_a_failing_one(
+        broker_url: str, amqp_channel: amqp.Channel, tmp_path: Path) -> None:
+    """No backend: INFO answers ``unknown`` and why (exit 4), never an attribute error.
+    A backend that fails: the worker answers ``error``, and ``info`` exits 1."""
+    workers = [_cli_worker(broker_url, "cli-nobackend", "none", tmp_path / "none.log"),
+               _cli_worker(broker_url, "cli-badbackend", "redis://127.0.0.1:1/0",
+                           tmp_path / "bad.log")]
+    try:
+        for queue in ("cli-nobackend", "cli-badbackend"):
+            wait_until(lambda q=queue: _consumers(amqp_channel, f"ojs.queue.control.{q}"),
+                       timeout=90, what=f"the worker of {queue}")
+        code, answer = run_json(broker_url, "info", new_job_id(), "-q", "cli-nobackend",
+                                "--timeout", "30")
+        assert (code, answer["state"]) == (4, "unknown"), answer
+        assert "no result backend" in answer["reason"]
+        result = run(broker_url, "info", new_job_id(), "-q", "cli-nobackend", "--timeout", "30")
+        assert result.returncode == 4 and "no result backend" in result.stderr
+        assert "_get_task_meta_for" not in result.stdout + result.stderr
+
+        code, answer = run_json(broker_url, "info", new_job_id(), "-q", "cli-badbackend",
+                                "--timeout", "30")
+        assert (code, answer["state"]) == (1, "error"), answer
+        result = run(broker_url, "info", new_job_id(), "-q", "cli-badbackend", "--timeout", "30")
+        assert result.returncode == 1 and "could not answer INFO" in result.stderr
+        assert "on broker ojs://guest:**@" in result.stderr
+    finally:
+        for worker in workers:
+            worker.send_signal(signal.SIGTERM)
+        for worker in workers:
+            try:
+                worker.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(worker.pid, signal.SIGKILL)
+                worker.wait(10)
 
 
 # -- events ---------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from typing import Any
 
 import amqp
 from celery import Celery, bootsteps
+from celery.backends.base import DisabledBackend
 from celery.signals import worker_process_init
 from celery.worker import state as worker_state
 from celery.worker.control import control_command
@@ -35,6 +36,9 @@ from .delivery import JobMessage
 
 logger = logging.getLogger(__name__)
 
+#: Why INFO answers ``unknown`` for a job no worker knows, when the app has no result backend.
+NO_BACKEND = ("no worker holds this job or finished it recently, and the app has no result "
+              "backend (result_backend) to ask: its state is unknown")
 #: Celery result states -> OJS states (what INFO answers from the result backend).
 BACKEND_STATES = {"SUCCESS": "completed", "FAILURE": "discarded", "RETRY": "retryable",
                   "REVOKED": "cancelled", "STARTED": "active"}
@@ -131,7 +135,8 @@ def _held(job_id: str) -> tuple[str, Any] | None:
 
 
 def job_info(app: Celery, job_id: str, timeout: float = 1.0) -> dict[str, Any]:
-    """The OJS state of ``job_id``: from the workers, then the result backend."""
+    """The OJS state of ``job_id``: from the workers, then the result backend (``unknown``,
+    with a reason, when there is none)."""
     replies = app.control.broadcast("ojs_job_info", arguments={"job_id": job_id}, reply=True,
                                     timeout=timeout) or []
     known = [answer for reply in replies for answer in reply.values() if answer]
@@ -139,9 +144,11 @@ def job_info(app: Celery, job_id: str, timeout: float = 1.0) -> dict[str, Any]:
         for answer in known:
             if answer.get("state") == wanted:
                 return {"job_id": job_id, **answer}
+    if isinstance(app.backend, DisabledBackend):  # nothing else to ask: say so
+        return {"job_id": job_id, "state": "unknown", "reason": NO_BACKEND}
     try:
         state = app.AsyncResult(job_id).state
-    except NotImplementedError:  # no result backend
+    except NotImplementedError:  # a backend that cannot look results up
         state = "PENDING"
     if state in BACKEND_STATES:
         return {"job_id": job_id, "state": BACKEND_STATES[state]}

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 from celery import Celery
 from kombu import Queue
 
 from ojs_kombu.cli.migrate import build_report, render_report
+from ojs_kombu.errors import OJSConfigurationError
 
 
 def make_app(**conf: object) -> Celery:
@@ -191,3 +193,39 @@ def test_ojs_retry_semantics_name_every_task_whose_retries_change() -> None:
     assert "plain Celery does not retry this task" in warnings["task proj.send_email"]
     assert "hard time limits" in warnings["task proj.fetch"]
     assert report.blockers == []
+
+
+def test_acks_late_false_blocks_whatever_the_app_acks() -> None:
+    """Celery's default task_acks_late=False is copied into every task, yet the worker
+    (under install(), which sets it True) refuses only a task's own acks_late=False."""
+    app = make_app()  # task_acks_late left at Celery's default
+
+    @app.task(name="proj.early", acks_late=False, shared=False)
+    def early() -> None:
+        return None
+
+    @app.task(name="proj.plain", shared=False)
+    def plain() -> None:
+        return None
+
+    report = build_report(app)
+    found = blockers(report)
+    assert "acks_late=False" in found["task proj.early"]
+    assert "task proj.plain" not in found
+    assert any(f.subject == "task_acks_late" and f.level == "info" for f in report.findings)
+
+
+def test_acks_late_false_blocks_in_an_installed_app() -> None:
+    import ojs_kombu
+
+    app = make_app()
+    ojs_kombu.install(app)
+
+    @app.task(name="proj.early", acks_late=False, shared=False)
+    def early() -> None:
+        return None
+
+    assert "acks_late=False" in blockers(build_report(app))["task proj.early"]
+    with pytest.raises(OJSConfigurationError, match="acks_late=False"):
+        ojs_kombu.check_app(app)  # what the worker runs at start
+

@@ -25,14 +25,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import amqp
+import click
 import kombu
 from amqp.exceptions import NotFound, PreconditionFailed
 
-from ..naming import check_queue_name
 from ..settings import Binding
-from .common import EXIT_NOT_FOUND, EXIT_USAGE, CLIError, Options
+from .common import EXIT_NOT_FOUND, EXIT_USAGE, CLIError, Options, options
+from .config import broker_url
 
-_SCHEMES = {"amqp": "ojs", "pyamqp": "ojs", "amqps": "ojss"}
+__all__ = ["broker_url", "connect", "queue_name"]
+
 _INEQUIVALENT = re.compile(
     r"inequivalent arg '(?P<key>[^']+)' for (?P<kind>queue|exchange) '[^']*' in vhost '[^']*': "
     r"received (?P<received>none|the value '.*?' of type '\w+'|'.*?') "
@@ -43,23 +45,17 @@ _PROPERTIES = ("durable", "auto_delete", "exclusive", "type", "internal")
 _MAX_PROBES = 16
 
 
-def broker_url(url: str) -> str:
-    """``amqp://`` is taken as ``ojs://`` (same broker, the OJS transport on top)."""
-    scheme, sep, rest = url.partition("://")
-    return f"{_SCHEMES.get(scheme, scheme)}{sep}{rest}" if sep else url
-
-
 @contextmanager
 def connect(opts: Options) -> Iterator[kombu.Connection]:
     """A connected ``ojs://`` kombu connection (no retries: a CLI fails fast)."""
-    transport_options = {"ojs_prefix": opts.prefix} if opts.prefix else {}
-    connection = kombu.Connection(broker_url(opts.broker), connect_timeout=opts.connect_timeout,
-                                  transport_options=transport_options)
+    from ..transport import Transport
+
+    connection = opts.connection()
     try:
-        connection.connect()
-        if getattr(connection.connection, "ojs", None) is None:
-            raise CLIError(f"{connection.as_uri()} is not an ojs:// broker URL", EXIT_USAGE,
-                           "invalid_input")
+        if not isinstance(connection.transport, Transport):
+            raise CLIError(f"{connection.as_uri()} (from {opts.target().source}) is not an "
+                           "ojs:// (or amqp://) broker URL", EXIT_USAGE, "invalid_input")
+        connection.ensure_connection(max_retries=0)  # kombu's connect() retries after 2 s
         yield connection
     finally:
         with suppress(Exception):
@@ -70,11 +66,13 @@ def binding_of(connection: kombu.Connection) -> Binding:
     return connection.connection.ojs
 
 
-def queue_name(value: str) -> str:
-    """An OJS queue name given on the command line (``celery`` is ``default``)."""
-    from ..naming import DEFAULT_QUEUE_ALIASES
-
-    return check_queue_name(DEFAULT_QUEUE_ALIASES.get(value, value))
+def queue_name(value: str, opts: Options | None = None) -> str:
+    """An OJS queue name given on the command line, through the aliases of the running
+    command's settings (``celery`` is ``default``; ``-A``'s ``ojs_queue_aliases``)."""
+    if opts is None:
+        ctx = click.get_current_context(silent=True)
+        opts = options(ctx) if ctx is not None else Options()
+    return opts.binding().names.ojs_queue(value)
 
 
 @dataclass

@@ -1,17 +1,20 @@
 """What every ``ojs-kombu`` command shares: options, output, exit codes and errors.
 
-Every command takes ``--broker`` (or ``OJS_BROKER_URL``), ``--prefix`` (or
-``OJS_PREFIX``) and ``--json``.  Human output goes to stdout, errors to
-stderr; with ``--json`` stdout holds exactly one JSON document (``events tail``:
-one per line), errors included, so scripts never parse prose.
+Every broker command takes ``-A/--app``, ``-b/--broker``, ``--prefix``,
+``--connect-timeout`` and ``--json`` (``-A`` and ``--broker`` also before the
+command, as ``celery`` takes them; see :mod:`.config` for where the broker and
+settings come from).  Human output goes to stdout, errors to stderr; with
+``--json`` stdout holds exactly one JSON document (``events tail``: one per
+line), errors included, so scripts never parse prose.  A job id is always the
+positional ``JOB_ID``, as in ``celery result``.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import amqp.exceptions
 import click
@@ -25,79 +28,82 @@ from ..errors import (
     OJSConfigurationError,
     TopologyConflictError,
 )
+from ..naming import is_job_id
+from .config import DEFAULT_BROKER, Options
+from .exits import (
+    EXIT_CODES,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_NOT_FOUND,
+    EXIT_OK,
+    EXIT_TIMEOUT,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+    CLIError,
+)
 
-DEFAULT_BROKER = "ojs://guest:guest@localhost:5672//"
-
-#: Exit codes scripts can rely on (also in ``ojs-kombu --help`` and the README).
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_USAGE = 2
-EXIT_UNREACHABLE = 3
-EXIT_NOT_FOUND = 4
-EXIT_TIMEOUT = 5
-EXIT_INTERRUPTED = 130
-EXIT_CODES = {
-    EXIT_OK: "success",
-    EXIT_FAILED: "a check failed, something blocks the switch, or the broker refused the "
-                 "operation (topology conflict, nack, unroutable, no confirm)",
-    EXIT_USAGE: "usage error or invalid input (bad option, invalid JSON, job id, type or queue)",
-    EXIT_UNREACHABLE: "the broker cannot be reached (connection refused, DNS, login, vhost)",
-    EXIT_NOT_FOUND: "unknown queue, unknown job (info), or no such dead letter",
-    EXIT_TIMEOUT: "no answer in time (INFO), or events tail --count not reached by --timeout",
-    EXIT_INTERRUPTED: "interrupted (Ctrl-C); nothing is lost, see the command's help",
-}
+__all__ = ["DEFAULT_BROKER", "EXIT_CODES", "EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_NOT_FOUND",
+           "EXIT_OK", "EXIT_TIMEOUT", "EXIT_UNREACHABLE", "EXIT_USAGE", "CLIError", "Options"]
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-@dataclass
-class Options:
-    """What the shared options hold for the running command."""
-
-    broker: str = DEFAULT_BROKER
-    prefix: str = ""
-    json: bool = False
-    connect_timeout: float = 5.0
-
-
-class CLIError(click.ClickException):
-    """An error with its exit code and a short machine-readable kind."""
-
-    def __init__(self, message: str, exit_code: int = EXIT_FAILED, kind: str = "failed") -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
-        self.kind = kind
+_UUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-"
+                   r"[0-9a-fA-F]{12}$")
+BROKER_HELP = ("Broker URL (ojs://, ojss://; amqp:// and amqps:// are taken as ojs:// and "
+               "ojss://).  Else $OJS_BROKER_URL, $CELERY_BROKER_URL, the app's broker_url, "
+               f"then {DEFAULT_BROKER}.")
+APP_HELP = ("The Celery app, as for celery -A (proj, proj.celery:app; else $CELERY_APP): "
+            "its broker_url and ojs_* settings are used.")
 
 
 def options(ctx: click.Context) -> Options:
     return ctx.ensure_object(Options)
 
 
-def _store(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+def store_option(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
     if value is not None:
         setattr(options(ctx), param.name or "", value)
     return value
 
 
-def common_options(func: F) -> F:
-    """``--broker``, ``--prefix``, ``--connect-timeout`` and ``--json`` on a command."""
-    decorators = [
-        click.option("--broker", envvar="OJS_BROKER_URL", default=DEFAULT_BROKER,
-                     show_default=True, show_envvar=True, expose_value=False, callback=_store,
-                     help="Broker URL (ojs://, ojss://; amqp:// and amqps:// are taken as "
-                          "ojs:// and ojss://)."),
-        click.option("--prefix", envvar="OJS_PREFIX", default="", show_envvar=True,
-                     expose_value=False, callback=_store,
-                     help="Topology name prefix (the app's ojs_prefix)."),
-        click.option("--connect-timeout", type=click.FloatRange(min=0.1), default=5.0,
-                     show_default=True, expose_value=False, callback=_store,
-                     help="Seconds to wait for the broker connection."),
-        click.option("--json", "json", is_flag=True, default=False, expose_value=False,
-                     callback=_store, help="Machine-readable JSON on stdout."),
-    ]
+def _app_option() -> Callable[[F], F]:
+    return click.option("-A", "--app", "app_spec", metavar="APP", expose_value=False,
+                        callback=store_option, help=APP_HELP)
+
+
+def _broker_option() -> Callable[[F], F]:
+    return click.option("-b", "--broker", metavar="URL", expose_value=False,
+                        callback=store_option, help=BROKER_HELP)
+
+
+def _apply(func: F, decorators: list[Callable[[F], F]]) -> F:
     for decorator in reversed(decorators):
         func = decorator(func)
     return func
+
+
+def global_options(func: F) -> F:
+    """``-A``, ``--broker`` and ``--workdir`` before the command, as ``celery`` takes them."""
+    return _apply(func, [
+        _app_option(), _broker_option(),
+        click.option("--workdir", type=click.Path(file_okay=False, exists=True),
+                     expose_value=False, callback=store_option,
+                     help="Directory to import the app from (default: the current one)."),
+    ])
+
+
+def common_options(func: F) -> F:
+    """``-A``, ``--broker``, ``--prefix``, ``--connect-timeout`` and ``--json`` on a command;
+    given here they win over the same options before the command."""
+    return _apply(func, [
+        _app_option(), _broker_option(),
+        click.option("--prefix", expose_value=False, callback=store_option,
+                     help="Topology name prefix; else $OJS_PREFIX, else the app's ojs_prefix."),
+        click.option("--connect-timeout", type=click.FloatRange(min=0.1), default=5.0,
+                     show_default=True, expose_value=False, callback=store_option,
+                     help="Seconds to wait for the broker connection."),
+        click.option("--json", "json", is_flag=True, default=False, expose_value=False,
+                     callback=store_option, help="Machine-readable JSON on stdout."),
+    ])
 
 
 def emit(ctx: click.Context, data: Any, human: Callable[[], None] | str | None = None) -> None:
@@ -108,6 +114,46 @@ def emit(ctx: click.Context, data: Any, human: Callable[[], None] | str | None =
         human()
     elif human is not None:
         click.echo(human)
+
+
+def fail(ctx: click.Context, message: str, exit_code: int) -> NoReturn:
+    """End a command whose output is already printed: ``message`` and the broker on stderr."""
+    target = options(ctx).resolved
+    click.echo(message + (f"\n  on {target.describe()}" if target else ""), err=True)
+    ctx.exit(exit_code)
+    raise AssertionError("unreachable")  # pragma: no cover  (ctx.exit raises)
+
+
+def check_job_id(value: str, *, any_uuid: bool = False, hint: str = "JOB_ID") -> str:
+    """A job id given on the command line (exit 2 when malformed).
+
+    CANCEL and INFO carry UUIDv7 ids only; a dead letter may come from another
+    producer, so the ``dlq`` commands take any UUID.
+    """
+    if any_uuid:
+        if not _UUID.match(value):
+            raise click.BadParameter(f"{value!r} is not a job id (a UUID)", param_hint=hint)
+    elif not is_job_id(value):
+        raise click.BadParameter(f"{value!r} is not a lowercase UUIDv7 job id",
+                                 param_hint=hint)
+    return value
+
+
+def job_id_or_legacy(ctx: click.Context, job_id: str | None, legacy: str | None) -> str | None:
+    """``JOB_ID``, or the deprecated ``--id`` (with a note on stderr)."""
+    if legacy is None:
+        return job_id
+    click.echo("ojs-kombu: --id is deprecated: give the job id as the argument JOB_ID "
+               f"(ojs-kombu {ctx.command_path.partition(' ')[2]} ... JOB_ID)", err=True)
+    if job_id is not None and job_id != legacy:
+        raise click.UsageError("give the job id once (JOB_ID, or the deprecated --id)")
+    return legacy
+
+
+def legacy_id_option(func: F) -> F:
+    """The old ``--id JOB_ID`` spelling, hidden and deprecated."""
+    return click.option("--id", "legacy_id", hidden=True,
+                        help="Deprecated: give JOB_ID as the argument.")(func)
 
 
 def classify(exc: BaseException) -> CLIError | None:
@@ -147,7 +193,8 @@ def classify(exc: BaseException) -> CLIError | None:
 
 
 class OJSCommand(click.Command):
-    """A command whose errors become one clear message and a documented exit code."""
+    """A command whose errors become one clear message, naming the broker, and a
+    documented exit code."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -168,11 +215,18 @@ class OJSCommand(click.Command):
             error = classify(exc)
             if error is None:
                 raise
+            target = options(ctx).resolved
+            if target is None or error.exit_code == EXIT_USAGE:
+                where, suffix = {}, ""
+            else:
+                where, suffix = target.to_dict(), f"\n  on {target.describe()}"
             if options(ctx).json:
-                click.echo(f"Error: {error.message}", err=True)
+                click.echo(f"Error: {error.message}{suffix}", err=True)
                 click.echo(json.dumps({"error": error.kind, "message": error.message,
-                                       "exit_code": error.exit_code}))
+                                       "exit_code": error.exit_code, **where}))
                 ctx.exit(error.exit_code)
+            if suffix:
+                error = CLIError(error.message + suffix, error.exit_code, error.kind)
             raise error from None
 
 

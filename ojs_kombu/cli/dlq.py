@@ -18,9 +18,23 @@ import click
 
 from ..dead_letters import DeadLetter, DeadLetterQueue
 from .broker import binding_of, connect, queue_name, require_queue
-from .common import EXIT_INTERRUPTED, OJSGroup, common_options, emit, options
+from .common import (
+    EXIT_INTERRUPTED,
+    OJSGroup,
+    check_job_id,
+    common_options,
+    emit,
+    job_id_or_legacy,
+    legacy_id_option,
+    options,
+)
 
 queue_option = click.option("--queue", "-q", required=True, help="OJS queue whose DLQ to use.")
+
+
+def _job_id(ctx: click.Context, job_id: str | None, legacy: str | None) -> str | None:
+    value = job_id_or_legacy(ctx, job_id, legacy)
+    return None if value is None else check_job_id(value, any_uuid=True)
 
 
 @click.group(cls=OJSGroup)
@@ -79,13 +93,17 @@ def list_(ctx: click.Context, queue: str, limit: int) -> None:
 
 @dlq.command()
 @queue_option
-@click.option("--id", "job_id", required=True, help="Job id of the dead letter.")
+@click.argument("job_id", metavar="JOB_ID", required=False)
+@legacy_id_option
 @common_options
 @click.pass_context
-def show(ctx: click.Context, queue: str, job_id: str) -> None:
-    """Show one dead letter: its error, headers and envelope (exit 4 if absent)."""
+def show(ctx: click.Context, queue: str, job_id: str | None, legacy_id: str | None) -> None:
+    """Show the dead letter of JOB_ID: its error, headers and envelope (exit 4 if absent)."""
+    found_id = _job_id(ctx, job_id, legacy_id)
+    if found_id is None:
+        raise click.UsageError("give the JOB_ID of the dead letter")
     with open_dlq(ctx, queue) as dead_letters:
-        data = dead_letter_data(dead_letters.get(job_id), full=True)
+        data = dead_letter_data(dead_letters.get(found_id), full=True)
 
     def human() -> None:
         import json
@@ -109,21 +127,25 @@ def show(ctx: click.Context, queue: str, job_id: str) -> None:
 
 def _one_or_all(job_id: str | None, every: bool) -> None:
     if bool(job_id) == every:
-        raise click.UsageError("give --id ID or --all")
+        raise click.UsageError("give JOB_ID or --all")
 
 
 @dlq.command()
 @queue_option
-@click.option("--id", "job_id", help="Replay this job.")
+@click.argument("job_id", metavar="[JOB_ID]", required=False)
+@legacy_id_option
 @click.option("--all", "every", is_flag=True, help="Replay every dead letter present now.")
 @common_options
 @click.pass_context
-def replay(ctx: click.Context, queue: str, job_id: str | None, every: bool) -> None:
-    """Put dead letters back on QUEUE (same id, attempt 1, error history kept).
+def replay(ctx: click.Context, queue: str, job_id: str | None, legacy_id: str | None,
+           every: bool) -> None:
+    """Put the dead letter of JOB_ID (or --all) back on QUEUE (same id, attempt 1, error
+    history kept).
 
     Each job is republished and confirmed before its dead letter is removed:
     Ctrl-C stops between jobs and loses nothing (exit 130); run it again to go on.
     """
+    job_id = _job_id(ctx, job_id, legacy_id)
     _one_or_all(job_id, every)
     with open_dlq(ctx, queue) as dead_letters:
         if job_id:
@@ -162,15 +184,19 @@ def replay(ctx: click.Context, queue: str, job_id: str | None, every: bool) -> N
 
 @dlq.command()
 @queue_option
-@click.option("--id", "job_id", help="Delete only this dead letter.")
+@click.argument("job_id", metavar="[JOB_ID]", required=False)
+@legacy_id_option
 @click.option("--all", "every", is_flag=True, help="Delete every dead letter (the default).")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @common_options
 @click.pass_context
-def purge(ctx: click.Context, queue: str, job_id: str | None, every: bool, yes: bool) -> None:
-    """Delete dead letters of QUEUE for good (asks first unless --yes)."""
+def purge(ctx: click.Context, queue: str, job_id: str | None, legacy_id: str | None,
+          every: bool, yes: bool) -> None:
+    """Delete the dead letter of JOB_ID, or all of QUEUE's, for good (asks first unless
+    --yes)."""
+    job_id = _job_id(ctx, job_id, legacy_id)
     if job_id and every:
-        raise click.UsageError("give --id ID or --all, not both")
+        raise click.UsageError("give JOB_ID or --all, not both")
     with open_dlq(ctx, queue) as dead_letters:
         what = f"dead letter {job_id}" if job_id else f"all {len(dead_letters)} dead letter(s)"
         if not yes:

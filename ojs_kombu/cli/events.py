@@ -14,7 +14,7 @@ from ..events.bus import EventFilter
 from ..events.models import Event
 from ..events.wire import InvalidEventMessage, decode_events
 from .broker import binding_of, connect
-from .common import EXIT_TIMEOUT, OJSGroup, common_options, options
+from .common import EXIT_TIMEOUT, OJSGroup, common_options, fail, options
 
 
 @click.group(cls=OJSGroup)
@@ -114,7 +114,8 @@ def tail(ctx: click.Context, types: tuple[str, ...], queues: tuple[str, ...],
         for key in keys:
             channel.queue_bind(queue, exchange, routing_key=key)
         channel.basic_consume(queue, no_ack=True, callback=on_message)
-        click.echo(f"following {exchange} ({', '.join(keys)}); Ctrl-C to stop", err=True)
+        click.echo(f"following {exchange} ({', '.join(keys)}) on "
+                   f"{options(ctx).target().describe()}; Ctrl-C to stop", err=True)
         deadline = time.monotonic() + timeout if timeout is not None else None
         try:
             while count is None or seen < count:
@@ -128,5 +129,4 @@ def tail(ctx: click.Context, types: tuple[str, ...], queues: tuple[str, ...],
         except KeyboardInterrupt:
             return
     if count is not None and seen < count:
-        click.echo(f"timed out after {timeout}s with {seen} of {count} event(s)", err=True)
-        ctx.exit(EXIT_TIMEOUT)
+        fail(ctx, f"timed out after {timeout}s with {seen} of {count} event(s)", EXIT_TIMEOUT)

@@ -14,8 +14,17 @@ from ..codec import format_time, parse_time
 from ..control import ControlClient
 from ..job_ids import new_job_id
 from ..naming import is_job_id, is_job_type
-from .broker import binding_of, broker_url, connect, queue_name, require_queue
-from .common import EXIT_NOT_FOUND, OJSCommand, common_options, emit, options
+from .broker import binding_of, connect, queue_name, require_queue
+from .common import (
+    EXIT_FAILED,
+    EXIT_NOT_FOUND,
+    OJSCommand,
+    check_job_id,
+    common_options,
+    emit,
+    fail,
+    options,
+)
 
 #: The Celery protocol v2 "embed" part of a job with no canvas.
 _NO_CANVAS = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
@@ -114,13 +123,6 @@ def enqueue(ctx: click.Context, job_type: str, args: str, queue: str, delay: flo
     emit(ctx, result, job_id)
 
 
-def _job_id(value: str) -> str:
-    if not is_job_id(value):
-        raise click.BadParameter(f"{value!r} is not a lowercase UUIDv7 job id",
-                                 param_hint="JOB_ID")
-    return value
-
-
 def _control_client(ctx: click.Context, queue: str) -> tuple[ControlClient, int]:
     """A control client, after checking that ``queue``'s control queue exists (else exit 4)."""
     opts = options(ctx)
@@ -128,9 +130,7 @@ def _control_client(ctx: click.Context, queue: str) -> tuple[ControlClient, int]
         names = binding_of(connection).names
         state = require_queue(connection.connection, names.control_queue(queue),
                               f"OJS queue {queue!r} has no control queue")
-    client = ControlClient(broker_url(opts.broker), connect_timeout=opts.connect_timeout,
-                           prefix=opts.prefix)
-    return client, state.consumers
+    return ControlClient(opts), state.consumers  # the same broker and settings
 
 
 @click.command(cls=OJSCommand)
@@ -149,7 +149,7 @@ def cancel(ctx: click.Context, job_id: str, queue: str, reason: str | None,
     starts; a running job is asked to stop.  Cancelling an unknown or finished
     job is a no-op the workers log.
     """
-    job_id, ojs_queue = _job_id(job_id), queue_name(queue)
+    job_id, ojs_queue = check_job_id(job_id), queue_name(queue)
     client, consumers = _control_client(ctx, ojs_queue)
     with client:
         client.cancel(job_id, ojs_queue, reason=reason, cancelled_by=cancelled_by,
@@ -171,9 +171,11 @@ def cancel(ctx: click.Context, job_id: str, queue: str, reason: str | None,
 def info(ctx: click.Context, job_id: str, queue: str, timeout: float) -> None:
     """Ask the workers of QUEUE for the state of JOB_ID (INFO, AMQP-021).
 
-    Exit 4 when neither a worker nor the result backend knows the job.
+    Exit 4 when no worker and no result backend knows the job (state
+    not_found, or unknown for an app without a result backend), 1 when the
+    worker answered with an error, 5 when no worker answered in time.
     """
-    job_id, ojs_queue = _job_id(job_id), queue_name(queue)
+    job_id, ojs_queue = check_job_id(job_id), queue_name(queue)
     client, _ = _control_client(ctx, ojs_queue)
     with client:
         answer = client.info(job_id, ojs_queue, timeout=timeout)
@@ -185,5 +187,12 @@ def info(ctx: click.Context, job_id: str, queue: str, timeout: float) -> None:
                 click.echo(f"  {key}: {json.dumps(value, default=str)}")
 
     emit(ctx, answer, human)
-    if answer.get("state") == "not_found":
-        ctx.exit(EXIT_NOT_FOUND)
+    state = answer.get("state")
+    if state == "error":
+        fail(ctx, f"a worker of queue {ojs_queue!r} could not answer INFO for {job_id}: "
+                  f"{answer.get('error') or 'no reason given'}", EXIT_FAILED)
+    if state in ("not_found", "unknown"):
+        reason = answer.get("reason") or "no worker holds it or finished it recently, and " \
+                                          "the result backend does not know it"
+        fail(ctx, f"job {job_id} is {state.replace('_', ' ')} in queue {ojs_queue!r}: {reason}",
+             EXIT_NOT_FOUND)

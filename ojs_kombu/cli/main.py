@@ -4,26 +4,34 @@ from __future__ import annotations
 
 import logging
 import sys
+import textwrap
 
 import click
 
 from . import conformance, dlq, events, jobs, migrate, topology
-from .common import EXIT_CODES, OJSGroup
+from .common import EXIT_CODES, OJSGroup, global_options
 
 
 def _epilog() -> str:
     lines = ["\b", "Exit codes:"]
-    lines += [f"  {code}  {meaning}" for code, meaning in EXIT_CODES.items()]
+    for code, meaning in EXIT_CODES.items():
+        lines += textwrap.wrap(f"{code}  {meaning}", 94, initial_indent="  ",
+                               subsequent_indent=" " * (len(str(code)) + 4))
     return "\n".join(lines)
 
 
 @click.group(cls=OJSGroup, epilog=_epilog(), context_settings={"max_content_width": 100})
 @click.version_option(package_name="ojs_kombu", prog_name="ojs-kombu")
+@global_options
 def cli() -> None:
     """Inspect and operate OJS jobs on RabbitMQ (ojs_kombu).
 
-    Every command takes --broker (env OJS_BROKER_URL), --prefix and --json;
-    run `ojs-kombu COMMAND --help` for its options.
+    As with celery, -A APP and --broker go before the command (every command
+    also takes them, with --prefix and --json, after it).  The broker URL is
+    the first of: --broker, $OJS_BROKER_URL, $CELERY_BROKER_URL, the app's
+    broker_url, ojs://guest:guest@localhost:5672//.  With -A the app's ojs_*
+    settings (prefix, queue aliases, queue settings) apply.  A job id is the
+    argument JOB_ID.  Run `ojs-kombu COMMAND --help` for a command's options.
     """
 
 

@@ -31,6 +31,7 @@ from .common import (
     OJSGroup,
     common_options,
     emit,
+    fail,
     options,
 )
 
@@ -199,11 +200,11 @@ def show(ctx: click.Context, queues: tuple[str, ...], events: bool) -> None:
     missing = [t["queue"] for t in report["queues"]
                if not any(q["exists"] for q in t["queues"] if q["role"] == "job")]
     if missing:
-        if not options(ctx).json:
-            click.echo(f"unknown queue(s): {', '.join(missing)}", err=True)
-        ctx.exit(EXIT_NOT_FOUND)
-    if any(t["problems"] for t in report["queues"]):
-        ctx.exit(EXIT_FAILED)
+        fail(ctx, f"unknown queue(s): {', '.join(missing)}", EXIT_NOT_FOUND)
+    problems = sum(len(t["problems"]) for t in report["queues"])
+    if problems:
+        fail(ctx, f"{problems} problem(s) would stop ojs_kombu from using the topology",
+             EXIT_FAILED)
 
 
 def _args(arguments: dict[str, Any]) -> str:

@@ -1,0 +1,1 @@
+"""A project whose tasks live in modules named by ``include=`` and ``imports``."""

@@ -724,9 +724,9 @@ def decode_job_message(
     if not celery_job and isinstance(amqp_headers.get("x-ojs-max-attempts"), int):
         # A foreign producer may state its budget in the header only (section 6.2).
         own_retry["max_attempts"] = amqp_headers["x-ojs-max-attempts"]
-    if envelope.retry is not None:
-        own_retry.update(envelope.retry.model_dump(mode="json",
-                                                   include=envelope.retry.model_fields_set))
+    retry = envelope.retry
+    if retry is not None:  # the fields the job states (all of them JSON values already)
+        own_retry.update((name, getattr(retry, name)) for name in retry.model_fields_set)
     if own_retry:
         headers[RETRY_HEADER] = own_retry
     if celery_job:

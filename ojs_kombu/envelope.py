@@ -10,6 +10,7 @@ parse/serialise round trip preserves the document's meaning.
 from __future__ import annotations
 
 from datetime import timedelta
+from functools import lru_cache
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -44,8 +45,12 @@ NonNegativeInt = Annotated[int, Field(ge=0)]
 _timedelta = TypeAdapter(timedelta)
 
 
+@lru_cache(maxsize=256)
 def parse_duration(value: str) -> timedelta:
-    """Parse an ISO 8601 duration (pydantic does the parsing; the pattern guards the form)."""
+    """Parse an ISO 8601 duration (pydantic does the parsing; the pattern guards the form).
+
+    Cached: every consumed job with a retry policy validates its two intervals, and
+    the intervals in use are few."""
     return _timedelta.validate_python(value)
 
 

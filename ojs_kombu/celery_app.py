@@ -73,27 +73,36 @@ _INSTALLED_FLAG = "_ojs_kombu_installed"
 class OJSQueues(Queues):
     """Celery's queue table, holding OJS job queues only.
 
-    Lookups accept the OJS name (``email``), the AMQP name
-    (``ojs.queue.email``) and Celery aliases (``celery`` -> ``default``).
+    Keyed by the names the app gives its queues (``celery``, ``email``), as in
+    Celery (whose commands, such as ``celery purge``, pass the keys on); the
+    values are job queues (``ojs.queue.email``).  Lookups also accept the OJS
+    name (``default``) and the AMQP name.  ``consume_from`` is keyed by AMQP
+    name, as Celery's ``select`` and ``deselect`` (``worker -Q/-X``) key it.
     """
 
     def __init__(self, queues: Any = None, *args: Any, binding: Binding, **kwargs: Any) -> None:
         self.binding = binding
         super().__init__(queues, *args, **kwargs)
+        self._default_consume_from = {queue.name: queue for queue in self.values()}
 
     def __missing__(self, name: str) -> Queue:
         names = self.binding.names
         amqp_name = names.job_queue(names.ojs_queue(name))
-        if amqp_name != name and dict.__contains__(self, amqp_name):
-            return dict.__getitem__(self, amqp_name)
-        return super().__missing__(name)
+        for queue in dict.values(self):
+            if queue.name == amqp_name:
+                return queue
+        if not self.create_missing:
+            raise KeyError(name)
+        self[name] = queue = self.new_missing(name)
+        return queue
 
     def new_missing(self, name: str) -> JobQueue:
         ojs_name = self.binding.names.ojs_queue(name)
         return job_queue(self.binding.names, ojs_name, self.binding.declare_arguments(ojs_name))
 
     def _add(self, queue: Queue) -> Queue:
-        return super()._add(self._as_job_queue(queue))
+        self[queue.name] = job = self._as_job_queue(queue)
+        return job
 
     def __setitem__(self, name: str, queue: Queue) -> None:
         super().__setitem__(name, queue)

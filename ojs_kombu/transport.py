@@ -774,6 +774,17 @@ class Channel(pyamqp.Channel):
             frames = self._ojs_acks.take(connection.ojs.settings.acks == "multiple")
             connection.write_frames(ack_frames(self.channel_id, frames))
 
+    def queue_purge(self, queue: str = "", *args: Any, **kwargs: Any) -> Any:
+        """``celery purge -Q email`` names the Celery queue: purge its job queue
+        ``ojs.queue.email`` when that exists.  Other names are purged as given."""
+        names = self.ojs.names
+        with suppress(QueueNameError, amqp.exceptions.NotFound):
+            ojs_queue = names.ojs_queue(queue)
+            if names.job_queue(ojs_queue) != queue:
+                self.connection.queue_depth(ojs_queue)  # NotFound: no such job queue
+                queue = names.job_queue(ojs_queue)
+        return super().queue_purge(queue, *args, **kwargs)
+
     def close(self, *args: Any, **kwargs: Any) -> Any:
         connection = self.connection
         if (self._ojs_acks and self.is_open and connection is not None

@@ -1,0 +1,221 @@
+"""Run Celery's own integration tests on ``pyamqp://`` and on ``ojs://``, side by side.
+
+    python integration/celery_suite.py [--only pyamqp|ojs] [--report] [-- PYTEST ARGS]
+
+Fetches the source distribution of the installed Celery with pip (``pip download
+--no-binary :all: --no-deps celery==<version>``) into a cache directory, never into
+this repository, and runs its ``t/integration/test_tasks.py`` and
+``test_canvas.py`` unedited, twice: on ``pyamqp://`` and on ``ojs://`` with
+``ojs_kombu.install(app)`` applied to Celery's test apps by
+:mod:`integration.celery_suite_plugin`.  Each run gets a RabbitMQ vhost of its
+own (``rabbitmqctl``); the result backend is Redis (``--backend``).  Each test
+runs once per broker (reruns of Celery's ``flaky`` tests are off, so they cannot
+hide a difference), with pytest-timeout's ``--timeout`` (300 s, as Celery's own).
+
+Prints each run's pytest result line, then every test that passed on
+``pyamqp://`` but not on ``ojs://``.  Exit status 0 when each of those is one of
+:data:`KNOWN_DIFFERENCES` (by-design differences, listed in the README), 1
+otherwise.  Not part of the default test run: it takes several minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import uuid
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+PROJECT = Path(__file__).resolve().parent.parent
+TEST_FILES = ("t/integration/test_tasks.py", "t/integration/test_canvas.py")
+PLUGIN = "integration.celery_suite_plugin"
+
+_UUID7 = ("OJS job ids are UUIDv7: the test passes task_id=str(uuid.uuid4()), which "
+          "ojs_kombu refuses (InvalidJobIdError)")
+_JSON_ARGS = ("OJS args are JSON values: the test passes bytes (in a linked callback), "
+              "which ojs_kombu refuses (NonJSONArgumentError)")
+_REJECT = ("Reject(requeue=True) is a failed attempt that the broker retries while "
+           "max_attempts allows (1 here, so the job is dead-lettered), never an "
+           "immediate requeue that comes back with redelivered=True")
+_EXPIRED = ("a job that expired before it started is dead-lettered as EXPIRED, not "
+            "stored as REVOKED, so result.get() waits")
+_APP_ID = "job messages carry the binding's properties (app_id 'ojs'): app_id=... does not travel"
+_ETA = ("countdown jobs wait in the broker and reach the worker when due, without a "
+        "Celery eta (request.eta is None; the due time is x-ojs-scheduled-at)")
+_CONFIRM = ("apply_async returns once the broker confirmed the job, so the worker can "
+            "receive it first; the test clears its flag after delay() returns")
+
+#: Tests that pass on ``pyamqp://`` and cannot pass on ``ojs://``, with the OJS reason.
+KNOWN_DIFFERENCES: dict[str, str] = {
+    "t.integration.test_canvas.test_chain::"
+    "test_chain_of_two_groups_as_tuple_holds_each_task_once[True]": _UUID7,
+    **{f"t.integration.test_canvas.test_chord::test_chain_of_implicit_chords_as_body[{p}]":
+       _UUID7 for p in ("False-False", "False-True", "True-False", "True-True")},
+    **{f"t.integration.test_canvas.test_group::{name}": _JSON_ARGS
+       for name in ("test_callback_called_by_group", "test_errback_called_by_group_fail_first",
+                    "test_errback_called_by_group_fail_last")},
+    **{f"t.integration.test_canvas.test_chord::test_immutable_errback_called_by_chord_{name}":
+       _JSON_ARGS for name in ("from_simple", "from_chain", "from_chain_tail", "from_group")},
+    "t.integration.test_tasks.test_tasks::test_reject_with_requeue_redelivers_and_succeeds":
+        _REJECT,
+    "t.integration.test_tasks.test_tasks::test_expired": _EXPIRED,
+    "t.integration.test_tasks.test_tasks::test_properties": _APP_ID,
+    "t.integration.test_canvas.test_chord::test_group_or_task_countdown_delays_header": _ETA,
+    "t.integration.test_tasks.test_task_replacement::test_replaced_task_nesting_level_0":
+        _CONFIRM,
+}
+
+
+def celery_version() -> str:
+    return importlib.metadata.version("celery")
+
+
+def fetch_tests(version: str, cache: Path) -> Path:
+    """Celery's source tree (``t/`` and ``pyproject.toml``) of ``version``, from its sdist."""
+    root = cache / f"celery-{version}"
+    if all((root / name).is_file() for name in TEST_FILES):
+        return root
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache) as download:
+        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-binary",
+                        ":all:", "--no-deps", "--dest", download, f"celery=={version}"],
+                       check=True)
+        sdist = next(Path(download).glob("celery-*.tar.gz"))
+        staging = Path(download) / "tree"
+        with tarfile.open(sdist) as archive:
+            members = [m for m in archive.getmembers()
+                       if m.name.startswith((f"celery-{version}/t/",
+                                             f"celery-{version}/pyproject.toml"))]
+            archive.extractall(staging, members=members, filter="data")
+        shutil.rmtree(root, ignore_errors=True)
+        shutil.move(staging / f"celery-{version}", root)
+    return root
+
+
+def rabbitmqctl(*args: str) -> None:
+    subprocess.run(["rabbitmqctl", "-q", *args], check=True, capture_output=True, timeout=120)
+
+
+@contextmanager
+def private_vhost(label: str) -> Iterator[str]:
+    """A vhost for one run, deleted afterwards: the runs never see each other's queues."""
+    name = f"celery-suite-{label}-{uuid.uuid4().hex[:8]}"
+    rabbitmqctl("add_vhost", name)
+    try:
+        rabbitmqctl("set_permissions", "-p", name, "guest", ".*", ".*", ".*")
+        yield name
+    finally:
+        rabbitmqctl("delete_vhost", name)
+
+
+def run_suite(root: Path, scheme: str, host: str, backend: str, timeout: float,
+              results: Path, pytest_args: Sequence[str]) -> str:
+    """Run the tests with ``TEST_BROKER=<scheme>://...``; return pytest's result line."""
+    with private_vhost(scheme) as vhost:
+        env = dict(os.environ, TEST_BROKER=f"{scheme}://guest:guest@{host}/{vhost}",
+                   TEST_BACKEND=backend,
+                   PYTHONPATH=os.pathsep.join(filter(None, [str(PROJECT),
+                                                            os.environ.get("PYTHONPATH")])))
+        command = [sys.executable, "-m", "pytest", *TEST_FILES, "-p", "no:cacheprovider",
+                   "-p", "no:rerunfailures", f"--timeout={timeout:g}", f"--junitxml={results}",
+                   "-q", "-rfE",
+                   *(["-p", PLUGIN] if scheme == "ojs" else []), *pytest_args]
+        log = results.with_suffix(".log")
+        print(f"== {scheme}:// ({' '.join(command[1:])}), output in {log}", flush=True)
+        with log.open("w") as out:
+            subprocess.run(command, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT,
+                           check=False)
+    return result_line(log)
+
+
+def result_line(log: Path) -> str:
+    """pytest's closing line (``N failed, N passed, ... in Ns``) of a run's output."""
+    lines = [line for line in log.read_text().splitlines() if line.strip()]
+    return lines[-1].strip("= ") if lines else f"no output in {log}"
+
+
+def outcomes(junit: Path) -> dict[str, str]:
+    """``{test id: passed|failed|error|skipped}`` from a JUnit XML report."""
+    found: dict[str, str] = {}
+    for case in ET.parse(junit).iter("testcase"):
+        test_id = f"{case.get('classname')}::{case.get('name')}"
+        tags = {child.tag for child in case}
+        outcome = ("error" if "error" in tags else "failed" if "failure" in tags
+                   else "skipped" if "skipped" in tags else "passed")
+        # A teardown error is reported as a second entry of the same test.
+        if found.get(test_id, "passed") == "passed":
+            found[test_id] = outcome
+    return found
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", choices=("pyamqp", "ojs"), help="Run one broker only.")
+    parser.add_argument("--host", default="127.0.0.1:5672", help="RabbitMQ host:port.")
+    parser.add_argument("--backend", default="redis://127.0.0.1:6379/0",
+                        help="Result backend URL (TEST_BACKEND).")
+    parser.add_argument("--timeout", type=float, default=300,
+                        help="Seconds per test (pytest-timeout; 300 as in Celery's own markers).")
+    parser.add_argument("--cache", type=Path,
+                        default=Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+                        / "ojs_kombu" / "celery-suite",
+                        help="Where Celery's sdist is unpacked and the reports are written.")
+    parser.add_argument("--report", action="store_true",
+                        help="Run nothing: compare the reports of the last run.")
+    parser.add_argument("pytest_args", nargs="*", help="Passed to pytest (after --).")
+    args = parser.parse_args(argv)
+
+    if importlib.util.find_spec("pytest_timeout") is None:
+        parser.error("needs pytest-timeout (a hung test must not stop the run): "
+                     f"{sys.executable} -m pip install pytest-timeout")
+    version = celery_version()
+    root = args.cache if args.report else fetch_tests(version, args.cache)
+    schemes = [args.only] if args.only else ["pyamqp", "ojs"]
+    lines: dict[str, str] = {}
+    for scheme in schemes:
+        report = args.cache / f"results-{version}-{scheme}.xml"
+        if args.report:
+            lines[scheme] = result_line(report.with_suffix(".log"))
+            continue
+        lines[scheme] = run_suite(root, scheme, args.host, args.backend, args.timeout,
+                                  report, args.pytest_args)
+        print(f"{scheme}://: {lines[scheme]}", flush=True)
+    print(f"\nCelery {version} t/integration/test_tasks.py + test_canvas.py")
+    for scheme, line in lines.items():
+        print(f"  {scheme + '://':10} {line}")
+    if len(schemes) < 2:
+        return 0
+
+    plain = outcomes(args.cache / f"results-{version}-pyamqp.xml")
+    ojs = outcomes(args.cache / f"results-{version}-ojs.xml")
+    differ = sorted(t for t, o in plain.items() if o == "passed" and ojs.get(t) != "passed")
+    unexpected = [t for t in differ if t not in KNOWN_DIFFERENCES]
+    if differ:
+        print(f"\npassed on pyamqp://, not on ojs:// ({len(differ)}), by reason:")
+        by_reason: dict[str, list[str]] = {}
+        for test in differ:
+            reason = KNOWN_DIFFERENCES.get(test, "UNEXPECTED: not a known OJS difference")
+            by_reason.setdefault(reason, []).append(test)
+        for reason, tests in by_reason.items():
+            print(f"  {reason}:")
+            for test in tests:
+                print(f"    {test} ({ojs.get(test, 'not run')})")
+    only_ojs = sorted(t for t, o in ojs.items() if o == "passed" and plain.get(t) != "passed")
+    if only_ojs:
+        print(f"\npassed on ojs://, not on pyamqp:// ({len(only_ojs)}):")
+        for test in only_ojs:
+            print(f"  {test}: {plain.get(test, 'not run')}")
+    return 1 if unexpected else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

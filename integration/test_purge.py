@@ -1,0 +1,105 @@
+"""``celery -A proj purge -Q email`` empties the job queue ``ojs.queue.email``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import amqp
+import pytest
+from celery import Celery
+
+from .apps import make_app
+from .conftest import HOST, PORT, queue_depth, rabbitmqctl, wait_until
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def celery_purge(broker_url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "OJS_TEST_BROKER_URL": broker_url}
+    return subprocess.run([sys.executable, "-m", "celery", "-A", "integration.cliapp",
+                           "purge", "-f", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120, check=False)
+
+
+@pytest.fixture(scope="module")
+def client(broker_url: str) -> Celery:
+    return make_app("purge-client", broker_url, "cache+memory://")
+
+
+def enqueue(client: Celery, channel: amqp.Channel, queue: str, count: int) -> None:
+    for n in range(count):
+        client.send_task("math.add", args=[n, 1], queue=queue)
+    wait_until(lambda: queue_depth(channel, f"ojs.queue.{queue}") == count,
+               what=f"{count} jobs in ojs.queue.{queue}")
+
+
+def test_purge_by_celery_queue_name_empties_the_job_queue(
+        broker_url: str, client: Celery, amqp_channel: amqp.Channel) -> None:
+    email, other = f"purge-{uuid.uuid4().hex[:8]}", f"purge-{uuid.uuid4().hex[:8]}"
+    enqueue(client, amqp_channel, email, 3)
+    enqueue(client, amqp_channel, other, 2)
+
+    result = celery_purge(broker_url, "-Q", email)
+
+    assert result.returncode == 0, result.stderr
+    assert "Purged 3 messages from 1 known task queue." in result.stdout, result.stdout
+    assert queue_depth(amqp_channel, f"ojs.queue.{email}") == 0
+    assert queue_depth(amqp_channel, f"ojs.queue.{other}") == 2
+
+
+def test_purge_by_amqp_name_still_works(broker_url: str, client: Celery,
+                                        amqp_channel: amqp.Channel) -> None:
+    queue = f"purge-{uuid.uuid4().hex[:8]}"
+    enqueue(client, amqp_channel, queue, 2)
+
+    result = celery_purge(broker_url, "-Q", f"ojs.queue.{queue}")
+
+    assert "Purged 2 messages from 1 known task queue." in result.stdout, result.stdout
+    assert queue_depth(amqp_channel, f"ojs.queue.{queue}") == 0
+
+
+def test_a_queue_without_a_job_queue_is_purged_as_named(
+        broker_url: str, amqp_channel: amqp.Channel) -> None:
+    """A plain Celery queue (a producer not yet switched to ojs://) keeps its own name."""
+    legacy = f"legacy-{uuid.uuid4().hex[:8]}"
+    amqp_channel.queue_declare(legacy, durable=True, auto_delete=False)
+    for n in range(2):
+        amqp_channel.basic_publish(amqp.Message(f"old {n}"), exchange="", routing_key=legacy)
+    wait_until(lambda: queue_depth(amqp_channel, legacy) == 2, what="the plain messages")
+
+    result = celery_purge(broker_url, "-Q", legacy)
+
+    assert "Purged 2 messages from 1 known task queue." in result.stdout, result.stdout
+    assert queue_depth(amqp_channel, legacy) == 0
+
+
+def test_purge_without_queues_empties_the_apps_queues() -> None:
+    """Plain ``celery purge`` purges the app's queues by their Celery names (``celery``
+    is the OJS queue ``default``), in a vhost of its own: other tests use ``default``."""
+    vhost = f"ojs-kombu-purge-{uuid.uuid4().hex[:8]}"
+    rabbitmqctl("add_vhost", vhost)
+    try:
+        rabbitmqctl("set_permissions", "-p", vhost, "guest", ".*", ".*", ".*")
+        broker_url = f"ojs://guest:guest@{HOST}:{PORT}/{vhost}"
+        producer = make_app("purge-default", broker_url, "cache+memory://")
+        for n in range(2):
+            producer.send_task("math.add", args=[n, 1])
+        connection = amqp.Connection(f"{HOST}:{PORT}", virtual_host=vhost)
+        connection.connect()
+        try:
+            channel = connection.channel()
+            wait_until(lambda: queue_depth(channel, "ojs.queue.default") == 2,
+                       what="2 jobs in ojs.queue.default")
+
+            result = celery_purge(broker_url)
+
+            assert "Purged 2 messages from 1 known task queue." in result.stdout, result.stdout
+            assert queue_depth(channel, "ojs.queue.default") == 0
+        finally:
+            connection.close()
+    finally:
+        rabbitmqctl("delete_vhost", vhost)

@@ -62,7 +62,9 @@ MAPPED_HEADERS = frozenset({"lang", "task", "id", "eta", "expires"})
 #: Celery header values that need not travel: the consumer restores them.
 HEADER_DEFAULTS: dict[str, Any] = {
     "retries": 0,
-    "ignore_result": False,
+    # None, not False: Celery's worker then applies the task's own ignore_result
+    # (send_task without ignore_result); an explicit False or True travels.
+    "ignore_result": None,
     "replaced_task_nesting": 0,
     "stamps": {},
     "kwargsrepr": "{}",

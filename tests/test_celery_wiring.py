@@ -265,3 +265,15 @@ def test_a_cancel_request_of_the_previous_job_does_not_reach_the_next_one() -> N
         assert poll() is True
     finally:
         cancel_requested.clear()
+
+
+def test_the_queue_table_is_keyed_by_the_apps_queue_names_as_in_celery() -> None:
+    """Celery's commands pass the table's keys on (``celery purge -Q email``) and its own
+    test fixtures expect ``{'celery'}``; ``worker -X`` still deselects by name."""
+    app = make_app(task_queues=[Queue("email"), Queue("celery")])
+    queues = app.amqp.queues
+    assert set(queues) == {"celery", "email"}
+    assert queues["email"].name == "ojs.queue.email"
+    assert queues["ojs.queue.email"] is queues["email"]
+    queues.deselect(["email"])
+    assert list(queues.consume_from) == ["ojs.queue.default"]

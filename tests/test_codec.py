@@ -247,13 +247,24 @@ def test_content_type_parameters_are_accepted() -> None:
 def test_celery_defaults_do_not_travel_but_come_back() -> None:
     job = encode()
     x_celery = json.loads(job.body)["x_celery"]
-    for key in ("retries", "ignore_result", "replaced_task_nesting", "stamps", "kwargsrepr",
+    for key in ("retries", "replaced_task_nesting", "stamps", "kwargsrepr",
                 "root_id", "timelimit"):
         assert key not in x_celery, key
-    headers = decode_job_message(job.body, job.properties, resolve_task=lambda t: t).headers
-    assert headers["retries"] == 0 and headers["ignore_result"] is False
+    del x_celery["ignore_result"]  # Celery sends False explicitly: it travels
+    job_without = json.dumps({**json.loads(job.body), "x_celery": x_celery}).encode()
+    headers = decode_job_message(job_without, job.properties, resolve_task=lambda t: t).headers
+    assert headers["retries"] == 0 and headers["ignore_result"] is None  # the task decides
     assert headers["root_id"] == headers["id"] and headers["kwargsrepr"] == "{}"
     assert headers["stamps"] == {} and headers["timelimit"] == [None, None]
+
+
+def test_an_explicit_ignore_result_travels_and_an_absent_one_stays_absent() -> None:
+    """``send_task`` without ``ignore_result`` leaves it to the task (header ``None``);
+    ``ignore_result=False`` given by the caller overrides a task's ``True``."""
+    for given in (False, True):
+        job = encode(ignore_result=given)
+        headers = decode_job_message(job.body, job.properties, resolve_task=lambda t: t).headers
+        assert headers["ignore_result"] is given
 
 
 def test_trace_context_from_celery_instrumentation_reaches_the_wire() -> None:

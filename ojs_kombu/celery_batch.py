@@ -201,8 +201,8 @@ class JobEncoder:
         x_celery: dict[str, Any] = {"origin": origin_nodename()}
         if kwargs:
             x_celery["kwargs"] = dict(kwargs)
-        if ignore_result:
-            x_celery["ignore_result"] = True
+        if ignore_result is not None:  # as Celery's apply_async states it (False too)
+            x_celery["ignore_result"] = bool(ignore_result)
         hard, soft = opts.get("time_limit"), opts.get("soft_time_limit")
         check_time_limits(hard, soft, task_name=name, job_id=job_id, queue=queue)
         if hard or soft:

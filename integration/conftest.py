@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -58,11 +60,33 @@ def vhost() -> Iterator[str]:
     except OSError as exc:
         pytest.fail(f"RabbitMQ is not reachable at {HOST}:{PORT} ({exc}); "
                     "start it with: rabbitmq-server -detached")
-    name = f"ojs-kombu-test-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    with private_vhost("ojs-kombu-test") as name:
+        yield name
+
+
+@contextmanager
+def private_vhost(prefix: str) -> Iterator[str]:
+    """A vhost named ``{prefix}-{pid}-{random}`` that guest may use; deleted after."""
+    name = f"{prefix}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     rabbitmqctl("add_vhost", name)
     rabbitmqctl("set_permissions", "-p", name, "guest", ".*", ".*", ".*")
-    yield name
-    rabbitmqctl("delete_vhost", name)
+    try:
+        yield name
+    finally:
+        rabbitmqctl("delete_vhost", name)
+
+
+def stop_worker(worker: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to a worker subprocess's main process only, as a supervisor sends it: a
+    warm shutdown lets the pool finish and ack (SIGTERM to the whole group kills a
+    pool process mid-ack, and its job is then a lost worker's); SIGKILL of its group
+    after 60 s."""
+    worker.send_signal(signal.SIGTERM)
+    try:
+        worker.wait(60)
+    except subprocess.TimeoutExpired:
+        os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait(10)
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +18,7 @@ from ojs_kombu.control import ControlClient, ControlError, ControlTimeout
 from ojs_kombu.job_ids import new_job_id
 
 from .apps import make_app
-from .conftest import queue_depth, rabbitmqctl, wait_until
+from .conftest import queue_depth, rabbitmqctl, stop_worker, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -162,7 +161,7 @@ def test_cooperative_cancel_reaches_a_prefork_pool_process(broker_url: str,
         with pytest.raises(TaskRevokedError):  # stopped on the cancel: cancelled, not done
             result.get(timeout=20)
     finally:
-        _stop(worker)
+        stop_worker(worker)
 
 
 def test_cancel_reaches_the_worker_that_holds_the_job(broker_url: str, tmp_path: Path,
@@ -204,7 +203,7 @@ def test_cancel_reaches_the_worker_that_holds_the_job(broker_url: str, tmp_path:
                    in log.read_text(), timeout=30, what="the relay's answer to the broadcast")
     finally:
         for process in workers:
-            _stop(process)
+            stop_worker(process)
     assert cancelled[0]["data"]["reason"] == "stop it"
     assert cancelled[0]["data"]["cancelled_by"] == "test"
     assert "holder" in cancelled[0]["source"]
@@ -238,18 +237,8 @@ def test_terminate_leaves_the_workers_connections_alone(broker_url: str,
         after = client_app.tasks["math.add"].apply_async((2, 3), queue="ctl")
         assert after.get(timeout=30) == 5
     finally:
-        _stop(worker)
+        stop_worker(worker)
     text = log.read_text()
     assert "Connection reset" not in text and "Broken pipe" not in text, text[-3000:]
 
 
-def _stop(worker: subprocess.Popen[bytes]) -> None:
-    """SIGTERM to the worker's main process only, as a supervisor sends it: a warm
-    shutdown lets the pool finish and ack (SIGTERM to the whole group kills a pool
-    process mid-ack, and its job is then a lost worker's)."""
-    worker.send_signal(signal.SIGTERM)
-    try:
-        worker.wait(60)
-    except subprocess.TimeoutExpired:
-        os.killpg(worker.pid, signal.SIGKILL)
-        worker.wait(10)

@@ -7,12 +7,10 @@ the tests scrape the worker's Prometheus endpoint over HTTP, as Prometheus does.
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
 import urllib.request
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -22,7 +20,7 @@ from celery import Celery
 from prometheus_client.parser import text_string_to_metric_families
 
 from .apps import make_app
-from .conftest import HOST, PORT, rabbitmqctl, wait_until
+from .conftest import HOST, PORT, private_vhost, rabbitmqctl, stop_worker, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The binding's section 12.1, as Prometheus names them.
@@ -41,11 +39,8 @@ Samples = dict[str, list[tuple[dict[str, str], float]]]
 @pytest.fixture(scope="module")
 def metrics_vhost() -> Iterator[str]:
     """A vhost of this module only: one test closes every connection in it."""
-    name = f"ojs-kombu-metrics-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-    rabbitmqctl("add_vhost", name)
-    rabbitmqctl("set_permissions", "-p", name, "guest", ".*", ".*", ".*")
-    yield name
-    rabbitmqctl("delete_vhost", name)
+    with private_vhost("ojs-kombu-metrics") as name:
+        yield name
 
 
 @pytest.fixture(scope="module")
@@ -81,12 +76,7 @@ def start_worker(url: str, tmp_path: Path) -> Iterator[Callable[[str, str], int]
 
     yield start
     for worker in workers:
-        worker.send_signal(signal.SIGTERM)
-        try:
-            worker.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(worker.pid, signal.SIGKILL)
-            worker.wait(10)
+        stop_worker(worker)
 
 
 def _free_port() -> int:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -18,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import wait_until
+from .conftest import stop_worker, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 NODE = "stats@inspect-test"
@@ -56,12 +55,7 @@ def prefork_worker(broker_url: str, tmp_path_factory: pytest.TempPathFactory
         assert worker.poll() is None, log.read_text()[-3000:]
         yield log
     finally:
-        worker.send_signal(signal.SIGTERM)
-        try:
-            worker.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(worker.pid, signal.SIGKILL)
-            worker.wait(10)
+        stop_worker(worker)
 
 
 def test_inspect_stats_answers_with_json(broker_url: str, prefork_worker: Path) -> None:

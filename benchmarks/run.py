@@ -59,7 +59,7 @@ from celery.contrib.testing.worker import start_worker
 from kombu.utils.url import parse_url
 
 import ojs_kombu
-from ojs_kombu.celery_events import events_exchange
+from ojs_kombu.celery.events import events_exchange
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # also when imported, not run
 import events_scenario

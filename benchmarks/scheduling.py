@@ -32,7 +32,7 @@ from celery.app.task import Task
 from kombu.utils.url import parse_url
 
 from ojs_kombu import TopologyNames
-from ojs_kombu.delays import SCHEDULE_LEVELS
+from ojs_kombu.spec.delays import SCHEDULE_LEVELS
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the worker subprocess imports it the same way (PYTHONPATH)

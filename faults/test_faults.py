@@ -17,9 +17,9 @@ from typing import Any
 from celery import Celery
 from kombu.exceptions import OperationalError
 
-from ojs_kombu import reconnect
-from ojs_kombu.errors import JobPublishError
-from ojs_kombu.job_ids import new_job_id
+from ojs_kombu.amqp import reconnect
+from ojs_kombu.spec.errors import JobPublishError
+from ojs_kombu.spec.job_ids import new_job_id
 
 from .app import make_app
 from .conftest import PORT, Counts, Workers, await_broker, rabbitmqctl, wait_until

@@ -19,7 +19,7 @@ from typing import Any
 
 import amqp
 
-from ojs_kombu.job_ids import new_job_id
+from ojs_kombu.spec.job_ids import new_job_id
 
 CONTENT_TYPE = "application/openjobspec+json"
 

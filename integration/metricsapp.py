@@ -17,7 +17,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from prometheus_client import start_http_server
 
 from integration.apps import cli_app
-from ojs_kombu.errors import UnroutableJobError
+from ojs_kombu.spec.errors import UnroutableJobError
 
 app = cli_app()
 

@@ -15,7 +15,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 import ojs_kombu
-from ojs_kombu.errors import (
+from ojs_kombu.spec.errors import (
     BatchPublishError,
     BatchQueueFullError,
     JobNackedError,

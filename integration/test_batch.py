@@ -9,7 +9,7 @@ import pytest
 from celery import Celery, group
 
 import ojs_kombu
-from ojs_kombu.errors import BatchPublishError
+from ojs_kombu.spec.errors import BatchPublishError
 
 from .conftest import queue_depth
 

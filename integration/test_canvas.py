@@ -7,7 +7,7 @@ from typing import Any
 
 from celery import Celery, chain, chord, group
 
-from ojs_kombu.naming import is_job_id
+from ojs_kombu.spec.naming import is_job_id
 
 
 def test_delay_apply_async_and_send_task(app: Celery, worker: Any) -> None:

@@ -22,7 +22,7 @@ import pytest
 from celery import Celery
 from celery.exceptions import TaskRevokedError
 
-from ojs_kombu.job_ids import new_job_id
+from ojs_kombu.spec.job_ids import new_job_id
 
 from .apps import make_app
 from .conftest import wait_until

@@ -17,7 +17,7 @@ import amqp
 import pytest
 from celery import Celery
 
-from ojs_kombu.job_ids import new_job_id
+from ojs_kombu.spec.job_ids import new_job_id
 
 from .conftest import HOST, queue_depth, rabbitmqctl, wait_until
 from .test_helpers import check_job

@@ -14,8 +14,8 @@ import pytest
 from celery import Celery
 from celery.exceptions import TaskRevokedError
 
-from ojs_kombu.control import ControlClient, ControlError, ControlTimeout
-from ojs_kombu.job_ids import new_job_id
+from ojs_kombu.amqp.control import ControlClient, ControlError, ControlTimeout
+from ojs_kombu.spec.job_ids import new_job_id
 
 from .apps import make_app
 from .conftest import queue_depth, rabbitmqctl, stop_worker, wait_until

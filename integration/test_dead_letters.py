@@ -9,7 +9,7 @@ import amqp
 import pytest
 from celery import Celery
 
-from ojs_kombu.job_ids import new_job_id
+from ojs_kombu.spec.job_ids import new_job_id
 
 from .conftest import body_of, get_message, queue_depth, wait_until
 from .test_helpers import check_job

@@ -9,8 +9,8 @@ import pytest
 from celery import Celery
 from celery.app.task import Task
 
-from ojs_kombu.celery_publish import direct_refusal
-from ojs_kombu.job_ids import new_job_id
+from ojs_kombu.celery.publish import direct_refusal
+from ojs_kombu.spec.job_ids import new_job_id
 
 from .conftest import body_of, get_message, wait_until
 

@@ -243,12 +243,12 @@ def test_beat_reports_triggered_and_skipped_entries(broker_url: str, tmp_path: P
                                                    amqp_channel: amqp.Channel) -> None:
     from celery.schedules import crontab
 
-    from ojs_kombu.beat import OJSScheduler
+    from ojs_kombu.celery.beat import OJSScheduler
 
     from .apps import make_app
 
     beat_app = make_app("beat", broker_url, "cache+memory://", ojs_beat_skip_overlapping=True)
-    assert beat_app.conf.beat_scheduler == "ojs_kombu.beat:OJSScheduler"
+    assert beat_app.conf.beat_scheduler == "ojs_kombu.celery.beat:OJSScheduler"
     collected = Collector()
     ojs_kombu.subscribe(beat_app, collected, event_types=["cron.*"])
     scheduler = OJSScheduler(beat_app, schedule_filename=str(tmp_path / "beat"), lazy=True)

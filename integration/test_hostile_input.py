@@ -18,8 +18,8 @@ import pytest
 from celery import Celery
 
 import ojs_kombu
-from ojs_kombu.errors import JobOptionError, JobTooLargeError, NonJSONArgumentError
-from ojs_kombu.job_ids import new_job_id
+from ojs_kombu.spec.errors import JobOptionError, JobTooLargeError, NonJSONArgumentError
+from ojs_kombu.spec.job_ids import new_job_id
 
 from .apps import make_app
 from .conftest import queue_depth, wait_until

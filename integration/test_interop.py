@@ -10,8 +10,8 @@ import amqp
 import pika
 from celery import Celery
 
-from ojs_kombu.job_ids import new_job_id
-from ojs_kombu.naming import is_job_id
+from ojs_kombu.spec.job_ids import new_job_id
+from ojs_kombu.spec.naming import is_job_id
 
 from .conftest import HOST, PORT, body_of, get_message
 from .test_helpers import check_job

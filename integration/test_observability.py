@@ -17,8 +17,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from ojs_kombu.job_ids import new_job_id
-from ojs_kombu.metrics import OJSMetrics
+from ojs_kombu.events.metrics import OJSMetrics
+from ojs_kombu.spec.job_ids import new_job_id
 
 from .conftest import get_message, wait_until
 
@@ -133,7 +133,7 @@ def test_a_foreign_producers_trace_is_continued(app: Celery, worker: Any,
 
 
 def test_queue_depths_are_read_from_the_broker(app: Celery, amqp_channel: amqp.Channel) -> None:
-    from ojs_kombu.celery_events import QueueDepths
+    from ojs_kombu.celery.events import QueueDepths
 
     add = app.tasks["math.add"]
     for _ in range(3):

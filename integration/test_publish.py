@@ -9,7 +9,7 @@ import amqp
 import pytest
 from celery import Celery
 
-from ojs_kombu.errors import (
+from ojs_kombu.spec.errors import (
     InvalidJobIdError,
     JobNackedError,
     JobRoutingError,

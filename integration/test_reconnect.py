@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from celery.contrib.testing.worker import start_worker
 
-from ojs_kombu import reconnect
+from ojs_kombu.amqp import reconnect
 
 from .apps import make_app
 from .conftest import HOST, PORT, rabbitmqctl, wait_until

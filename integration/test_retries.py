@@ -16,7 +16,7 @@ import pytest
 from celery import Celery
 
 import ojs_kombu
-from ojs_kombu.job_ids import new_job_id
+from ojs_kombu.spec.job_ids import new_job_id
 
 from .apps import SWITCHES, make_app
 from .conftest import body_of, get_message, queue_depth, rabbitmqctl, wait_until

@@ -10,8 +10,8 @@ import amqp
 import pytest
 from celery import Celery
 
-from ojs_kombu.errors import JobEncodeError
-from ojs_kombu.job_ids import new_job_id
+from ojs_kombu.spec.errors import JobEncodeError
+from ojs_kombu.spec.job_ids import new_job_id
 
 from .conftest import get_message, queue_depth, rabbitmqctl, wait_until
 
@@ -87,7 +87,7 @@ def test_delays_beyond_49_days_are_refused(app: Celery, amqp_channel: amqp.Chann
 
 
 def test_delayed_exchange_option_without_the_plugin_is_a_clear_error(broker_url: str) -> None:
-    from ojs_kombu.errors import OJSConfigurationError
+    from ojs_kombu.spec.errors import OJSConfigurationError
 
     from .apps import make_app
 

@@ -10,7 +10,7 @@ import pytest
 from celery import Celery
 
 import ojs_kombu
-from ojs_kombu.errors import TopologyConflictError
+from ojs_kombu.spec.errors import TopologyConflictError
 
 from .conftest import get_message, rabbitmqctl
 

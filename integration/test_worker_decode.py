@@ -9,7 +9,7 @@ import pytest
 from celery import Celery
 from kombu.serialization import registry
 
-from ojs_kombu.envelope import CONTENT_TYPE
+from ojs_kombu.spec.envelope import CONTENT_TYPE
 
 
 @pytest.fixture

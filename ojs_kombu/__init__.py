@@ -11,8 +11,10 @@ transport and the ``ojs`` serializer for ``application/openjobspec+json``.
 
 from __future__ import annotations
 
-from .envelope import CONTENT_TYPE, JobEnvelope, RetryPolicy
-from .errors import (
+from .amqp.transport import register_transport
+from .celery.serialization import register_serializer
+from .spec.envelope import CONTENT_TYPE, JobEnvelope, RetryPolicy
+from .spec.errors import (
     BatchPublishError,
     BatchQueueFullError,
     InvalidJobIdError,
@@ -34,24 +36,22 @@ from .errors import (
     UnroutableJobError,
     UnsupportedSerializerError,
 )
-from .job_ids import new_job_id
-from .naming import TopologyNames
-from .serialization import register_serializer
-from .transport import register_transport
+from .spec.job_ids import new_job_id
+from .spec.naming import TopologyNames
 
 register_transport()
 register_serializer()
 
-from .celery_app import (  # noqa: E402  (needs the registrations)
+from .amqp.dead_letters import DeadLetter, DeadLetterNotFound, DeadLetterQueue  # noqa: E402
+from .celery.app import (  # noqa: E402  (needs the registrations)
     check_app,
     dead_letter_queue,
     declare_topology,
     install,
 )
-from .celery_batch import enqueue_many  # noqa: E402
-from .celery_events import subscribe  # noqa: E402
-from .dead_letters import DeadLetter, DeadLetterNotFound, DeadLetterQueue  # noqa: E402
-from .worker import OJSTask  # noqa: E402
+from .celery.batch import enqueue_many  # noqa: E402
+from .celery.events import subscribe  # noqa: E402
+from .celery.task import OJSTask  # noqa: E402
 
 __version__ = "0.1.0"
 

@@ -7,7 +7,7 @@ spec folder, ``../shared`` next to the repository by default); pointing it at th
 Without the schemas the suite still runs: tests that are about the official
 schemas or fixtures are skipped with the reason (``-ra`` lists it), and checks
 of what the project emits fall back to the project's own models
-(:class:`~ojs_kombu.envelope.JobEnvelope`, :class:`~ojs_kombu.events.Event`).
+(:class:`~ojs_kombu.spec.envelope.JobEnvelope`, :class:`~ojs_kombu.events.Event`).
 ``OJS_REQUIRE_SCHEMAS=1`` (set by ``.ci/run``) makes their absence an error.
 """
 
@@ -123,7 +123,7 @@ class _ModelCheck:
         FALLBACK_CHECKS[self.kind] += 1
         text = json.dumps(document)
         if self.kind == "job":
-            from ojs_kombu.envelope import JobEnvelope
+            from ojs_kombu.spec.envelope import JobEnvelope
 
             JobEnvelope.from_json(text)
         else:

@@ -19,7 +19,7 @@ from amqp.exceptions import RecoverableConnectionError
 from amqp.method_framing import frame_writer
 from kombu.asynchronous import Hub
 
-from ojs_kombu.transport import Channel, Connection
+from ojs_kombu.amqp.transport import Channel, Connection
 
 
 class Socket:
@@ -191,7 +191,7 @@ def test_an_ack_after_the_connection_was_dropped_raises_py_amqps_connection_erro
 def test_each_mode_leaves_the_loop_alone() -> None:
     from kombu import Connection as KombuConnection
 
-    from ojs_kombu.transport import Transport
+    from ojs_kombu.amqp.transport import Transport
 
     connection, channel, socket = connected("each")
     hub = Hub()

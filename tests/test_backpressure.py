@@ -11,32 +11,26 @@ import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from ojs_kombu.backpressure import (
-    BackpressureMonitor,
-    Bounds,
-    CircuitBreaker,
-    ProducerBackpressure,
-    backoff,
-    drops_head,
-    maxlen_death,
+from ojs_kombu.amqp.backpressure import BackpressureMonitor, CircuitBreaker, backoff
+from ojs_kombu.amqp.binding import Binding
+from ojs_kombu.amqp.topology import (
+    dead_letter_queue_arguments,
+    declare_queue_topology,
+    retry_queue_arguments,
 )
-from ojs_kombu.errors import (
+from ojs_kombu.events.bus import EventBus
+from ojs_kombu.events.emitter import JobEvents
+from ojs_kombu.events.metrics import OJSMetrics
+from ojs_kombu.spec.backpressure import Bounds, ProducerBackpressure, drops_head, maxlen_death
+from ojs_kombu.spec.errors import (
     BatchPublishError,
     BatchQueueFullError,
     JobNackedError,
     OJSConfigurationError,
     QueueFullError,
 )
-from ojs_kombu.events.bus import EventBus
-from ojs_kombu.events.emitter import JobEvents
-from ojs_kombu.metrics import OJSMetrics
-from ojs_kombu.naming import TopologyNames
-from ojs_kombu.settings import Binding, OJSSettings
-from ojs_kombu.topology import (
-    dead_letter_queue_arguments,
-    declare_queue_topology,
-    retry_queue_arguments,
-)
+from ojs_kombu.spec.naming import TopologyNames
+from ojs_kombu.spec.settings import OJSSettings
 
 
 def settings(**options: Any) -> OJSSettings:
@@ -696,7 +690,7 @@ def test_the_latest_death_tells_whether_the_bound_dropped_the_job() -> None:
 def test_a_dropped_job_becomes_a_dropped_event_and_a_count() -> None:
     import amqp
 
-    from ojs_kombu.celery_dropped import report_dropped
+    from ojs_kombu.celery.dropped import report_dropped
 
     reader = InMemoryMetricReader()
     binding = replace(

@@ -9,9 +9,9 @@ import pytest
 from celery import Celery, group
 
 import ojs_kombu
-from ojs_kombu.celery_batch import JobEncoder, _flatten, enqueue_many
-from ojs_kombu.codec import OutgoingJob
-from ojs_kombu.errors import InvalidJobIdError, JobEncodeError, QueueNameError
+from ojs_kombu.celery.batch import JobEncoder, _flatten, enqueue_many
+from ojs_kombu.spec.codec import OutgoingJob
+from ojs_kombu.spec.errors import InvalidJobIdError, JobEncodeError, QueueNameError
 
 
 @pytest.fixture

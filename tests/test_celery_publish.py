@@ -13,9 +13,9 @@ from celery.app.task import Task
 from celery.signals import before_task_publish
 
 import ojs_kombu
-from ojs_kombu import celery_publish
-from ojs_kombu.celery_publish import SendSettings, direct_refusal
-from ojs_kombu.codec import OutgoingJob
+from ojs_kombu.celery import publish as celery_publish
+from ojs_kombu.celery.publish import SendSettings, direct_refusal
+from ojs_kombu.spec.codec import OutgoingJob
 
 
 @pytest.fixture
@@ -55,7 +55,7 @@ def sent(app: Celery, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[st
         log.append(("celery", {"name": name, "args": args, "kwargs": kwargs, **options}))
         return app.AsyncResult(options.get("task_id") or "x")
 
-    monkeypatch.setattr("ojs_kombu.worker.apply_async_direct", direct)
+    monkeypatch.setattr("ojs_kombu.celery.task.apply_async_direct", direct)
     monkeypatch.setattr(app, "send_task", send_task)
     yield log
 

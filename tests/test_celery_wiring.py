@@ -13,13 +13,14 @@ from celery.utils.quorum_queues import detect_quorum_queues
 from kombu import Connection, Exchange, Queue
 
 import ojs_kombu
-from ojs_kombu.celery_app import OJSAMQP, OJSPreflight
-from ojs_kombu.celery_control import cancel_requested
-from ojs_kombu.entities import JobQueue
-from ojs_kombu.errors import JobTypeError, OJSConfigurationError, QueueNameError
-from ojs_kombu.naming import is_job_id
-from ojs_kombu.settings import BINDING_OPTION, Binding
-from ojs_kombu.transport import SSLTransport, Transport
+from ojs_kombu.amqp.binding import Binding
+from ojs_kombu.amqp.entities import JobQueue
+from ojs_kombu.amqp.transport import SSLTransport, Transport
+from ojs_kombu.celery.app import OJSAMQP, OJSPreflight
+from ojs_kombu.celery.control import cancel_requested
+from ojs_kombu.spec.errors import JobTypeError, OJSConfigurationError, QueueNameError
+from ojs_kombu.spec.naming import is_job_id
+from ojs_kombu.spec.settings import BINDING_OPTION
 
 
 def make_app(**conf: Any) -> Celery:
@@ -190,7 +191,7 @@ def test_unknown_ojs_setting_is_reported() -> None:
 def test_connection_heartbeat_is_60_seconds_and_a_beat_scheduler_reports_cron_events() -> None:
     app = make_app()
     assert app.conf.broker_heartbeat == 60
-    assert app.conf.beat_scheduler == "ojs_kombu.beat:OJSScheduler"
+    assert app.conf.beat_scheduler == "ojs_kombu.celery.beat:OJSScheduler"
     explicit = make_app(broker_heartbeat=10)
     assert explicit.conf.broker_heartbeat == 10
 

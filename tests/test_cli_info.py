@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from celery import Celery
 
-from ojs_kombu.celery_control import job_info
+from ojs_kombu.celery.control import job_info
 
 JOB_ID = "0190b5a8-1234-7abc-8def-0123456789ab"
 

@@ -7,7 +7,7 @@ from celery import Celery
 from kombu import Queue
 
 from ojs_kombu.cli.migrate import build_report, render_report
-from ojs_kombu.errors import OJSConfigurationError
+from ojs_kombu.spec.errors import OJSConfigurationError
 
 
 def make_app(**conf: object) -> Celery:

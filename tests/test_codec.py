@@ -11,7 +11,7 @@ import pytest
 from celery import Celery
 from kombu.serialization import dumps
 
-from ojs_kombu.codec import (
+from ojs_kombu.spec.codec import (
     INVALID_ENVELOPE,
     INVALID_PAYLOAD,
     UNKNOWN_JOB_TYPE,
@@ -21,15 +21,15 @@ from ojs_kombu.codec import (
     decode_job_message,
     encode_task_message,
 )
-from ojs_kombu.envelope import CONTENT_TYPE
-from ojs_kombu.errors import (
+from ojs_kombu.spec.envelope import CONTENT_TYPE
+from ojs_kombu.spec.errors import (
     InvalidJobIdError,
     JobRejected,
     NonJSONArgumentError,
     UnsupportedSerializerError,
 )
-from ojs_kombu.job_ids import new_job_id
-from ojs_kombu.naming import is_job_id
+from ojs_kombu.spec.job_ids import new_job_id
+from ojs_kombu.spec.naming import is_job_id
 
 app = Celery("codec-tests", set_as_current=False)
 NOW = datetime(2026, 11, 21, 10, 0, 0, tzinfo=UTC)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ojs_kombu.confirms import ConfirmTracker
+from ojs_kombu.amqp.confirms import ConfirmTracker
 
 
 def test_single_acks_settle_their_own_publish() -> None:

@@ -5,8 +5,8 @@ import json
 import amqp
 import pytest
 
-from ojs_kombu.control import CANCEL, INFO, control_message, parse_control
-from ojs_kombu.job_ids import new_job_id
+from ojs_kombu.amqp.control import CANCEL, INFO, control_message, parse_control
+from ojs_kombu.spec.job_ids import new_job_id
 
 
 def test_control_messages_round_trip() -> None:

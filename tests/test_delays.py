@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from ojs_kombu.delays import (
+from ojs_kombu.spec.delays import (
     MAX_SCHEDULE_DELAY_MS,
     delivery_binding_key,
     level_binding_keys,
@@ -14,8 +14,8 @@ from ojs_kombu.delays import (
     schedule_levels,
     schedule_routing_key,
 )
-from ojs_kombu.envelope import RetryPolicy
-from ojs_kombu.retry import Backoff
+from ojs_kombu.spec.envelope import RetryPolicy
+from ojs_kombu.spec.retry import Backoff
 
 
 def test_rungs_are_two_per_octave() -> None:

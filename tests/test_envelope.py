@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from ojs_kombu.envelope import JobEnvelope, RetryPolicy, parse_duration
+from ojs_kombu.spec.envelope import JobEnvelope, RetryPolicy, parse_duration
 
 from .ojs_schemas import (
     fixture_files,

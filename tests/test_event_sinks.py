@@ -17,13 +17,13 @@ import pytest
 from celery import Celery
 
 import ojs_kombu
-from ojs_kombu.celery_events import sink_from_spec
-from ojs_kombu.errors import OJSConfigurationError
+from ojs_kombu.celery.events import sink_from_spec
 from ojs_kombu.events import Event, EventBus, EventFilter, make_event
 from ojs_kombu.events.emitter import JobEvents, JobInfo, json_result, trace_id_of
 from ojs_kombu.events.sinks import AMQPSink, BackgroundSink, FileSink, WebhookSink
 from ojs_kombu.events.wire import InvalidEventMessage, decode_events, split_batches
-from ojs_kombu.naming import TopologyNames
+from ojs_kombu.spec.errors import OJSConfigurationError
+from ojs_kombu.spec.naming import TopologyNames
 
 
 def event(n: int = 1) -> Any:
@@ -182,7 +182,7 @@ def test_metrics_follow_events_with_bounded_labels() -> None:
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-    from ojs_kombu.metrics import OJSMetrics
+    from ojs_kombu.events.metrics import OJSMetrics
 
     reader = InMemoryMetricReader()
     metrics = OJSMetrics(MeterProvider(metric_readers=[reader]))
@@ -203,7 +203,7 @@ def test_counters_are_cumulative_monotonic_sums_across_collections_and_threads()
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-    from ojs_kombu.metrics import OJSMetrics
+    from ojs_kombu.events.metrics import OJSMetrics
 
     reader = InMemoryMetricReader()
     metrics = OJSMetrics(MeterProvider(metric_readers=[reader]))
@@ -237,7 +237,7 @@ def test_histograms_report_every_value_from_every_thread_at_each_collection() ->
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-    from ojs_kombu.metrics import OJSMetrics
+    from ojs_kombu.events.metrics import OJSMetrics
 
     reader = InMemoryMetricReader()
     metrics = OJSMetrics(MeterProvider(metric_readers=[reader]))
@@ -270,7 +270,7 @@ def test_a_forked_child_does_not_report_what_its_parent_recorded() -> None:
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-    from ojs_kombu.metrics import OJSMetrics
+    from ojs_kombu.events.metrics import OJSMetrics
 
     reader = InMemoryMetricReader()
     metrics = OJSMetrics(MeterProvider(metric_readers=[reader]))
@@ -332,7 +332,7 @@ def test_queue_gauges_report_per_queue_and_survive_a_failing_reader() -> None:
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-    from ojs_kombu.metrics import OJSMetrics
+    from ojs_kombu.events.metrics import OJSMetrics
 
     reader = InMemoryMetricReader()
     metrics = OJSMetrics(MeterProvider(metric_readers=[reader]))
@@ -683,7 +683,7 @@ def test_without_an_sdk_histograms_buffer_nothing() -> None:
     value: ojs_kombu keeps none of them around either."""
     from opentelemetry.metrics import NoOpMeterProvider
 
-    from ojs_kombu.metrics import OJSMetrics
+    from ojs_kombu.events.metrics import OJSMetrics
 
     metrics = OJSMetrics(NoOpMeterProvider())
     metrics.duration.record(3.0, {"queue": "x"})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ojs_kombu.failures import (
+from ojs_kombu.spec.failures import (
     EXPIRED,
     HANDLER_ERROR,
     HANDLER_TIMEOUT,
@@ -15,7 +15,7 @@ from ojs_kombu.failures import (
     JobFailure,
     decide,
 )
-from ojs_kombu.retry import Backoff, policy_from
+from ojs_kombu.spec.retry import Backoff, policy_from
 
 BOOM = JobFailure(HANDLER_ERROR, "RuntimeError", "boom")
 BAD = JobFailure("UNKNOWN_JOB_TYPE", "UNKNOWN_JOB_TYPE", "no task handles type 'x.y'")

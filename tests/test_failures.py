@@ -4,7 +4,7 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
-from ojs_kombu.failures import (
+from ojs_kombu.spec.failures import (
     HANDLER_ERROR,
     JobFailure,
     record_failure,

@@ -12,7 +12,7 @@ import pytest
 from amqp import spec
 from amqp.serialization import dumps
 
-from ojs_kombu.frames import UNDECODABLE_HEADER, guarded_frame_handler
+from ojs_kombu.amqp.frames import UNDECODABLE_HEADER, guarded_frame_handler
 
 
 class Counting:

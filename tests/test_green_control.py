@@ -11,8 +11,8 @@ import amqp
 import pytest
 from celery.concurrency.prefork import TaskPool as PreforkPool
 
-from ojs_kombu import celery_control
-from ojs_kombu.celery_control import ControlQueues
+from ojs_kombu.celery import control as celery_control
+from ojs_kombu.celery.control import ControlQueues
 
 
 def _kills(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:

@@ -16,7 +16,7 @@ from kombu.serialization import dumps
 
 import ojs_kombu
 from ojs_kombu.cli.main import cli
-from ojs_kombu.codec import (
+from ojs_kombu.spec.codec import (
     INVALID_ENVELOPE,
     INVALID_PAYLOAD,
     MAX_JOB_BYTES_PROPERTY,
@@ -24,17 +24,17 @@ from ojs_kombu.codec import (
     decode_job_message,
     encode_task_message,
 )
-from ojs_kombu.envelope import CONTENT_TYPE
-from ojs_kombu.errors import (
+from ojs_kombu.spec.envelope import CONTENT_TYPE
+from ojs_kombu.spec.errors import (
     JobOptionError,
     JobRejected,
     JobTooLargeError,
     NonJSONArgumentError,
     OJSConfigurationError,
 )
-from ojs_kombu.job_ids import new_job_id
-from ojs_kombu.job_types import JobTypeRegistry
-from ojs_kombu.settings import OJSSettings
+from ojs_kombu.spec.job_ids import new_job_id
+from ojs_kombu.spec.job_types import JobTypeRegistry
+from ojs_kombu.spec.settings import OJSSettings
 
 from .ojs_schemas import official_fixture_params
 
@@ -361,7 +361,7 @@ def test_celerys_send_path_carries_the_size_limit(app: Celery) -> None:
 def test_install_removes_pickle_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
     app = Celery("pickly", broker="ojs://guest:guest@127.0.0.1:1//", set_as_current=False)
     ojs_kombu.install(app)
-    with caplog.at_level(logging.WARNING, logger="ojs_kombu.celery_app"):
+    with caplog.at_level(logging.WARNING, logger="ojs_kombu.celery.app"):
         app.conf.update(accept_content=["pickle", "json", "application/x-python-serialize"],
                         result_accept_content=["pickle"], result_serializer="pickle",
                         event_serializer="pickle")

@@ -4,8 +4,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from ojs_kombu.errors import JobTypeError, OJSConfigurationError
-from ojs_kombu.job_types import JobTypeRegistry
+from ojs_kombu.spec.errors import JobTypeError, OJSConfigurationError
+from ojs_kombu.spec.job_types import JobTypeRegistry
 
 
 def tasks(**named: object) -> dict[str, object]:

@@ -15,10 +15,11 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from prometheus_client import generate_latest
 
+from ojs_kombu.amqp.binding import Binding
 from ojs_kombu.events.bus import EventBus
 from ojs_kombu.events.emitter import JobEvents, JobInfo
-from ojs_kombu.metrics import OJSMetrics, track_connection
-from ojs_kombu.settings import Binding, OJSSettings
+from ojs_kombu.events.metrics import OJSMetrics, track_connection
+from ojs_kombu.spec.settings import OJSSettings
 
 LABELS = {"job_type": "email.send", "queue": "email"}
 

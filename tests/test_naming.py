@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from ojs_kombu.errors import OJSConfigurationError, QueueNameError
-from ojs_kombu.naming import TopologyNames, check_queue_name, is_job_id, is_job_type
+from ojs_kombu.spec.errors import OJSConfigurationError, QueueNameError
+from ojs_kombu.spec.naming import TopologyNames, check_queue_name, is_job_id, is_job_type
 
 
 def test_spec_names_without_prefix() -> None:

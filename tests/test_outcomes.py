@@ -16,9 +16,9 @@ import pytest
 from amqp import spec
 from amqp.serialization import dumps
 
-from ojs_kombu import outcomes as outcomes_module
-from ojs_kombu.naming import TopologyNames
-from ojs_kombu.outcomes import DeadLetterLog, OutcomePublisher, PendingOutcome
+from ojs_kombu.amqp import outcomes as outcomes_module
+from ojs_kombu.amqp.outcomes import DeadLetterLog, OutcomePublisher, PendingOutcome
+from ojs_kombu.spec.naming import TopologyNames
 
 #: A Basic.Publish method frame's class and method ids (60, 40).
 PUBLISH_METHOD = pack(">HH", *spec.Basic.Publish)
@@ -187,7 +187,7 @@ def test_dead_letter_lines_are_rate_limited_and_summed(caplog: pytest.LogCapture
                                                       ) -> None:
     now = [0.0]
     log = DeadLetterLog(rate=10, clock=lambda: now[0])
-    with caplog.at_level(logging.ERROR, logger="ojs_kombu.outcomes"):
+    with caplog.at_level(logging.ERROR, logger="ojs_kombu.amqp.outcomes"):
         for n in range(25):
             log(f"job-{n}", "email", "UNKNOWN_JOB_TYPE", "no task")
         now[0] = 1.5

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 from celery.utils.saferepr import saferepr
 
+from ojs_kombu.celery.task import _pool_result
 from ojs_kombu.events.emitter import json_result
-from ojs_kombu.worker import _pool_result
 
 
 class Opaque:

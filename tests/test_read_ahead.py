@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from kombu.asynchronous import Hub
 
-from ojs_kombu.read_ahead import ReadAheadTCPTransport
-from ojs_kombu.transport import Transport
+from ojs_kombu.amqp.read_ahead import ReadAheadTCPTransport
+from ojs_kombu.amqp.transport import Transport
 
 
 def frame(channel: int, payload: bytes, frame_type: int = 1) -> bytes:

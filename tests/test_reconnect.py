@@ -7,8 +7,8 @@ import socket
 import pytest
 from kombu.exceptions import OperationalError
 
-from ojs_kombu.connection import BrokerConnection, PooledBrokerConnection
-from ojs_kombu.reconnect import DEFAULT_POLICY, ReconnectPolicy
+from ojs_kombu.amqp.connection import BrokerConnection, PooledBrokerConnection
+from ojs_kombu.amqp.reconnect import DEFAULT_POLICY, ReconnectPolicy
 
 
 def fixed(value: float) -> ReconnectPolicy:
@@ -127,7 +127,7 @@ def test_a_connection_the_pool_replaced_after_a_failed_publish(
     again, it is a reconnection when the broker had dropped it, not when it was alive."""
     from kombu import Producer
 
-    from ojs_kombu import reconnect
+    from ojs_kombu.amqp import reconnect
 
     pool = BrokerConnection("memory://").Pool(limit=1)
     member = pool.acquire()
@@ -164,7 +164,7 @@ def test_pooled_connections_reconnect_on_the_schedule_too() -> None:
 
 
 def test_connection_events_reach_subscribers_until_they_unsubscribe() -> None:
-    from ojs_kombu import reconnect
+    from ojs_kombu.amqp import reconnect
 
     seen: list[dict[str, object]] = []
     unsubscribe = reconnect.subscribe(seen.append)

@@ -2,8 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from ojs_kombu.errors import OJSConfigurationError, QueueNameError
-from ojs_kombu.settings import Binding, OJSSettings, register_binding
+from ojs_kombu.amqp.binding import Binding, register_binding
+from ojs_kombu.spec.errors import OJSConfigurationError, QueueNameError
+from ojs_kombu.spec.settings import OJSSettings
 
 
 def test_defaults() -> None:

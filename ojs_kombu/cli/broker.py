@@ -29,7 +29,7 @@ import click
 import kombu
 from amqp.exceptions import NotFound, PreconditionFailed
 
-from ..settings import Binding
+from ..amqp.binding import Binding
 from .common import EXIT_NOT_FOUND, EXIT_USAGE, CLIError, Options, options
 from .config import broker_url
 
@@ -48,7 +48,7 @@ _MAX_PROBES = 16
 @contextmanager
 def connect(opts: Options) -> Iterator[kombu.Connection]:
     """A connected ``ojs://`` kombu connection (no retries: a CLI fails fast)."""
-    from ..transport import Transport
+    from ..amqp.transport import Transport
 
     connection = opts.connection()
     try:

@@ -20,15 +20,15 @@ import amqp.exceptions
 import click
 import kombu.exceptions
 
-from ..control import ControlError, ControlTimeout
-from ..dead_letters import DeadLetterNotFound
-from ..errors import (
+from ..amqp.control import ControlError, ControlTimeout
+from ..amqp.dead_letters import DeadLetterNotFound
+from ..spec.errors import (
     JobEncodeError,
     JobPublishError,
     OJSConfigurationError,
     TopologyConflictError,
 )
-from ..naming import is_job_id
+from ..spec.naming import is_job_id
 from .config import DEFAULT_BROKER, Options
 from .exits import (
     EXIT_CODES,

@@ -28,9 +28,10 @@ from typing import Any
 
 import kombu
 
-from ..entities import extra_arguments
-from ..errors import OJSConfigurationError
-from ..settings import BINDING_OPTION, OPTION_PREFIX, Binding, OJSSettings
+from ..amqp.binding import Binding
+from ..amqp.entities import extra_arguments
+from ..spec.errors import OJSConfigurationError
+from ..spec.settings import BINDING_OPTION, OPTION_PREFIX, OJSSettings
 from .exits import EXIT_USAGE, CLIError
 
 DEFAULT_BROKER = "ojs://guest:guest@localhost:5672//"
@@ -183,5 +184,5 @@ class Options:
                            EXIT_USAGE, "invalid_input") from None
 
     def connection_for_write(self) -> kombu.Connection:
-        """What :class:`~ojs_kombu.control.ControlClient` asks an app for."""
+        """What :class:`~ojs_kombu.amqp.control.ControlClient` asks an app for."""
         return self.connection()

@@ -24,13 +24,13 @@ import amqp
 import click
 import kombu
 
-from ..control import ControlClient, ControlError
-from ..delivery import JobDelivery
-from ..envelope import CONTENT_TYPE, JobEnvelope
-from ..errors import JobNackedError, OJSConfigurationError, UnroutableJobError
-from ..failures import JobFailure
-from ..job_ids import new_job_id
-from ..settings import Binding
+from ..amqp.binding import Binding
+from ..amqp.control import ControlClient, ControlError
+from ..amqp.delivery import JobDelivery
+from ..spec.envelope import CONTENT_TYPE, JobEnvelope
+from ..spec.errors import JobNackedError, OJSConfigurationError, UnroutableJobError
+from ..spec.failures import JobFailure
+from ..spec.job_ids import new_job_id
 from .broker import binding_of, connect, delete_queues, queue_name, queue_state
 from .common import EXIT_FAILED, EXIT_NOT_FOUND, CLIError, OJSCommand, common_options, emit
 from .common import options as cli_options

@@ -9,7 +9,7 @@ from typing import Any
 import click
 from pydantic import ValidationError
 
-from ..celery_events import events_exchange
+from ..celery.events import events_exchange
 from ..events.bus import EventFilter
 from ..events.models import Event
 from ..events.wire import InvalidEventMessage, decode_events

@@ -10,10 +10,10 @@ from typing import Any
 import amqp
 import click
 
-from ..codec import format_time, parse_time
-from ..control import ControlClient
-from ..job_ids import new_job_id
-from ..naming import is_job_id, is_job_type
+from ..amqp.control import ControlClient
+from ..spec.codec import format_time, parse_time
+from ..spec.job_ids import new_job_id
+from ..spec.naming import is_job_id, is_job_type
 from .broker import binding_of, connect, queue_name, require_queue
 from .common import (
     EXIT_FAILED,

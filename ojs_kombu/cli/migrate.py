@@ -16,11 +16,11 @@ from typing import Any
 
 import click
 
-from ..envelope import RetryPolicy
-from ..errors import JobTypeError, OJSConfigurationError
-from ..job_types import JobTypeRegistry
-from ..naming import DEFAULT_QUEUE_ALIASES
-from ..settings import OJSSettings
+from ..spec.envelope import RetryPolicy
+from ..spec.errors import JobTypeError, OJSConfigurationError
+from ..spec.job_types import JobTypeRegistry
+from ..spec.naming import DEFAULT_QUEUE_ALIASES
+from ..spec.settings import OJSSettings
 from .common import EXIT_FAILED, OJSGroup, emit, options, store_option
 from .config import load_app
 from .migrate_report import (
@@ -68,7 +68,7 @@ def _acks_as_installed(app: Any) -> tuple[dict[str, Any], bool]:
     Returns the settings as they were, and whether tasks get them (``False``
     for an app finalized before it was loaded here).
     """
-    from ..celery_app import _INSTALLED_FLAG
+    from ..celery.app import _INSTALLED_FLAG
 
     before: dict[str, Any] = {}
     if getattr(app, _INSTALLED_FLAG, False):
@@ -124,7 +124,7 @@ def build_report(app: Any) -> MigrationReport:
 
 def _check_tasks(app: Any, settings: OJSSettings, report: MigrationReport,
                  exact_acks: bool) -> None:
-    from ..worker import task_retry_policy
+    from ..celery.task import task_retry_policy
 
     registry = JobTypeRegistry(settings.job_types, lambda: app.tasks)
     claimed: dict[str, str] = {}
@@ -172,7 +172,7 @@ def _check_tasks(app: Any, settings: OJSSettings, report: MigrationReport,
 
 def _retry_change(task: Any, policy: RetryPolicy, own_policy: bool) -> str:
     """How a task that follows OJS retry semantics is retried unlike under plain Celery."""
-    from ..worker import UNBOUNDED_ATTEMPTS
+    from ..celery.task import UNBOUNDED_ATTEMPTS
 
     attempts = ("unbounded attempts" if policy.max_attempts >= UNBOUNDED_ATTEMPTS
                 else f"max_attempts {policy.max_attempts}")

@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from ..errors import OJSConfigurationError
-from ..naming import TopologyNames
+from ..spec.errors import OJSConfigurationError
+from ..spec.naming import TopologyNames
 
 Level = Literal["blocker", "warning", "info"]
 JSON_SERIALIZERS = ("json", "application/json")

@@ -6,16 +6,16 @@ from typing import Any
 
 import click
 
-from ..backpressure import drops_head
-from ..celery_events import events_exchange
-from ..naming import TopologyNames
-from ..settings import Binding
-from ..topology import (
+from ..amqp.binding import Binding
+from ..amqp.topology import (
     DROPPED_QUEUE_ARGUMENTS,
     OWNED_ARGUMENTS,
     dead_letter_queue_arguments,
     job_queue_arguments,
 )
+from ..celery.events import events_exchange
+from ..spec.backpressure import drops_head
+from ..spec.naming import TopologyNames
 from .broker import (
     binding_of,
     connect,

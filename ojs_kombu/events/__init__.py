@@ -1,4 +1,11 @@
-"""OJS lifecycle events (``ojs-events.md``): the envelope, per-type data and in-process delivery."""
+"""The observation floor: OJS lifecycle events, metrics and tracing.
+
+Events (``ojs-events.md``: the envelope, per-type data, the in-process bus and
+its sinks), OpenTelemetry metrics and trace-context helpers.  Modules here may
+import :mod:`ojs_kombu.spec`, the standard library and OpenTelemetry's API;
+never kombu, py-amqp or Celery.  A sink that publishes over AMQP is handed a
+publish function by the floor above.
+"""
 
 from __future__ import annotations
 

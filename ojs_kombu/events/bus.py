@@ -17,7 +17,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, StringConstraints, field_validator
 
-from ..job_ids import new_job_id
+from ..spec.job_ids import new_job_id
 from .models import EVENT_TYPES, Event, EventDraft
 
 logger = logging.getLogger("ojs_kombu.events")

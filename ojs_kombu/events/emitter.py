@@ -14,9 +14,9 @@ from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from ..codec import format_time
-from ..metrics import OJSMetrics, labels
+from ..spec.codec import format_time
 from .bus import EventBus
+from .metrics import OJSMetrics, labels
 from .models import Event, EventDraft, InvalidEventData, make_event, trusted_event
 
 logger = logging.getLogger("ojs_kombu.events")

@@ -1,7 +1,7 @@
 """Celery wiring of OJS events: sinks from config, worker lifecycle, subscriptions.
 
 Job events come from where the job's fate is decided (the transport on
-publish and consume, :class:`~ojs_kombu.worker.JobRequest` in the worker);
+publish and consume, :class:`~ojs_kombu.celery.task.JobRequest` in the worker);
 worker events from the :class:`WorkerEvents` consumer bootstep.
 """
 
@@ -17,14 +17,14 @@ from typing import Any
 from celery import Celery, bootsteps
 from celery.worker import state as worker_state
 
-from .errors import OJSConfigurationError
-from .events.bus import EventBus, EventFilter, Subscription
-from .events.emitter import JobEvents
-from .events.models import Event, event_source
-from .events.sinks import AMQPSink, BackgroundSink, FileSink, WebhookSink
-from .metrics import OJSMetrics
-from .naming import TopologyNames
-from .settings import OJSSettings
+from ..events.bus import EventBus, EventFilter, Subscription
+from ..events.emitter import JobEvents
+from ..events.metrics import OJSMetrics
+from ..events.models import Event, event_source
+from ..events.sinks import AMQPSink, BackgroundSink, FileSink, WebhookSink
+from ..spec.errors import OJSConfigurationError
+from ..spec.naming import TopologyNames
+from ..spec.settings import OJSSettings
 
 #: Topic exchange of the AMQP sink (routing key: the event type).
 EVENTS_EXCHANGE = "ojs.exchange.events"

@@ -9,7 +9,7 @@ through (:meth:`kombu.Connection._ensure_connection`, used by
 worker's ``broker_connection_retry`` loop and ``apply_async``'s
 ``retry_policy``):
 
-* waits follow :class:`~ojs_kombu.reconnect.ReconnectPolicy` (1, 2, 4, ...
+* waits follow :class:`~ojs_kombu.amqp.reconnect.ReconnectPolicy` (1, 2, 4, ...
   60 s, +-25 %) instead of kombu's ``interval_start/step/max`` arithmetic;
   ``max_retries`` and ``timeout`` still bound the retrying, and no wait runs
   past ``timeout`` (a publish without retries that finds no broker, which
@@ -21,14 +21,14 @@ worker's ``broker_connection_retry`` loop and ``apply_async``'s
 * each failed attempt and each re-established connection is counted in
   ``ojs_amqp_reconnections_total`` (``outcome`` ``failed``/``succeeded``); a
   re-established connection is logged and emitted as ``connection.reconnected``
-  (:func:`ojs_kombu.reconnect.subscribe`), also when kombu closed the lost
+  (:func:`ojs_kombu.amqp.reconnect.subscribe`), also when kombu closed the lost
   connection first (its producer pool does so after a failed publish);
 * a connection error names the broker it came from
   (``kombu.exceptions.OperationalError: ... (broker ojs://guest:**@host:5672//)``):
   that is what a producer whose publish failed sees.
 
 Topology is re-declared after a reconnection because its cache lives on the
-py-amqp connection (:class:`ojs_kombu.transport.Connection`), which every
+py-amqp connection (:class:`ojs_kombu.amqp.transport.Connection`), which every
 reconnection replaces: the first publish to a queue on the new connection
 declares its exchanges, queue and bindings again, and a worker re-declares
 the queues it consumes when its consumer restarts.
@@ -49,8 +49,8 @@ from kombu.connection import PooledConnection
 from kombu.exceptions import OperationalError
 from kombu.utils.functional import retry_over_time
 
+from .binding import Binding, registered_binding
 from .reconnect import DEFAULT_POLICY, RECONNECTED, ReconnectPolicy, emit
-from .settings import Binding, registered_binding
 
 logger = logging.getLogger(__name__)
 

@@ -142,7 +142,7 @@ class TopologyNames:
 
     def dropped_queue(self, queue: str) -> str:
         """Where a ``drop_oldest`` queue's dropped jobs are reported to its workers
-        (a copy of each, beside the DLQ's; see :mod:`ojs_kombu.celery_dropped`)."""
+        (a copy of each, beside the DLQ's; see :mod:`ojs_kombu.celery.dropped`)."""
         return f"{self.prefix}ojs.queue.dropped.{queue}"
 
     def queue_from_job_queue(self, amqp_name: str) -> str | None:

@@ -5,8 +5,8 @@ and kombu's ``Producer.publish``: protocol v2 headers, a JSON body, a producer
 from the pool (revived on every acquire), a retry wrapper; the ``ojs``
 transport then parses that body again to build the OJS job.  A call that
 needs nothing only that path does gets the same OJS job from
-:class:`~ojs_kombu.celery_batch.JobEncoder` (the batch's encoder) and goes to
-:meth:`ojs_kombu.transport.Channel.publish_job` on a channel of the app's
+:class:`~ojs_kombu.celery.batch.JobEncoder` (the batch's encoder) and goes to
+:meth:`ojs_kombu.amqp.transport.Channel.publish_job` on a channel of the app's
 broker connections, under Celery's publish retry policy: the same message,
 confirm, events, metrics and errors, for about a third less CPU per call.
 
@@ -34,10 +34,10 @@ from celery.backends.base import BaseBackend
 from celery.result import AsyncResult
 from celery.signals import after_task_publish, before_task_publish
 
-from .celery_batch import JobEncoder, unsupported_options
-from .errors import NonJSONArgumentError
-from .naming import is_job_id
-from .transport import Transport
+from ..amqp.transport import Transport
+from ..spec.errors import NonJSONArgumentError
+from ..spec.naming import is_job_id
+from .batch import JobEncoder, unsupported_options
 
 try:  # Celery >= 5.6: set while a worker publishes a finished task's callbacks
     from celery.app.amqp import _callback_publish_retry

@@ -14,8 +14,8 @@ from typing import Any
 
 from kombu import Exchange, Queue
 
-from .errors import OJSConfigurationError
-from .naming import TopologyNames
+from ..spec.errors import OJSConfigurationError
+from ..spec.naming import TopologyNames
 from .topology import OWNED_ARGUMENTS, job_queue_arguments
 
 #: Arguments Celery must not see on its queue objects: Celery's native delayed

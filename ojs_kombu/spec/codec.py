@@ -22,7 +22,7 @@ Mapped onto OJS attributes: ``id`` (UUIDv7), ``task`` -> ``type``, ``eta`` ->
 ``timeout`` (whole seconds, rounded up), ``priority`` -> ``priority``.
 
 Both directions are strict.  Publishing, an option no envelope can carry
-raises a :class:`~ojs_kombu.errors.JobEncodeError` subclass naming it
+raises a :class:`~ojs_kombu.spec.errors.JobEncodeError` subclass naming it
 (:func:`check_time_limits`, :func:`check_priority`, ``max_job_bytes``).
 Consuming, the body must be strict JSON (:func:`check_strict_json`), the
 envelope valid and on its own queue, ``x_celery`` valid
@@ -671,7 +671,7 @@ def decode_job_message(
     naming another queue; ``UNKNOWN_JOB_TYPE`` for a type no task handles, and for a
     job without ``x_celery`` whose type is one of Celery's built-in tasks
     (``celery.group`` ...) unless ``ojs_job_types`` maps that task onto it
-    (``resolve_task`` is then a :class:`~ojs_kombu.job_types.JobTypeRegistry`'s
+    (``resolve_task`` is then a :class:`~ojs_kombu.spec.job_types.JobTypeRegistry`'s
     ``task_for``; with any other callable, only a type other than the task's name does).
     """
     check_content_type(properties.get("content_type"), properties.get("content_encoding"))

@@ -158,7 +158,7 @@ class Action(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    """The one decision for a delivery; :mod:`ojs_kombu.outcomes` carries it out."""
+    """The one decision for a delivery; :mod:`ojs_kombu.amqp.outcomes` carries it out."""
 
     action: Action
     failure: JobFailure | None = None

@@ -1,4 +1,4 @@
-"""A decided outcome (:func:`ojs_kombu.failures.decide`) as broker operations.
+"""A decided outcome (:func:`ojs_kombu.spec.failures.decide`) as broker operations.
 
 * ack: ``Basic.Ack``;
 * retry (section 5.4): the job, its error recorded and ``x-ojs-attempt``
@@ -11,7 +11,7 @@
   a valid job (its dead letter must say why), a copy with ``x-ojs-error-*``
   headers published to ``ojs.exchange.dlx``, then the ack.
 
-Copies go through the connection's :class:`~ojs_kombu.outcomes.OutcomePublisher`:
+Copies go through the connection's :class:`~ojs_kombu.amqp.outcomes.OutcomePublisher`:
 nothing here waits for the broker.
 """
 
@@ -23,9 +23,15 @@ from typing import Any
 
 import amqp
 
-from .delays import MAX_SCHEDULE_DELAY_MS, retry_delay_ms
+from ..spec.delays import MAX_SCHEDULE_DELAY_MS, retry_delay_ms
+from ..spec.failures import (
+    Action,
+    Outcome,
+    record_failure,
+    with_error_headers,
+    without_death_headers,
+)
 from .delivery import JobDelivery
-from .failures import Action, Outcome, record_failure, with_error_headers, without_death_headers
 from .outcomes import PendingOutcome
 
 logger = logging.getLogger(__name__)
@@ -33,7 +39,7 @@ logger = logging.getLogger(__name__)
 
 def settle(channel: Any, delivery: JobDelivery, delivery_tag: int, outcome: Outcome,
            on_settled: Callable[[], None] | None = None) -> None:
-    """Carry out ``outcome`` for ``delivery`` (``channel``: :class:`ojs_kombu.transport.Channel`).
+    """Carry out ``outcome`` for ``delivery`` on ``channel`` (the transport's Channel).
 
     ``on_settled`` runs once the delivery is settled (for callers outside an
     event loop that wait for it).

@@ -5,7 +5,7 @@ Celery callers.  It builds each OJS job straight from the task name,
 arguments and options, without going through Celery's per-call message
 machinery, publishes every job on one channel without waiting between them,
 and returns only when the broker has confirmed all of them; anything refused,
-returned or left unconfirmed raises one :class:`~ojs_kombu.errors.BatchPublishError`
+returned or left unconfirmed raises one :class:`~ojs_kombu.spec.errors.BatchPublishError`
 that names each such job id.
 
 What it takes: task signatures (``task.s(...)``, ``signature(...)``, with
@@ -33,7 +33,9 @@ from celery.canvas import Signature, _chain, chord, group
 from celery.result import AsyncResult
 from celery.utils.nodenames import anon_nodename
 
-from .codec import (
+from ..amqp.transport import job_queue_for
+from ..events.tracing import with_current_trace
+from ..spec.codec import (
     META_OPTION,
     RETRY_OPTION,
     OutgoingJob,
@@ -42,11 +44,9 @@ from .codec import (
     format_time,
     parse_time,
 )
-from .errors import InvalidJobIdError, JobEncodeError
-from .job_ids import new_job_id
-from .naming import is_job_id
-from .tracing import with_current_trace
-from .transport import job_queue_for
+from ..spec.errors import InvalidJobIdError, JobEncodeError
+from ..spec.job_ids import new_job_id
+from ..spec.naming import is_job_id
 
 #: Options a batch job may carry; everything else is refused by name.
 BATCH_OPTIONS = frozenset({
@@ -78,7 +78,7 @@ def enqueue_many(app: Celery, jobs: Iterable[JobSpec] | group, *,
     """Publish ``jobs`` as OJS jobs, every one confirmed; one result per job, in order.
 
     Every job is checked and encoded before the first is sent, so a bad
-    argument or option (:class:`~ojs_kombu.errors.JobEncodeError` naming the
+    argument or option (:class:`~ojs_kombu.spec.errors.JobEncodeError` naming the
     job's position) sends nothing.
     """
     specs = list(_flatten(jobs))
@@ -153,7 +153,7 @@ def _origin_of(pid: int) -> str:  # the pid keys it: a forked child gets its own
 
 class JobEncoder:
     """The OJS jobs of a batch, or of one direct ``apply_async``
-    (:mod:`ojs_kombu.celery_publish`): one clock reading, one trace context,
+    (:mod:`ojs_kombu.celery.publish`): one clock reading, one trace context,
     cached routes and types."""
 
     def __init__(self, app: Celery) -> None:

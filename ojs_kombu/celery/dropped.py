@@ -21,10 +21,10 @@ from typing import Any
 import amqp
 from celery import bootsteps
 
-from .backpressure import maxlen_death
-from .celery_events import consumed_queues
-from .codec import format_time
-from .settings import Binding
+from ..amqp.binding import Binding
+from ..spec.backpressure import maxlen_death
+from ..spec.codec import format_time
+from .events import consumed_queues
 
 logger = logging.getLogger(__name__)
 

@@ -3,12 +3,12 @@
 ``install(app)``
 
 * makes the app's AMQP layer an :class:`OJSAMQP`: every task queue becomes an
-  OJS :class:`~ojs_kombu.entities.JobQueue` (configured, default and missing
+  OJS :class:`~ojs_kombu.amqp.entities.JobQueue` (configured, default and missing
   ones alike), and every broker connection carries the key of the app's OJS
-  :class:`~ojs_kombu.settings.Binding` to the ``ojs`` transport (a string: Celery
+  :class:`~ojs_kombu.spec.settings.Binding` to the ``ojs`` transport (a string: Celery
   reports transport options as JSON);
 * makes Celery mint UUIDv7 task ids, so a task id *is* the OJS job id;
-* makes :class:`~ojs_kombu.worker.OJSTask` the app's task base, so failed
+* makes :class:`~ojs_kombu.celery.task.OJSTask` the app's task base, so failed
   attempts are retried by the broker (where ``ojs_retry_semantics`` says they
   are retried: by default only where Celery would retry them);
 * sets what OJS delivery semantics need once the configuration is loaded:
@@ -43,22 +43,23 @@ from kombu import Queue
 from kombu.exceptions import EncodeError
 from kombu.utils.objects import cached_property
 
-from .celery_control import ControlQueues
-from .celery_dropped import DroppedJobs
-from .celery_events import WorkerEvents, build_events
-from .celery_publish import SendSettings
-from .celery_reconnect import ConsumerReconnections
-from .codec import CELERY_JSON, MAX_JOB_BYTES_PROPERTY
-from .connection import BrokerConnection as ReconnectingConnection
-from .dead_letters import DeadLetterQueue, open_dead_letter_queue
-from .entities import JobQueue, extra_arguments, job_queue
-from .envelope import CONTENT_TYPE, RetryPolicy
-from .errors import NonJSONArgumentError, OJSConfigurationError
-from .job_ids import use_uuid7_task_ids
+from ..amqp.binding import Binding, register_binding
+from ..amqp.connection import BrokerConnection as ReconnectingConnection
+from ..amqp.dead_letters import DeadLetterQueue, open_dead_letter_queue
+from ..amqp.entities import JobQueue, extra_arguments, job_queue
+from ..amqp.topology import OWNED_ARGUMENTS
+from ..spec.codec import CELERY_JSON, MAX_JOB_BYTES_PROPERTY
+from ..spec.envelope import CONTENT_TYPE, RetryPolicy
+from ..spec.errors import NonJSONArgumentError, OJSConfigurationError
+from ..spec.settings import BINDING_OPTION, OJSSettings
+from .control import ControlQueues
+from .dropped import DroppedJobs
+from .events import WorkerEvents, build_events
+from .publish import SendSettings
+from .reconnect import ConsumerReconnections
 from .serialization import SERIALIZER_NAME
-from .settings import BINDING_OPTION, Binding, OJSSettings, register_binding
-from .topology import OWNED_ARGUMENTS
-from .worker import RETRY_SEMANTICS, OJSTask, task_retry_policy, task_sets
+from .task import RETRY_SEMANTICS, OJSTask, task_retry_policy, task_sets
+from .task_ids import use_uuid7_task_ids
 
 logger = logging.getLogger(__name__)
 
@@ -147,7 +148,7 @@ class OJSAMQP(AMQP):
 
     def _retry_policy_for(self, task_name: str) -> RetryPolicy | None:
         """The policy a job of ``task_name`` states in its envelope, under the app's
-        ``ojs_retry_semantics`` (:func:`~ojs_kombu.worker.task_retry_policy`)."""
+        ``ojs_retry_semantics`` (:func:`~ojs_kombu.celery.task.task_retry_policy`)."""
         task = self.app.tasks.get(task_name)
         if task is None:
             return None
@@ -260,7 +261,7 @@ def _configure(sender: Celery, **_: Any) -> None:
     if conf.broker_heartbeat == 120:  # Celery's default; the binding recommends 60 s (11.1)
         conf.broker_heartbeat = 60
     if conf.beat_scheduler == "celery.beat:PersistentScheduler":
-        conf.beat_scheduler = "ojs_kombu.beat:OJSScheduler"
+        conf.beat_scheduler = "ojs_kombu.celery.beat:OJSScheduler"
     conf.task_acks_late = True
     conf.task_acks_on_failure_or_timeout = False
     _remove_pickle(conf)
@@ -314,7 +315,7 @@ def _remove_pickle(conf: Any) -> None:
 def check_app(app: Celery) -> dict[str, str]:
     """Check that ``app`` can run under ojs_kombu; return ``{task name: OJS type}``.
 
-    Raises the :class:`~ojs_kombu.errors.OJSConfigurationError` subclass that
+    Raises the :class:`~ojs_kombu.spec.errors.OJSConfigurationError` subclass that
     names the first problem: pickle in ``accept_content``/``result_accept_content``
     or as the result or event serializer (set again after ``install()`` removed
     it), an unknown or invalid ``ojs_*`` setting, a queue that cannot be an OJS
@@ -371,7 +372,7 @@ class OJSPreflight(bootsteps.Step):
 class InlineJobAcks(bootsteps.StartStopStep):
     """Consumer bootstep: with the ``solo`` pool a job runs inside its delivery, in the
     event loop, so the transport writes the acks it collected before each delivery
-    (a finished job's ack never waits for the next job; see :mod:`ojs_kombu.acks`)."""
+    (a finished job's ack never waits for the next job; see :mod:`ojs_kombu.amqp.acks`)."""
 
     name = "ojs_kombu.inline_job_acks"
     requires = ("celery.worker.consumer.connection:Connection",)
@@ -388,7 +389,7 @@ def declare_topology(app: Celery, queues: Iterable[str] | None = None) -> list[s
     """Eagerly declare the OJS topology of ``queues`` (default: every queue of the app).
 
     Idempotent; returns the OJS queue names declared.  Raises
-    :class:`~ojs_kombu.errors.TopologyConflictError` when the broker holds a
+    :class:`~ojs_kombu.spec.errors.TopologyConflictError` when the broker holds a
     queue with different arguments.
     """
     table = app.amqp.queues

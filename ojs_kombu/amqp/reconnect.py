@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from .events.side import SideEventCallback, SideEvents
+from ..events.side import SideEventCallback, SideEvents
 
 logger = logging.getLogger(__name__)
 

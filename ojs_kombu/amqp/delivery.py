@@ -9,8 +9,8 @@ from amqp.exceptions import RecoverableConnectionError
 from kombu.exceptions import MessageStateError
 from kombu.transport import pyamqp
 
-from .events.emitter import JobInfo
-from .failures import HANDLER_ERROR, Action, JobFailure, Outcome
+from ..events.emitter import JobInfo
+from ..spec.failures import HANDLER_ERROR, Action, JobFailure, Outcome
 
 logger = logging.getLogger(__name__)
 
@@ -48,12 +48,12 @@ class JobMessage(pyamqp.Message):
 
     Celery settles an unsuccessful delivery with ``reject()`` from its event
     loop's thread; here that carries out the outcome the worker decided
-    (:attr:`ojs_outcome`, :func:`ojs_kombu.failures.decide`): a broker-side
+    (:attr:`ojs_outcome`, :func:`ojs_kombu.spec.failures.decide`): a broker-side
     retry, or the dead-letter queue.  Without one (a task that does not use
     ojs_kombu's request class), the job is dead-lettered.  Never an immediate
     requeue: the binding forbids it (section 5.4, it loops), so Celery's requeue
     of ``Reject(requeue=True)`` dead-letters it too.  Nothing here waits for the
-    broker (:mod:`ojs_kombu.outcomes`).
+    broker (:mod:`ojs_kombu.amqp.outcomes`).
     """
 
     ojs: JobDelivery
@@ -69,7 +69,7 @@ class JobMessage(pyamqp.Message):
             if requeue:
                 logger.warning("job %s: OJS jobs are never requeued immediately (AMQP "
                                "binding 5.4); dead-lettering it instead", self.ojs.job_id)
-        channel: Any = self.channel  # ojs_kombu.transport.Channel
+        channel: Any = self.channel  # ojs_kombu.amqp.transport.Channel
         connection = channel.connection
         if connection is None:  # lost: the broker redelivers the job (py-amqp's error)
             raise RecoverableConnectionError("connection already closed")

@@ -13,8 +13,8 @@ from typing import Any
 
 from kombu.serialization import register
 
-from .codec import celery_payload
-from .envelope import CONTENT_TYPE, JobEnvelope
+from ..spec.codec import celery_payload
+from ..spec.envelope import CONTENT_TYPE, JobEnvelope
 
 SERIALIZER_NAME = "ojs"
 

@@ -40,7 +40,7 @@ DEAD_LETTER_LOG_RATE = 10
 
 
 class DeliveryChannel(Protocol):
-    """The channel a job was delivered on (:class:`ojs_kombu.transport.Channel`)."""
+    """The channel a job was delivered on (:class:`ojs_kombu.amqp.transport.Channel`)."""
 
     generation: int
     is_open: bool
@@ -48,7 +48,7 @@ class DeliveryChannel(Protocol):
     def basic_ack(self, delivery_tag: int, multiple: bool = False) -> None: ...
 
 
-#: ``(channel, names, *args)`` topology declarations of :mod:`ojs_kombu.topology`.
+#: ``(channel, names, *args)`` topology declarations of :mod:`ojs_kombu.amqp.topology`.
 Declare = Callable[..., None]
 
 
@@ -204,7 +204,7 @@ class OutcomePublisher:
             self._connection.write_frames(data)
 
     def declare_nowait(self, declare: Declare, *args: Any) -> None:
-        """Run a :mod:`ojs_kombu.topology` declaration on the outcome channel, pipelined."""
+        """Run a :mod:`ojs_kombu.amqp.topology` declaration on the outcome channel, pipelined."""
         declare(_NoWait(self._open()), self._connection.ojs.names, *args)
 
     def run_due(self) -> None:

@@ -14,10 +14,10 @@ from typing import Any, Protocol
 
 from amqp.exceptions import PreconditionFailed
 
-from .backpressure import drops_head
-from .delays import SCHEDULE_LEVELS, delivery_binding_key, level_binding_keys
-from .errors import OJSConfigurationError, TopologyConflictError
-from .naming import TopologyNames
+from ..spec.backpressure import drops_head
+from ..spec.delays import SCHEDULE_LEVELS, delivery_binding_key, level_binding_keys
+from ..spec.errors import OJSConfigurationError, TopologyConflictError
+from ..spec.naming import TopologyNames
 
 #: Arguments ojs_kombu owns on every job queue; user arguments may not override them.
 OWNED_ARGUMENTS = ("x-dead-letter-exchange", "x-dead-letter-routing-key")

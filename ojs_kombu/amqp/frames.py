@@ -11,7 +11,7 @@ every fresh worker dies on the same message at the head of the queue.
 does not decode is replaced, for that delivery only, by one carrying just the
 :data:`UNDECODABLE_HEADER` with the reason; the delivery then completes with
 its own body, and the consumer dead-letters it (see
-:meth:`ojs_kombu.transport.Channel.basic_consume`).  The parser's state stays
+:meth:`ojs_kombu.amqp.transport.Channel.basic_consume`).  The parser's state stays
 that of this delivery, so no other delivery's header or body is ever
 attributed to it.
 """
@@ -68,7 +68,7 @@ def guarded_frame_handler(connection: Any, callback: Callable[..., Any]
 
 def locked_frame_writer(connection: Any, transport: Any) -> Callable[..., Any]:
     """py-amqp's frame writer under the connection's ``ojs_write_lock``, the lock every
-    other write of the connection takes too (:meth:`ojs_kombu.transport.Connection.
+    other write of the connection takes too (:meth:`ojs_kombu.amqp.transport.Connection.
     write_frames`): greenlets of the gevent and eventlet pools ack, retry and
     dead-letter at the same time, and a write that yields half-way must not let
     another one's bytes in between."""

@@ -18,8 +18,8 @@ from typing import Any, TypeVar
 
 import amqp
 
-from .errors import OJSConfigurationError, OJSError
-from .failures import reset_for_replay, without_failure_headers
+from ..spec.errors import OJSConfigurationError, OJSError
+from ..spec.failures import reset_for_replay, without_failure_headers
 
 T = TypeVar("T")
 

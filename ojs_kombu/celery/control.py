@@ -30,9 +30,9 @@ from celery.signals import worker_process_init
 from celery.worker import state as worker_state
 from celery.worker.control import control_command
 
-from .celery_events import consumed_queues
-from .control import CANCEL, HEARTBEAT, INFO, control_message, parse_control
-from .delivery import JobMessage
+from ..amqp.control import CANCEL, HEARTBEAT, INFO, control_message, parse_control
+from ..amqp.delivery import JobMessage
+from .events import consumed_queues
 
 logger = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ def ojs_job_info(state: Any, job_id: str) -> dict[str, Any] | None:
 
 
 #: Set in a prefork pool process when its running job was cancelled (cooperatively);
-#: cleared by :class:`~ojs_kombu.worker.OJSTask` as each job starts.
+#: cleared by :class:`~ojs_kombu.celery.task.OJSTask` as each job starts.
 cancel_requested = threading.Event()
 COOPERATIVE_SIGNAL = signal.SIGUSR2
 

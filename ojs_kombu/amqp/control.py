@@ -17,10 +17,10 @@ from typing import Any
 import amqp
 from kombu import Connection
 
-from .errors import OJSError
-from .job_ids import new_job_id
-from .naming import is_job_id
-from .settings import Binding
+from ..spec.errors import OJSError
+from ..spec.job_ids import new_job_id
+from ..spec.naming import is_job_id
+from .binding import Binding
 
 CANCEL = "ojs.control.cancel"
 HEARTBEAT = "ojs.control.heartbeat"

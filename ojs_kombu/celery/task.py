@@ -37,15 +37,12 @@ from celery.utils.serialization import raise_with_context
 from celery.worker import state as worker_state
 from celery.worker.request import Request
 
-from .celery_control import cancel_requested, cancellations, outcomes
-from .celery_events import count_completed
-from .celery_publish import apply_async_direct, direct_refusal
-from .codec import CELERY_JOB_HEADER, RETRY_HEADER
-from .delivery import JobMessage
-from .envelope import RetryPolicy
-from .errors import OJSConfigurationError
-from .events.emitter import JobEvents, JobInfo
-from .failures import (
+from ..amqp.delivery import JobMessage
+from ..events.emitter import JobEvents, JobInfo
+from ..spec.codec import CELERY_JOB_HEADER, RETRY_HEADER
+from ..spec.envelope import RetryPolicy
+from ..spec.errors import OJSConfigurationError
+from ..spec.failures import (
     EXPIRED,
     HANDLER_ERROR,
     Action,
@@ -55,7 +52,10 @@ from .failures import (
     Outcome,
     decide,
 )
-from .retry import Backoff, matches, merge, policy_from
+from ..spec.retry import Backoff, matches, merge, policy_from
+from .control import cancel_requested, cancellations, outcomes
+from .events import count_completed
+from .publish import apply_async_direct, direct_refusal
 
 logger = logging.getLogger(__name__)
 
@@ -337,7 +337,7 @@ class JobContext:
 class OJSTask(Task):
     """Base of every task under ojs_kombu (``install()`` makes it the app's ``Task``)."""
 
-    Request = "ojs_kombu.worker:JobRequest"
+    Request = "ojs_kombu.celery.task:JobRequest"
     #: Task option: an OJS retry-policy object merged over the Celery-derived one;
     #: giving it (``{}`` too) puts the task under OJS retry semantics.
     ojs_retry: Mapping[str, Any] | None = None
@@ -390,7 +390,7 @@ class OJSTask(Task):
                     producer: Any = None, link: Any = None, link_error: Any = None,
                     shadow: str | None = None, **options: Any) -> Any:
         """Celery's ``apply_async``; a plain call goes straight to the OJS channel
-        (:mod:`ojs_kombu.celery_publish`: the same job, a third less CPU)."""
+        (:mod:`ojs_kombu.celery.publish`: the same job, a third less CPU)."""
         if producer is None and link is None and link_error is None and shadow is None \
                 and direct_refusal(self, self._get_app(), task_id, options) is None:
             if self.soft_time_limit and self.time_limit and \
@@ -672,7 +672,7 @@ class JobRequest(Request):
         return job_retry_policy(self.task, self._request_dict)
 
     def _decide(self, message: JobMessage, what: Delivered) -> Outcome:
-        """The failure decision (:func:`ojs_kombu.failures.decide`) under the job's policy."""
+        """The failure decision (:func:`ojs_kombu.spec.failures.decide`) under the job's policy."""
         if what.happened in (Happened.EXPIRED, Happened.CANCELLED):
             return decide(what, message.ojs.attempt)
         backoff = Backoff.of(self._ojs_policy)

@@ -1,0 +1,147 @@
+"""The ``ojs_*`` settings as data.
+
+Settings come from Celery config (``app.conf.ojs_prefix`` ...) through
+:func:`ojs_kombu.install`, or from kombu transport options with the same
+``ojs_`` names when kombu is used without Celery.  An ``ojs_*`` key that is
+not a setting is an error, so a typo never silently falls back to a default.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .backpressure import (
+    ProducerBackpressure,
+    QueueConfig,
+    check_config,
+    merged_config,
+)
+from .errors import OJSConfigurationError
+from .naming import DEFAULT_QUEUE_ALIASES, check_queue_name
+
+logger = logging.getLogger("ojs_kombu")
+
+OPTION_PREFIX = "ojs_"
+#: Transport option naming a ready-made :class:`~ojs_kombu.amqp.binding.Binding` of
+#: this process by its :func:`~ojs_kombu.amqp.binding.register_binding` key
+#: (``install()`` sets it on every connection of the app).
+#: A string, not the object: Celery reports a connection's transport options as JSON
+#: (``celery inspect stats``, Flower's worker page).  The transport itself also accepts
+#: the :class:`~ojs_kombu.amqp.binding.Binding` object.
+BINDING_OPTION = "ojs_binding"
+
+
+class OJSSettings(BaseModel):
+    """Every setting, with its default; ``app.conf.ojs_<name>`` sets ``<name>``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    #: Multi-tenancy prefix: ``tenant1`` gives ``tenant1.ojs.queue.email``.
+    prefix: str = ""
+    #: Celery queue name -> OJS queue name; Celery's ``celery`` is OJS's ``default``.
+    queue_aliases: dict[str, str] = Field(default_factory=lambda: dict(DEFAULT_QUEUE_ALIASES))
+    #: Celery task name -> OJS job type, for names that do not fit the OJS grammar.
+    job_types: dict[str, str] = Field(default_factory=dict)
+    #: Extra ``Queue.Declare`` arguments per OJS queue (``{"email": {"x-max-length": 1000}}``).
+    queue_arguments: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    #: ``x-max-priority`` of job queues (AMQP-030); 10 as in the binding's section 15.1
+    #: producer example, so queues declared by spec-following producers are equivalent.
+    #: ``None`` declares queues without priorities.  Not applied to queues given an
+    #: ``x-queue-type`` (quorum and stream queues refuse ``x-max-priority``).
+    max_priority: int | None = Field(default=10, ge=1, le=255)
+    #: Seconds to wait for a publisher confirm before raising ``PublishConfirmTimeout``.
+    confirm_timeout: float = Field(default=30.0, gt=0)
+    #: Largest job body (the envelope's JSON, in bytes) a producer publishes; a bigger
+    #: one raises ``JobTooLargeError`` before anything is sent.  The default is
+    #: RabbitMQ's default ``max_message_size`` (128 MiB); ``None``: no check.
+    max_job_bytes: int | None = Field(default=134_217_728, ge=1)
+    #: How a worker sends its acks (see :mod:`ojs_kombu.amqp.acks`).  ``"batched"``: the
+    #: acks of jobs that end in the same event-loop iteration go out in one write,
+    #: one ``Basic.Ack(multiple=false)`` per job (the binding's section 5.3).
+    #: ``"multiple"``: as batched, but where the oldest deliveries still open are all
+    #: among them one ``Basic.Ack(multiple=true)`` settles them (cheaper for the
+    #: broker; section 5.3 asks for ``multiple=false``, see docs/conformance.rst).
+    #: ``"each"``: one write per ack, as plain kombu.
+    acks: Literal["each", "batched", "multiple"] = "batched"
+    #: Prefetch applied when a job queue is consumed before ``Basic.Qos`` was set.
+    default_prefetch: int = Field(default=1, ge=1)
+    #: Schedule through ``ojs.exchange.delayed`` (needs RabbitMQ's delayed-message
+    #: plugin) instead of the TTL ladder.
+    delayed_exchange: bool = False
+    #: ``nack`` (AMQP-009): a discarded job is ``Basic.Nack(requeue=false)``; the
+    #: broker dead-letters it as it was delivered.  ``republish`` (a deviation): it
+    #: is published to the DLX with its last error in ``x-ojs-error-*`` and its
+    #: history, then acked.  Invalid messages are always republished with headers.
+    dead_letter_mode: Literal["republish", "nack"] = "nack"
+    #: ``Queue.Declare`` arguments of the scheduling ladder's queues
+    #: (``{"x-queue-type": "quorum"}`` for quorum queues).
+    schedule_queue_arguments: dict[str, Any] = Field(default_factory=dict)
+    #: Where OJS events go: ``"amqp"``, ``"file:/path.jsonl"``,
+    #: ``{"webhook": url, "secret": ...}``, a callable, or a dict of these with a
+    #: ``"filter"`` (see :func:`ojs_kombu.celery.events.sink_from_spec`).
+    event_sinks: list[Any] = Field(default_factory=list)
+    #: ``{service}`` of event sources ``ojs://{service}/{component}/{instance}``
+    #: (default: the Celery app's name).
+    event_service: str | None = None
+    #: Seconds between ``worker.heartbeat`` events (0: none).
+    worker_heartbeat: float = Field(default=30.0, ge=0)
+    #: A job running longer than this many seconds gets an ``ojs.control.heartbeat``
+    #: (and a ``job.heartbeat`` event) every as many seconds (0: none).
+    job_heartbeat: float = Field(default=30.0, ge=0)
+    #: Whether workers consume the control queues of their queues (CANCEL, INFO).
+    control_queues: bool = True
+    #: OpenTelemetry ``MeterProvider`` for ojs_kombu's metrics (default: the global one).
+    meter_provider: Any = None
+    #: Per OJS queue: bounds and backpressure strategy, priorities, queue type
+    #: (``{"email": {"max_depth": 10000, "strategy": "reject", "warn_at": 0.8}}``,
+    #: see :class:`~ojs_kombu.spec.backpressure.QueueConfig`).
+    queues: dict[str, QueueConfig] = Field(default_factory=dict)
+    #: Defaults of every queue's ``ojs_queues`` entry (``{"type": "quorum"}``).
+    queue_defaults: QueueConfig = Field(default_factory=QueueConfig)
+    #: Producer retries, circuit breaker and depth sampling
+    #: (:class:`~ojs_kombu.spec.backpressure.ProducerBackpressure`).
+    backpressure: ProducerBackpressure = Field(default_factory=ProducerBackpressure)
+    #: ``celery beat`` does not send an entry again while its previous job is unfinished
+    #: (needs a result backend); each skip is a ``cron.skipped`` event.
+    beat_skip_overlapping: bool = False
+    #: Which rules decide whether a failed Celery job is retried (see
+    #: :func:`ojs_kombu.celery.task.failure_retryable`).  ``"celery"``: as under plain
+    #: Celery, only ``autoretry_for`` exceptions and ``self.retry()`` are retried, within
+    #: ``max_retries``, with Celery's delays; a task without ``autoretry_for`` publishes
+    #: ``retry: {"max_attempts": 1}``.  ``"ojs"``: every failure (hard time limits and
+    #: lost pool processes too) is retried under the OJS default policy merged with the
+    #: task's Celery options.  A task with an ``ojs_retry`` option, and every job from
+    #: another producer (no ``x_celery`` in its envelope), follow ``"ojs"`` either way.
+    retry_semantics: Literal["celery", "ojs"] = "celery"
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any], *, source: str) -> OJSSettings:
+        """Build from the ``ojs_*`` keys of ``options``; ``source`` names them in errors."""
+        values = {
+            key[len(OPTION_PREFIX):]: value
+            for key, value in options.items()
+            if isinstance(key, str) and key.startswith(OPTION_PREFIX) and key != BINDING_OPTION
+        }
+        unknown = sorted(set(values) - set(cls.model_fields))
+        if unknown:
+            known = ", ".join(OPTION_PREFIX + name for name in cls.model_fields)
+            raise OJSConfigurationError(
+                f"unknown ojs_kombu setting(s) in {source}: "
+                f"{', '.join(OPTION_PREFIX + u for u in unknown)} (known: {known})"
+            )
+        try:
+            settings = cls(**values)
+        except ValidationError as exc:
+            raise OJSConfigurationError(f"invalid ojs_kombu setting in {source}: {exc}") from None
+        for queue in settings.queue_arguments:
+            check_queue_name(queue)
+        check_config("ojs_queue_defaults", settings.queue_defaults,
+                     where="ojs_queue_defaults")
+        for queue, config in settings.queues.items():
+            check_queue_name(queue)
+            merged_config(queue, settings.queue_defaults, config)
+        return settings

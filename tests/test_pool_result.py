@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from celery.utils.saferepr import saferepr
 
-from ojs_kombu.celery.task import _pool_result
+from ojs_kombu.celery.request import pool_result
 from ojs_kombu.events.emitter import json_result
 
 
@@ -28,8 +28,8 @@ class Opaque:
 ])
 def test_job_completed_result_from_the_pool_repr(returned: Any, expected: Any) -> None:
     # Celery's pool hands the worker saferepr(result), never the value itself.
-    assert json_result(_pool_result(saferepr(returned))) == expected
+    assert json_result(pool_result(saferepr(returned))) == expected
 
 
 def test_a_value_the_pool_passes_through_unchanged() -> None:
-    assert _pool_result({"a": 1}) == {"a": 1}
+    assert pool_result({"a": 1}) == {"a": 1}

@@ -17,14 +17,14 @@ from celery.exceptions import (
 )
 
 import ojs_kombu
-from ojs_kombu.celery.task import (
+from ojs_kombu.celery.retries import (
     UNBOUNDED_ATTEMPTS,
-    OJSTask,
     failure_retryable,
     follows_celery_retries,
     job_retry_policy,
     task_retry_policy,
 )
+from ojs_kombu.celery.task import OJSTask
 from ojs_kombu.spec.codec import CELERY_JOB_HEADER, RETRY_HEADER, decode_job_message
 from ojs_kombu.spec.envelope import RetryPolicy
 from ojs_kombu.spec.errors import JobEncodeError

@@ -57,8 +57,9 @@ from .dropped import DroppedJobs
 from .events import WorkerEvents, build_events
 from .publish import SendSettings
 from .reconnect import ConsumerReconnections
+from .retries import RETRY_SEMANTICS, task_retry_policy, task_sets
 from .serialization import SERIALIZER_NAME
-from .task import RETRY_SEMANTICS, OJSTask, task_retry_policy, task_sets
+from .task import OJSTask
 from .task_ids import use_uuid7_task_ids
 
 logger = logging.getLogger(__name__)
@@ -148,7 +149,7 @@ class OJSAMQP(AMQP):
 
     def _retry_policy_for(self, task_name: str) -> RetryPolicy | None:
         """The policy a job of ``task_name`` states in its envelope, under the app's
-        ``ojs_retry_semantics`` (:func:`~ojs_kombu.celery.task.task_retry_policy`)."""
+        ``ojs_retry_semantics`` (:func:`~ojs_kombu.celery.retries.task_retry_policy`)."""
         task = self.app.tasks.get(task_name)
         if task is None:
             return None

@@ -1,7 +1,7 @@
 """Celery wiring of OJS events: sinks from config, worker lifecycle, subscriptions.
 
 Job events come from where the job's fate is decided (the transport on
-publish and consume, :class:`~ojs_kombu.celery.task.JobRequest` in the worker);
+publish and consume, :class:`~ojs_kombu.celery.request.JobRequest` in the worker);
 worker events from the :class:`WorkerEvents` consumer bootstep.
 """
 

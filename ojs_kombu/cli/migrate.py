@@ -124,7 +124,7 @@ def build_report(app: Any) -> MigrationReport:
 
 def _check_tasks(app: Any, settings: OJSSettings, report: MigrationReport,
                  exact_acks: bool) -> None:
-    from ..celery.task import task_retry_policy
+    from ..celery.retries import task_retry_policy
 
     registry = JobTypeRegistry(settings.job_types, lambda: app.tasks)
     claimed: dict[str, str] = {}
@@ -172,7 +172,7 @@ def _check_tasks(app: Any, settings: OJSSettings, report: MigrationReport,
 
 def _retry_change(task: Any, policy: RetryPolicy, own_policy: bool) -> str:
     """How a task that follows OJS retry semantics is retried unlike under plain Celery."""
-    from ..celery.task import UNBOUNDED_ATTEMPTS
+    from ..celery.retries import UNBOUNDED_ATTEMPTS
 
     attempts = ("unbounded attempts" if policy.max_attempts >= UNBOUNDED_ATTEMPTS
                 else f"max_attempts {policy.max_attempts}")

@@ -109,7 +109,7 @@ class OJSSettings(BaseModel):
     #: (needs a result backend); each skip is a ``cron.skipped`` event.
     beat_skip_overlapping: bool = False
     #: Which rules decide whether a failed Celery job is retried (see
-    #: :func:`ojs_kombu.celery.task.failure_retryable`).  ``"celery"``: as under plain
+    #: :func:`ojs_kombu.celery.retries.failure_retryable`).  ``"celery"``: as under plain
     #: Celery, only ``autoretry_for`` exceptions and ``self.retry()`` are retried, within
     #: ``max_retries``, with Celery's delays; a task without ``autoretry_for`` publishes
     #: ``retry: {"max_attempts": 1}``.  ``"ojs"``: every failure (hard time limits and

@@ -43,15 +43,13 @@ register_transport()
 register_serializer()
 
 from .amqp.dead_letters import DeadLetter, DeadLetterNotFound, DeadLetterQueue  # noqa: E402
-from .celery.app import (  # noqa: E402  (needs the registrations)
-    check_app,
-    dead_letter_queue,
-    declare_topology,
-    install,
-)
+from .celery.app import install  # noqa: E402  (needs the registrations)
 from .celery.batch import enqueue_many  # noqa: E402
+from .celery.dead_letters import dead_letter_queue  # noqa: E402
 from .celery.events import subscribe  # noqa: E402
+from .celery.preflight import check_app  # noqa: E402
 from .celery.task import OJSTask  # noqa: E402
+from .celery.topology import declare_topology  # noqa: E402
 
 __version__ = "0.1.0"
 

@@ -16,8 +16,9 @@ import ojs_kombu
 from ojs_kombu.amqp.binding import Binding
 from ojs_kombu.amqp.entities import JobQueue
 from ojs_kombu.amqp.transport import SSLTransport, Transport
-from ojs_kombu.celery.app import OJSAMQP, OJSPreflight
+from ojs_kombu.celery.app_amqp import OJSAMQP
 from ojs_kombu.celery.control import cancel_requested
+from ojs_kombu.celery.preflight import OJSPreflight
 from ojs_kombu.spec.errors import JobTypeError, OJSConfigurationError, QueueNameError
 from ojs_kombu.spec.naming import is_job_id
 from ojs_kombu.spec.settings import BINDING_OPTION

@@ -361,7 +361,7 @@ def test_celerys_send_path_carries_the_size_limit(app: Celery) -> None:
 def test_install_removes_pickle_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
     app = Celery("pickly", broker="ojs://guest:guest@127.0.0.1:1//", set_as_current=False)
     ojs_kombu.install(app)
-    with caplog.at_level(logging.WARNING, logger="ojs_kombu.celery.app"):
+    with caplog.at_level(logging.WARNING, logger="ojs_kombu.celery.conf"):
         app.conf.update(accept_content=["pickle", "json", "application/x-python-serialize"],
                         result_accept_content=["pickle"], result_serializer="pickle",
                         event_serializer="pickle")

@@ -68,10 +68,10 @@ def _acks_as_installed(app: Any) -> tuple[dict[str, Any], bool]:
     Returns the settings as they were, and whether tasks get them (``False``
     for an app finalized before it was loaded here).
     """
-    from ..celery.app import _INSTALLED_FLAG
+    from ..celery.app import is_installed
 
     before: dict[str, Any] = {}
-    if getattr(app, _INSTALLED_FLAG, False):
+    if is_installed(app):
         return before, True
     if app.finalized:
         return before, False

@@ -1,0 +1,20 @@
+"""The dead letters of an app's queue, through the app's own broker connection."""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+
+from celery import Celery
+
+from ..amqp.dead_letters import DeadLetterQueue, open_dead_letter_queue
+
+
+def dead_letter_queue(app: Celery, queue: str) -> AbstractContextManager[DeadLetterQueue]:
+    """The dead letters of ``queue``: ``with dead_letter_queue(app, "email") as dlq: ...``.
+
+    ``dlq.list()``, ``dlq.get(job_id)``, ``dlq.replay(job_id)``,
+    ``dlq.replay_all()``, ``dlq.purge()``, ``len(dlq)``.
+    """
+    connection = app.connection_for_write()
+    connection.ensure_connection(max_retries=1)
+    return open_dead_letter_queue(connection, queue)

@@ -1,0 +1,26 @@
+"""The app's OJS topology, declared ahead of the first publish or consume."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from celery import Celery
+
+from ..amqp.entities import JobQueue
+
+
+def declare_topology(app: Celery, queues: Iterable[str] | None = None) -> list[str]:
+    """Eagerly declare the OJS topology of ``queues`` (default: every queue of the app).
+
+    Idempotent; returns the OJS queue names declared.  Raises
+    :class:`~ojs_kombu.spec.errors.TopologyConflictError` when the broker holds a
+    queue with different arguments.
+    """
+    table = app.amqp.queues
+    selected = [table[name] for name in queues] if queues is not None else list(table.values())
+    ojs_names = [q.ojs_queue for q in selected if isinstance(q, JobQueue)]
+    with app.connection_for_write() as connection:
+        connection.ensure_connection(max_retries=1)
+        for name in ojs_names:
+            connection.connection.ensure_topology(name)
+    return ojs_names

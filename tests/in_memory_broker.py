@@ -74,6 +74,8 @@ class Broker:
     published: list[Stored] = field(default_factory=list)
     nack_publishes: bool = False
     worker: Worker | None = None
+    #: called after each routed publish (to interrupt a command between two jobs, say)
+    after_publish: Callable[[Stored], None] | None = None
     connections_opened: int = 0
 
     def connection(self, url: str = "ojs://guest:guest@in-memory//",
@@ -106,6 +108,8 @@ class Broker:
         self.published.append(stored)
         self.queues[queue].append(stored)
         self._answer_control(stored)
+        if self.after_publish is not None:
+            self.after_publish(stored)
 
     def _answer_control(self, stored: Stored) -> None:
         kind = str(stored.properties.get("type") or "")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ojs_kombu.cli.broker import broker_url, parse_inequivalent
-from ojs_kombu.cli.conformance import REQUIREMENTS, Check, Results, exit_code, render_table
+from ojs_kombu.cli.conformance_report import REQUIREMENTS, Check, Results, exit_code, render_table
 from ojs_kombu.cli.events import binding_keys
 
 

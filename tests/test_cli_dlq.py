@@ -1,0 +1,185 @@
+"""``ojs-kombu dlq list|show|replay|purge``: what they print, what they leave in the
+queues and their exit codes (in memory, no broker)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+
+from ojs_kombu.cli import cli
+
+from .dead_jobs import DLQ, JOB_QUEUE, ids_in, job_id, put_dead_job
+from .in_memory_broker import Broker, BrokerOptions, Stored
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for variable in ("OJS_BROKER_URL", "CELERY_BROKER_URL", "CELERY_APP", "OJS_PREFIX"):
+        monkeypatch.delenv(variable, raising=False)
+
+
+@pytest.fixture
+def broker() -> Broker:
+    return Broker()
+
+
+def dlq(broker: Broker, *args: str, input: str | None = None) -> Result:
+    return CliRunner().invoke(cli, ["dlq", *args], obj=BrokerOptions(broker), input=input)
+
+
+def dlq_json(broker: Broker, *args: str) -> tuple[int, Any]:
+    result = dlq(broker, *args, "--json")
+    return result.exit_code, json.loads(result.stdout)
+
+
+def test_list_shows_each_dead_letter_oldest_first_and_leaves_them(broker: Broker) -> None:
+    ids = [put_dead_job(broker, n, attempt=n + 1) for n in (1, 2, 3)]
+    result = dlq(broker, "list", "-q", "email", "--limit", "2")
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[0] == f"3 dead letter(s) in {DLQ}"
+    assert lines[1].split() == [ids[0], "email.send", "attempt", "2", "HANDLER_ERROR", "SMTP",
+                                "timeout", "1"]
+    assert lines[2].split()[0] == ids[1] and lines[3] == "  ... 1 more (--limit)"
+    assert ids_in(broker, DLQ) == ids
+
+
+def test_list_as_json(broker: Broker) -> None:
+    jid = put_dead_job(broker, 1, attempt=3, reason="expired")
+    code, data = dlq_json(broker, "list", "-q", "email")
+    assert code == 0
+    assert (data["queue"], data["dead_letter_queue"], data["count"]) == ("email", DLQ, 1)
+    assert data["dead_letters"] == [{
+        "job_id": jid, "type": "email.send", "queue": "email", "error_code": "HANDLER_ERROR",
+        "error_message": "SMTP timeout 2", "attempt": 3, "death_reason": "expired"}]
+
+
+@pytest.mark.parametrize("command", [["list"], ["show", job_id(1)], ["replay", "--all"],
+                                     ["purge", "--yes"]])
+def test_a_queue_without_a_dlq_exits_4_and_declares_nothing(broker: Broker,
+                                                           command: list[str]) -> None:
+    result = dlq(broker, *command, "-q", "email")
+    assert result.exit_code == 4, result.output
+    assert f"unknown queue: '{DLQ}' does not exist" in result.stderr
+    code, error = dlq_json(broker, *command, "-q", "email")
+    assert (code, error["error"], error["exit_code"]) == (4, "not_found", 4)
+    assert broker.queues == {}
+
+
+def test_show_prints_the_error_headers_and_envelope(broker: Broker) -> None:
+    jid = put_dead_job(broker, 1, attempt=3)
+    result = dlq(broker, "show", "-q", "email", jid)
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    for line in (f"job_id: {jid}", "type: email.send", "attempt: 3",
+                 "error_code: HANDLER_ERROR", "error_message: SMTP timeout 2",
+                 "death_reason: rejected", "  x-ojs-attempt: 3"):
+        assert line in out.splitlines()
+    assert "note: discarded by the worker (Basic.Nack)" in out
+    envelope = json.loads(out.split("envelope:\n", 1)[1])
+    assert envelope["id"] == jid and envelope["state"] == "discarded"
+    assert ids_in(broker, DLQ) == [jid]
+
+
+def test_show_as_json_has_the_headers_and_envelope(broker: Broker) -> None:
+    jid = put_dead_job(broker, 1, reason=None)
+    code, data = dlq_json(broker, "show", "-q", "email", jid)
+    assert code == 0 and data["death_reason"] is None
+    assert data["headers"]["x-ojs-error-code"] == "HANDLER_ERROR"
+    assert data["envelope"]["id"] == jid and "body" not in data
+
+
+def test_show_gives_the_body_of_a_dead_letter_that_is_no_json_object(broker: Broker) -> None:
+    broker.declare(DLQ)
+    broker.put(DLQ, b"<xml/>", message_id=job_id(4), application_headers={})
+    result = dlq(broker, "show", "-q", "email", job_id(4))
+    assert "body (not a JSON object):\n\"<xml/>\"" in result.stdout
+    code, data = dlq_json(broker, "show", "-q", "email", job_id(4))
+    assert code == 0
+    assert (data["envelope"], data["body"]) == (None, "<xml/>")
+
+
+def test_an_unknown_job_id_exits_4(broker: Broker) -> None:
+    put_dead_job(broker, 1)
+    for command in (["show", job_id(9)], ["replay", job_id(9)], ["purge", job_id(9), "--yes"]):
+        result = dlq(broker, *command, "-q", "email")
+        assert result.exit_code == 4, result.output
+        assert f"no dead letter with job id {job_id(9)}" in result.stderr
+    assert ids_in(broker, DLQ) == [job_id(1)]
+
+
+def test_replay_puts_one_job_back_on_its_queue(broker: Broker) -> None:
+    ids = [put_dead_job(broker, n) for n in (1, 2)]
+    result = dlq(broker, "replay", "-q", "email", ids[1])
+    assert result.exit_code == 0, result.output
+    assert result.stdout == f"replayed {ids[1]} to {JOB_QUEUE}\n"
+    assert ids_in(broker, JOB_QUEUE) == [ids[1]] and ids_in(broker, DLQ) == [ids[0]]
+    [job] = broker.messages(JOB_QUEUE)
+    assert job.properties["application_headers"]["x-ojs-attempt"] == 1
+
+
+def test_replay_all_replays_in_order_with_the_progress_on_stderr(broker: Broker) -> None:
+    ids = [put_dead_job(broker, n) for n in (1, 2, 3)]
+    code, data = dlq_json(broker, "replay", "-q", "email", "--all")
+    assert (code, data) == (0, {"queue": "email", "replayed": ids})
+    assert ids_in(broker, JOB_QUEUE) == ids and ids_in(broker, DLQ) == []
+    put_dead_job(broker, 4)
+    result = dlq(broker, "replay", "-q", "email", "--all")
+    assert result.stdout == f"replayed 1 job(s) to {JOB_QUEUE}\n"
+    assert "replaying 1 job(s)" in result.stderr
+
+
+def test_ctrl_c_stops_a_replay_between_jobs_and_loses_none(broker: Broker) -> None:
+    ids = [put_dead_job(broker, n) for n in (1, 2, 3)]
+
+    def interrupt(stored: Stored) -> None:
+        broker.after_publish = None
+        os.kill(os.getpid(), signal.SIGINT)
+
+    broker.after_publish = interrupt
+    result = dlq(broker, "replay", "-q", "email", "--all", "--json")
+    assert result.exit_code == 130, result.output
+    assert json.loads(result.stdout) == {"queue": "email", "replayed": ids[:1],
+                                         "interrupted": True}
+    assert f"interrupted after 1 of 3; the others are still in {DLQ}" in result.stderr
+    assert ids_in(broker, JOB_QUEUE) == ids[:1] and ids_in(broker, DLQ) == ids[1:]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_purge_with_yes_deletes_every_dead_letter(broker: Broker) -> None:
+    for n in (1, 2, 3):
+        put_dead_job(broker, n)
+    result = dlq(broker, "purge", "-q", "email", "--yes")
+    assert result.exit_code == 0, result.output
+    assert result.stdout == f"deleted 3 dead letter(s) from {DLQ}\n"
+    assert ids_in(broker, DLQ) == [] and ids_in(broker, JOB_QUEUE) == []
+
+
+def test_purge_of_one_job_id_deletes_that_one(broker: Broker) -> None:
+    ids = [put_dead_job(broker, n) for n in (1, 2, 3)]
+    code, data = dlq_json(broker, "purge", "-q", "email", ids[1], "--yes")
+    assert (code, data) == (0, {"queue": "email", "deleted": 1})
+    assert ids_in(broker, DLQ) == [ids[0], ids[2]]
+
+
+def test_purge_asks_first_and_a_no_deletes_nothing(broker: Broker) -> None:
+    ids = [put_dead_job(broker, n) for n in (1, 2)]
+    result = dlq(broker, "purge", "-q", "email", input="n\n")
+    assert result.exit_code == 1
+    assert f"Delete all 2 dead letter(s) of {DLQ}?" in result.stderr
+    assert ids_in(broker, DLQ) == ids
+    result = dlq(broker, "purge", "-q", "email", ids[0], input="y\n")
+    assert result.exit_code == 0 and f"Delete dead letter {ids[0]} of {DLQ}?" in result.stderr
+    assert ids_in(broker, DLQ) == ids[1:]
+
+
+def test_the_queue_goes_through_the_aliases(broker: Broker) -> None:
+    broker.declare("ojs.queue.dlx.default")
+    code, data = dlq_json(broker, "list", "-q", "celery")
+    assert (code, data["queue"], data["dead_letter_queue"]) == (0, "default",
+                                                                "ojs.queue.dlx.default")

@@ -1,0 +1,170 @@
+"""The dead letters of an OJS queue: browsing leaves them in place, replay and delete
+take exactly one, a replay is the job runnable again (in memory, no broker)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import amqp
+import kombu
+import pytest
+
+from ojs_kombu.amqp.dead_letters import (
+    DeadLetter,
+    DeadLetterNotFound,
+    DeadLetterQueue,
+    open_dead_letter_queue,
+)
+from ojs_kombu.spec.errors import OJSConfigurationError
+
+from .dead_jobs import DLQ, JOB_QUEUE, TRACE, failed_attempts, ids_in, job_id, put_dead_job
+from .in_memory_broker import Broker
+
+
+@pytest.fixture
+def broker() -> Broker:
+    return Broker()
+
+
+@pytest.fixture
+def dead_letters(broker: Broker) -> Iterator[DeadLetterQueue]:
+    with open_dead_letter_queue(broker.connection(), "email") as dlq:
+        yield dlq
+
+
+def test_a_nacked_job_reads_as_its_id_type_error_attempt_and_death_reason(
+        broker: Broker, dead_letters: DeadLetterQueue) -> None:
+    jid = put_dead_job(broker, 1, job_type="email.send", attempt=3)
+    dead = dead_letters.get(jid)
+    assert (dead.job_id, dead.job_type, dead.queue) == (jid, "email.send", "email")
+    assert (dead.error_code, dead.error_message) == ("HANDLER_ERROR", "SMTP timeout 2")
+    assert dead.attempt == 3 and dead.death_reason == "rejected"
+    assert dead.envelope is not None and dead.envelope["id"] == jid
+    assert json.loads(dead.body) == dead.envelope
+
+
+@pytest.mark.parametrize("reason", ["expired", "maxlen", "delivery_limit"])
+def test_the_death_reason_is_the_brokers(broker: Broker, dead_letters: DeadLetterQueue,
+                                         reason: str) -> None:
+    assert dead_letters.get(put_dead_job(broker, 1, reason=reason)).death_reason == reason
+
+
+def test_a_copy_republished_by_the_worker_has_no_death_reason(
+        broker: Broker, dead_letters: DeadLetterQueue) -> None:
+    dead = dead_letters.get(put_dead_job(broker, 1, reason=None))
+    assert dead.death_reason is None and dead.error_code == "HANDLER_ERROR"
+
+
+def test_a_message_without_properties_is_named_by_its_envelope() -> None:
+    body = json.dumps({"id": job_id(7), "type": "report.build", "args": []}).encode()
+    dead = DeadLetter.from_message("reports", amqp.Message(body))
+    assert (dead.job_id, dead.job_type, dead.queue) == (job_id(7), "report.build", "reports")
+    assert dead.attempt is None and dead.error_code is None and dead.death_reason is None
+
+
+@pytest.mark.parametrize("body", [b"\xff not json", b"[1, 2]"])
+def test_a_body_that_is_no_json_object_has_no_envelope(body: bytes) -> None:
+    dead = DeadLetter.from_message("email", amqp.Message(body, message_id=job_id(1)))
+    assert dead.envelope is None and dead.body == body and dead.job_id == job_id(1)
+
+
+def test_listing_is_oldest_first_and_leaves_every_dead_letter_in_place(
+        broker: Broker, dead_letters: DeadLetterQueue) -> None:
+    ids = [put_dead_job(broker, n) for n in range(1, 5)]
+    assert [d.job_id for d in dead_letters.list()] == ids
+    assert [d.job_id for d in dead_letters.list(limit=2)] == ids[:2]
+    assert len(dead_letters) == 4 and ids_in(broker, DLQ) == ids
+
+
+def test_an_unknown_job_id_is_not_found_and_nothing_moves(
+        broker: Broker, dead_letters: DeadLetterQueue) -> None:
+    ids = [put_dead_job(broker, n) for n in (1, 2)]
+    for action in (dead_letters.get, dead_letters.replay, dead_letters.delete):
+        with pytest.raises(DeadLetterNotFound, match=job_id(9)) as raised:
+            action(job_id(9))
+        assert isinstance(raised.value, LookupError)
+    assert ids_in(broker, DLQ) == ids and ids_in(broker, JOB_QUEUE) == []
+
+
+def test_a_replay_is_the_same_job_at_attempt_one_with_its_error_history(
+        broker: Broker, dead_letters: DeadLetterQueue) -> None:
+    first, second, third = (put_dead_job(broker, n) for n in (1, 2, 3))
+    dead_letters.replay(second)
+    assert ids_in(broker, DLQ) == [first, third]  # the others stay, in order
+    [job] = broker.messages(JOB_QUEUE)
+    headers = job.properties["application_headers"]
+    envelope = json.loads(job.body)
+    assert job.properties["message_id"] == envelope["id"] == second
+    assert job.properties["type"] == "email.send"
+    assert job.properties["content_type"] == "application/openjobspec+json"
+    assert headers["x-ojs-attempt"] == 1 and envelope["attempt"] == 0
+    assert envelope["state"] == "available" and "error" not in envelope
+    assert envelope["errors"] == failed_attempts(2)
+    assert headers["x-ojs-trace-id"] == TRACE
+    assert not [k for k in headers if k.startswith(("x-ojs-error", "x-death", "x-first-death"))]
+
+
+def test_a_dead_letter_that_is_no_job_is_replayed_as_it_came_without_its_error(
+        broker: Broker, dead_letters: DeadLetterQueue) -> None:
+    broker.put(DLQ, b"not json", message_id=job_id(5),
+               application_headers={"x-ojs-error-code": "INVALID_PAYLOAD", "x-custom": "kept",
+                                    "x-death": [{"reason": "rejected"}]})
+    dead_letters.replay(job_id(5))
+    [job] = broker.messages(JOB_QUEUE)
+    assert job.body == b"not json"
+    assert job.properties["application_headers"] == {"x-custom": "kept"}
+
+
+def test_a_replay_the_broker_refuses_leaves_the_dead_letter_in_place(
+        broker: Broker, dead_letters: DeadLetterQueue) -> None:
+    ids = [put_dead_job(broker, n) for n in (1, 2)]
+    broker.nack_publishes = True
+    with pytest.raises(amqp.exceptions.MessageNacked):
+        dead_letters.replay(ids[1])
+    with pytest.raises(amqp.exceptions.MessageNacked):
+        dead_letters.replay_all()
+    assert ids_in(broker, DLQ) == ids and ids_in(broker, JOB_QUEUE) == []
+
+
+def test_replay_all_replays_every_dead_letter_in_order_and_reports_each(
+        broker: Broker, dead_letters: DeadLetterQueue) -> None:
+    ids = [put_dead_job(broker, n) for n in range(1, 4)]
+    progress: list[str] = []
+    assert dead_letters.replay_all(progress=progress.append) == ids
+    assert progress == ids
+    assert ids_in(broker, JOB_QUEUE) == ids and ids_in(broker, DLQ) == []
+
+
+def test_delete_removes_one_dead_letter_for_good_and_returns_it(
+        broker: Broker, dead_letters: DeadLetterQueue) -> None:
+    first, second, third = (put_dead_job(broker, n) for n in (1, 2, 3))
+    assert dead_letters.delete(second).job_id == second
+    assert ids_in(broker, DLQ) == [first, third] and ids_in(broker, JOB_QUEUE) == []
+
+
+def test_purge_deletes_every_dead_letter_and_counts_them(
+        broker: Broker, dead_letters: DeadLetterQueue) -> None:
+    for n in range(1, 4):
+        put_dead_job(broker, n)
+    assert dead_letters.purge() == 3
+    assert len(dead_letters) == 0 and ids_in(broker, JOB_QUEUE) == []
+
+
+def test_the_queue_is_named_through_the_aliases_and_its_topology_declared(
+        broker: Broker) -> None:
+    with open_dead_letter_queue(broker.connection(), "celery") as dlq:
+        assert (dlq.queue, dlq.dlq) == ("default", "ojs.queue.dlx.default")
+        assert len(dlq) == 0  # declared: a passive declare finds it
+
+
+def test_the_connection_is_released_when_done(broker: Broker) -> None:
+    connection = broker.connection()
+    with open_dead_letter_queue(connection, "email"):
+        assert connection.connected
+    assert not connection.connected
+
+
+def test_a_connection_that_is_not_ojs_is_refused() -> None:
+    with pytest.raises(OJSConfigurationError, match="ojs:// connection"):
+        DeadLetterQueue(kombu.Connection("memory://"), "email")

@@ -48,7 +48,7 @@ from ..amqp.connection import BrokerConnection as ReconnectingConnection
 from ..amqp.dead_letters import DeadLetterQueue, open_dead_letter_queue
 from ..amqp.entities import JobQueue, extra_arguments, job_queue
 from ..amqp.topology import OWNED_ARGUMENTS
-from ..spec.codec import CELERY_JSON, MAX_JOB_BYTES_PROPERTY
+from ..spec.encode import CELERY_JSON, MAX_JOB_BYTES_PROPERTY
 from ..spec.envelope import CONTENT_TYPE, RetryPolicy
 from ..spec.errors import NonJSONArgumentError, OJSConfigurationError
 from ..spec.settings import BINDING_OPTION, OJSSettings

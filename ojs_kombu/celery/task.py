@@ -39,7 +39,7 @@ from celery.worker.request import Request
 
 from ..amqp.delivery import JobMessage
 from ..events.emitter import JobEvents, JobInfo
-from ..spec.codec import CELERY_JOB_HEADER, RETRY_HEADER
+from ..spec.decode import CELERY_JOB_HEADER, RETRY_HEADER
 from ..spec.envelope import RetryPolicy
 from ..spec.errors import OJSConfigurationError
 from ..spec.failures import (

@@ -15,7 +15,7 @@ Choices where the spec leaves room:
 * ``null`` for an optional field means "absent" and is not written, except
   for ``job.completed``'s ``result``, which section 4 types "object or null".
 * Timestamps are accepted as aware datetimes or RFC 3339 strings with an
-  offset, and written in UTC with ``Z`` (:func:`~ojs_kombu.spec.codec.format_time`).
+  offset, and written in UTC with ``Z`` (:func:`~ojs_kombu.spec.times.format_time`).
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ from pydantic import (
 )
 from pydantic_core import PydanticSerializationError
 
-from ..spec.codec import format_time
 from ..spec.job_ids import new_job_id
+from ..spec.times import format_time
 from .wire import compact_json
 
 SPEC_VERSION = "1.0"

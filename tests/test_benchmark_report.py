@@ -415,7 +415,7 @@ def test_storm_ojs_messages_are_valid_jobs_of_an_unknown_type_or_not_jobs_at_all
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Half the storm must pass every check but the type lookup (so the worker reads the
     envelope), the rest must fail on the body: checked against ojs_kombu's own decoder."""
-    from ojs_kombu.spec.codec import decode_job_message
+    from ojs_kombu.spec.decode import decode_job_message
     from ojs_kombu.spec.errors import JobRejected
 
     _, storm_messages = _storm_modules(monkeypatch)

@@ -10,7 +10,7 @@ from celery import Celery, group
 
 import ojs_kombu
 from ojs_kombu.celery.batch import JobEncoder, _flatten, enqueue_many
-from ojs_kombu.spec.codec import OutgoingJob
+from ojs_kombu.spec.encode import OutgoingJob
 from ojs_kombu.spec.errors import InvalidJobIdError, JobEncodeError, QueueNameError
 
 

@@ -15,7 +15,7 @@ from celery.signals import before_task_publish
 import ojs_kombu
 from ojs_kombu.celery import publish as celery_publish
 from ojs_kombu.celery.publish import SendSettings, direct_refusal
-from ojs_kombu.spec.codec import OutgoingJob
+from ojs_kombu.spec.encode import OutgoingJob
 
 
 @pytest.fixture

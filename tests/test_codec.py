@@ -11,16 +11,8 @@ import pytest
 from celery import Celery
 from kombu.serialization import dumps
 
-from ojs_kombu.spec.codec import (
-    INVALID_ENVELOPE,
-    INVALID_PAYLOAD,
-    UNKNOWN_JOB_TYPE,
-    UNSUPPORTED_CONTENT_TYPE,
-    amqp_priority,
-    celery_payload,
-    decode_job_message,
-    encode_task_message,
-)
+from ojs_kombu.spec.decode import UNKNOWN_JOB_TYPE, celery_payload, decode_job_message
+from ojs_kombu.spec.encode import encode_task_message
 from ojs_kombu.spec.envelope import CONTENT_TYPE
 from ojs_kombu.spec.errors import (
     InvalidJobIdError,
@@ -29,7 +21,13 @@ from ojs_kombu.spec.errors import (
     UnsupportedSerializerError,
 )
 from ojs_kombu.spec.job_ids import new_job_id
+from ojs_kombu.spec.job_options import amqp_priority
 from ojs_kombu.spec.naming import is_job_id
+from ojs_kombu.spec.strict_input import (
+    INVALID_ENVELOPE,
+    INVALID_PAYLOAD,
+    UNSUPPORTED_CONTENT_TYPE,
+)
 
 app = Celery("codec-tests", set_as_current=False)
 NOW = datetime(2026, 11, 21, 10, 0, 0, tzinfo=UTC)

@@ -16,14 +16,8 @@ from kombu.serialization import dumps
 
 import ojs_kombu
 from ojs_kombu.cli.main import cli
-from ojs_kombu.spec.codec import (
-    INVALID_ENVELOPE,
-    INVALID_PAYLOAD,
-    MAX_JOB_BYTES_PROPERTY,
-    UNKNOWN_JOB_TYPE,
-    decode_job_message,
-    encode_task_message,
-)
+from ojs_kombu.spec.decode import UNKNOWN_JOB_TYPE, decode_job_message
+from ojs_kombu.spec.encode import MAX_JOB_BYTES_PROPERTY, encode_task_message
 from ojs_kombu.spec.envelope import CONTENT_TYPE
 from ojs_kombu.spec.errors import (
     JobOptionError,
@@ -35,6 +29,7 @@ from ojs_kombu.spec.errors import (
 from ojs_kombu.spec.job_ids import new_job_id
 from ojs_kombu.spec.job_types import JobTypeRegistry
 from ojs_kombu.spec.settings import OJSSettings
+from ojs_kombu.spec.strict_input import INVALID_ENVELOPE, INVALID_PAYLOAD
 
 from .ojs_schemas import official_fixture_params
 

@@ -25,7 +25,7 @@ from ojs_kombu.celery.retries import (
     task_retry_policy,
 )
 from ojs_kombu.celery.task import OJSTask
-from ojs_kombu.spec.codec import CELERY_JOB_HEADER, RETRY_HEADER, decode_job_message
+from ojs_kombu.spec.decode import CELERY_JOB_HEADER, RETRY_HEADER, decode_job_message
 from ojs_kombu.spec.envelope import RetryPolicy
 from ojs_kombu.spec.errors import JobEncodeError
 
@@ -114,7 +114,7 @@ def test_celery_semantics_policy_table(options: dict[str, Any],
 
 
 def test_the_envelope_of_a_celery_job_states_its_celery_retries(job_check: Any) -> None:
-    from ojs_kombu.spec.codec import encode_task_message
+    from ojs_kombu.spec.encode import encode_task_message
 
     from .test_codec import celery_message
 
@@ -341,7 +341,7 @@ def test_a_non_default_policy_travels_in_the_envelope_and_header(job_check: Any)
     job = encode(properties={}, task_id=None)
     assert "retry" not in json.loads(job.body)  # default policy: implied
     policy = RetryPolicy(max_attempts=5, initial_interval="PT2S")
-    from ojs_kombu.spec.codec import encode_task_message
+    from ojs_kombu.spec.encode import encode_task_message
 
     from .test_codec import celery_message
     body, ct, headers, props = celery_message()

@@ -427,7 +427,7 @@ class BackpressureMonitor:
 
 
 class BatchJob(Protocol):
-    """What the monitor reads of a batch's job (``ojs_kombu.spec.codec.OutgoingJob``)."""
+    """What the monitor reads of a batch's job (``ojs_kombu.spec.encode.OutgoingJob``)."""
 
     @property
     def job_id(self) -> str: ...

@@ -33,23 +33,16 @@ from amqp.exceptions import ConsumerCancelled, RecoverableConnectionError
 from kombu.transport import pyamqp
 from kombu.utils.encoding import safe_repr
 
-from ..events.emitter import trace_id_of
 from ..events.metrics import track_connection
 from ..events.tracing import with_current_trace
-from ..spec.codec import (
-    INVALID_ENVELOPE,
-    INVALID_PAYLOAD,
-    OutgoingJob,
-    decode_job_message,
-    encode_task_message,
-    format_time,
-)
+from ..spec.decode import decode_job_message
 from ..spec.delays import (
     check_schedule_delay,
     retry_delay_ms,
     schedule_levels,
     schedule_routing_key,
 )
+from ..spec.encode import OutgoingJob, encode_task_message
 from ..spec.envelope import JobEnvelope
 from ..spec.errors import (
     BatchPublishError,
@@ -64,6 +57,9 @@ from ..spec.errors import (
 )
 from ..spec.failures import EXPIRED, Action, Delivered, Happened, JobFailure, Outcome, decide
 from ..spec.naming import TopologyNames
+from ..spec.strict_input import INVALID_ENVELOPE, INVALID_PAYLOAD
+from ..spec.times import format_time
+from ..spec.trace_context import trace_id_of
 from .acks import PendingAcks, ack_frames
 from .binding import Binding
 from .confirms import ConfirmTracker, PendingPublish

@@ -20,7 +20,7 @@ from kombu.utils.objects import cached_property
 
 from ..amqp.binding import Binding, register_binding
 from ..amqp.connection import BrokerConnection as ReconnectingConnection
-from ..spec.codec import CELERY_JSON, MAX_JOB_BYTES_PROPERTY
+from ..spec.encode import CELERY_JSON, MAX_JOB_BYTES_PROPERTY
 from ..spec.envelope import RetryPolicy
 from ..spec.errors import NonJSONArgumentError
 from ..spec.settings import BINDING_OPTION, OJSSettings

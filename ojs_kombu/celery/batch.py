@@ -35,18 +35,13 @@ from celery.utils.nodenames import anon_nodename
 
 from ..amqp.transport import job_queue_for
 from ..events.tracing import with_current_trace
-from ..spec.codec import (
-    META_OPTION,
-    RETRY_OPTION,
-    OutgoingJob,
-    build_job,
-    check_time_limits,
-    format_time,
-    parse_time,
-)
+from ..spec.encode import OutgoingJob, build_job
 from ..spec.errors import InvalidJobIdError, JobEncodeError
 from ..spec.job_ids import new_job_id
+from ..spec.job_options import META_OPTION, RETRY_OPTION, check_time_limits, time_option
 from ..spec.naming import is_job_id
+from ..spec.times import format_time
+from ..spec.x_celery import x_celery_of
 
 #: Options a batch job may carry; everything else is refused by name.
 BATCH_OPTIONS = frozenset({
@@ -198,17 +193,16 @@ class JobEncoder:
             )
         ignore_result = opts.get("ignore_result", ignore_default)
         self.wants_result.append(not ignore_result)
-        x_celery: dict[str, Any] = {"origin": origin_nodename()}
-        if kwargs:
-            x_celery["kwargs"] = dict(kwargs)
-        if ignore_result is not None:  # as Celery's apply_async states it (False too)
-            x_celery["ignore_result"] = bool(ignore_result)
         hard, soft = opts.get("time_limit"), opts.get("soft_time_limit")
         check_time_limits(hard, soft, task_name=name, job_id=job_id, queue=queue)
-        if hard or soft:
-            x_celery["timelimit"] = [hard, soft]
-        if self.parent_ids:
-            x_celery["root_id"], x_celery["parent_id"] = self.parent_ids
+        root_id, parent_id = self.parent_ids or (None, None)
+        # The Celery headers apply_async would send, in its order; ignore_result as
+        # apply_async states it (False too).
+        x_celery = x_celery_of({
+            "timelimit": [hard, soft] if hard or soft else None, "root_id": root_id,
+            "parent_id": parent_id, "origin": origin_nodename(),
+            "ignore_result": None if ignore_result is None else bool(ignore_result),
+        }, job_id=job_id, kwargs=dict(kwargs) if kwargs else None)
         return build_job(
             job_id=job_id, job_type=self.binding.job_types.type_for(name), queue=queue,
             args=list(args or ()), task_name=name, now=self.now, created=self.created,
@@ -253,7 +247,7 @@ class JobEncoder:
     def _due(self, opts: Mapping[str, Any], job_id: str) -> datetime | None:
         eta, countdown = opts.get("eta"), opts.get("countdown")
         if eta is not None:
-            return parse_time(eta, "eta")
+            return time_option(eta, "eta")
         if countdown:
             if not isinstance(countdown, int | float) or math.isnan(countdown):
                 raise JobEncodeError(f"countdown {countdown!r} is not a number of seconds",
@@ -267,4 +261,4 @@ class JobEncoder:
             return None
         if isinstance(expires, int | float) and not isinstance(expires, bool):
             return self.now + timedelta(seconds=max(0, expires))
-        return parse_time(expires, "expires")
+        return time_option(expires, "expires")

@@ -16,7 +16,7 @@ from typing import Any
 
 from celery import Celery
 
-from ..spec.codec import CELERY_JSON
+from ..spec.encode import CELERY_JSON
 from ..spec.envelope import CONTENT_TYPE
 from .serialization import SERIALIZER_NAME
 

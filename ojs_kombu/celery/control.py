@@ -32,6 +32,7 @@ from celery.worker.control import control_command
 
 from ..amqp.control import CANCEL, HEARTBEAT, INFO, control_message, parse_control
 from ..amqp.delivery import JobMessage
+from ..spec.times import format_time
 from .events import consumed_queues
 
 logger = logging.getLogger(__name__)
@@ -289,7 +290,7 @@ class ControlQueues(bootsteps.StartStopStep):
             delivery = message.ojs
             beat = control_message(HEARTBEAT, {
                 "job_id": delivery.job_id, "worker_id": parent.hostname,
-                "attempt": delivery.attempt, "visible_until": visible_until.isoformat()})
+                "attempt": delivery.attempt, "visible_until": format_time(visible_until)})
             try:
                 self._publish_beat(parent, channel, beat, delivery.queue)
             except Exception:

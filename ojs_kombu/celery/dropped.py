@@ -23,7 +23,7 @@ from celery import bootsteps
 
 from ..amqp.binding import Binding
 from ..spec.backpressure import maxlen_death
-from ..spec.codec import format_time
+from ..spec.times import format_time
 from .events import consumed_queues
 
 logger = logging.getLogger(__name__)

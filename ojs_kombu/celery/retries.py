@@ -21,7 +21,7 @@ from typing import Any, Literal
 from celery import Task
 from celery.exceptions import Reject, Retry, TimeLimitExceeded, WorkerLostError
 
-from ..spec.codec import CELERY_JOB_HEADER, RETRY_HEADER
+from ..spec.decode import CELERY_JOB_HEADER, RETRY_HEADER
 from ..spec.envelope import RetryPolicy
 from ..spec.errors import OJSConfigurationError
 from ..spec.retry import matches, merge, policy_from

@@ -13,7 +13,7 @@ from typing import Any
 
 from kombu.serialization import register
 
-from ..spec.codec import celery_payload
+from ..spec.decode import celery_payload
 from ..spec.envelope import CONTENT_TYPE, JobEnvelope
 
 SERIALIZER_NAME = "ojs"

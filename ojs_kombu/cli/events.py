@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import datetime
 from typing import Any
 
 import click
@@ -13,6 +14,7 @@ from ..celery.events import events_exchange
 from ..events.bus import EventFilter
 from ..events.models import Event
 from ..events.wire import InvalidEventMessage, decode_events
+from ..spec.times import format_time
 from .broker import binding_of, connect
 from .common import EXIT_TIMEOUT, OJSGroup, common_options, fail, options
 
@@ -47,7 +49,7 @@ def binding_keys(event_types: list[str] | None) -> list[str]:
 def format_event(event: Event) -> str:
     """One line: time, type, subject and the event's data."""
     data = json.dumps(event.data, separators=(",", ":"), default=str, ensure_ascii=False)
-    stamp = event.time.isoformat() if hasattr(event.time, "isoformat") else str(event.time)
+    stamp = format_time(event.time) if isinstance(event.time, datetime) else str(event.time)
     return f"{stamp}  {event.type:<18} {event.subject or '-'}  {data}"
 
 

@@ -11,9 +11,10 @@ import amqp
 import click
 
 from ..amqp.control import ControlClient
-from ..spec.codec import format_time, parse_time
 from ..spec.job_ids import new_job_id
+from ..spec.job_options import time_option
 from ..spec.naming import is_job_id, is_job_type
+from ..spec.times import celery_time, format_time
 from .broker import binding_of, connect, queue_name, require_queue
 from .common import (
     EXIT_FAILED,
@@ -54,7 +55,7 @@ def job_message(job_type: str, job_id: str, args: list[Any], *, eta: datetime | 
     """The job as a Celery task message, so it takes the transport's own publish path
     (type and envelope checks, OJS properties and headers, lazy topology, confirms)."""
     celery_headers = {"lang": "py", "task": job_type, "id": job_id,
-                      "eta": eta.isoformat() if eta else None, "retries": 0, **(headers or {})}
+                      "eta": celery_time(eta), "retries": 0, **(headers or {})}
     properties: dict[str, Any] = {"content_type": "application/json",
                                   "content_encoding": "utf-8",
                                   "application_headers": celery_headers}
@@ -101,7 +102,7 @@ def enqueue(ctx: click.Context, job_type: str, args: str, queue: str, delay: flo
     if delay:
         eta = datetime.now(UTC) + timedelta(seconds=delay)
     elif scheduled_at is not None:
-        eta = parse_time(scheduled_at, "--scheduled-at")
+        eta = time_option(scheduled_at, "--scheduled-at")
     job_id = job_id or new_job_id()
     if not is_job_id(job_id):
         raise click.BadParameter(f"{job_id!r} is not a lowercase UUIDv7", param_hint="--id")

@@ -10,19 +10,14 @@ publish function by the floor above.
 from __future__ import annotations
 
 from .bus import EventBus, EventFilter, Subscription
-from .models import (
-    DATA_CONTENT_TYPE,
+from .catalog import (
     DATA_MODELS,
-    EVENT_ID_PREFIX,
     EVENT_TYPES,
-    SPEC_VERSION,
     CronSkippedData,
     CronTriggeredData,
     ErrorInfo,
-    Event,
     EventData,
     EventType,
-    InvalidEventData,
     JobCancelledData,
     JobCompletedData,
     JobDiscardedData,
@@ -45,6 +40,13 @@ from .models import (
     WorkflowFailedData,
     WorkflowStartedData,
     WorkflowStepCompletedData,
+)
+from .models import (
+    DATA_CONTENT_TYPE,
+    EVENT_ID_PREFIX,
+    SPEC_VERSION,
+    Event,
+    InvalidEventData,
     event_source,
     make_event,
     new_event_id,

@@ -9,26 +9,17 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from ..spec.codec import format_time
+from ..spec.times import format_time, parse_time
+from ..spec.trace_context import trace_id_of
 from .bus import EventBus
 from .metrics import OJSMetrics, labels
 from .models import Event, EventDraft, InvalidEventData, make_event, trusted_event
 
 logger = logging.getLogger("ojs_kombu.events")
-
-_TRACEPARENT = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}$")
-
-
-def trace_id_of(traceparent: Any) -> str | None:
-    """The trace id of a W3C ``traceparent``, or ``None``."""
-    match = _TRACEPARENT.match(traceparent) if isinstance(traceparent, str) else None
-    return match.group(1) if match else None
-
 
 def json_result(value: Any) -> dict[str, Any] | None:
     """A task's return value as ``job.completed.result`` (an object or null).
@@ -216,13 +207,14 @@ class JobInfo:
 
 
 def _timestamp(value: Any) -> datetime | None:
+    """``x-ojs-enqueued-at`` as a datetime; ``None`` when another producer wrote none
+    that reads as one (the wait is then not measured)."""
     if not isinstance(value, str):
         return None
     try:
-        parsed = datetime.fromisoformat(value)
+        return parse_time(value)
     except ValueError:
         return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
 def _json_ready(value: Any) -> Any:

@@ -1,21 +1,10 @@
-"""OJS lifecycle events (``ojs-events.md``; ``event.schema.json``) as pydantic v2 models.
+"""OJS lifecycle events (``ojs-events.md``; ``event.schema.json``): the envelope.
 
 Pure code: no I/O.  :class:`Event` is the CloudEvents-style envelope of
-section 2; each event type of the section 3 catalog has a data model
-(:data:`DATA_MODELS`) holding exactly the fields section 4 lists, so
-:func:`make_event` refuses an event whose ``data`` would not conform (a
-consumer dashboard must be able to rely on ``duration_ms`` being there).
-
-Choices where the spec leaves room:
-
-* ``data`` is open: fields beyond the section 4 tables are kept.  The
-  official schema allows them (``additionalProperties: true``) and the spec
-  itself adds one (``trace_id``, section 8.3); a misspelt *optional* field is
-  therefore not caught.
-* ``null`` for an optional field means "absent" and is not written, except
-  for ``job.completed``'s ``result``, which section 4 types "object or null".
-* Timestamps are accepted as aware datetimes or RFC 3339 strings with an
-  offset, and written in UTC with ``Z`` (:func:`~ojs_kombu.spec.codec.format_time`).
+section 2; its ``data`` is checked against the data model of its type
+(:mod:`ojs_kombu.events.catalog`), so :func:`make_event` refuses an event
+whose ``data`` would not conform.  :func:`trusted_event` and
+:class:`EventDraft` are the hot path for the events ojs_kombu emits itself.
 """
 
 from __future__ import annotations
@@ -24,86 +13,32 @@ import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from time import time as _time
-from typing import Annotated, Any, ClassVar, Literal, get_args
+from typing import Annotated, Any, Literal
 from urllib.parse import quote
 
 from pydantic import (
     AfterValidator,
     BaseModel,
-    BeforeValidator,
     ConfigDict,
     Field,
-    PlainSerializer,
-    StringConstraints,
     ValidationError,
     ValidationInfo,
     field_validator,
 )
 from pydantic_core import PydanticSerializationError
 
-from ..spec.codec import format_time
 from ..spec.job_ids import new_job_id
+from ..spec.times import format_milliseconds, format_time
+from .catalog import DATA_MODELS, EVENT_TYPES, EventType, NonEmptyStr, Timestamp
 from .wire import compact_json
 
 SPEC_VERSION = "1.0"
 DATA_CONTENT_TYPE = "application/json"
 EVENT_ID_PREFIX = "evt_"
-
-#: The section 3 catalog (and the ``type`` enum of ``event.schema.json``).
-EventType = Literal[
-    "job.enqueued",
-    "job.started",
-    "job.completed",
-    "job.failed",
-    "job.discarded",
-    "job.retrying",
-    "job.cancelled",
-    "job.heartbeat",
-    "job.scheduled",
-    "job.expired",
-    "job.progress",
-    "queue.paused",
-    "queue.resumed",
-    "worker.started",
-    "worker.stopped",
-    "worker.quiet",
-    "worker.heartbeat",
-    "workflow.started",
-    "workflow.step_completed",
-    "workflow.completed",
-    "workflow.failed",
-    "cron.triggered",
-    "cron.skipped",
-]
-EVENT_TYPES: tuple[str, ...] = get_args(EventType)
-
-# RFC 3339 section 5.6 date-time (``T``/``Z`` may be lowercase); the offset is mandatory.
-_RFC3339_RE = re.compile(
-    r"^\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(?P<frac>\.\d+)?(?:[Zz]|[+-]\d{2}:\d{2})$"
-)
 # RFC 3986 absolute URI: a scheme, then only URI characters and well-formed %XX escapes.
 _URI_RE = re.compile(
     r"^[A-Za-z][A-Za-z0-9+.\-]*:(?:[A-Za-z0-9\-._~:/?#\[\]@!$&'()*+,;=]|%[0-9A-Fa-f]{2})*$"
 )
-
-
-def _to_datetime(value: Any) -> Any:
-    """An aware datetime from a datetime or an RFC 3339 string; anything else fails later."""
-    if isinstance(value, str):
-        match = _RFC3339_RE.match(value)
-        if match is None:
-            raise ValueError(f"{value!r} is not an RFC 3339 timestamp with a UTC offset")
-        text = value.upper()
-        frac = match.group("frac")
-        if frac and len(frac) > 7:  # datetime keeps microseconds: drop the rest
-            text = text.replace(frac, frac[:7], 1)
-        try:
-            return datetime.fromisoformat(text.replace("Z", "+00:00"))
-        except ValueError as exc:
-            raise ValueError(f"{value!r} is not a valid timestamp ({exc})") from None
-    if isinstance(value, datetime) and value.tzinfo is None:
-        raise ValueError("naive datetime: events need an aware (UTC) timestamp")
-    return value
 
 
 def _check_uri(value: str) -> str:
@@ -125,20 +60,6 @@ def new_event_id() -> str:
     return EVENT_ID_PREFIX + new_job_id()
 
 
-#: RFC 3339 timestamp: an aware datetime in Python, UTC with ``Z`` in JSON.
-Timestamp = Annotated[
-    datetime,
-    BeforeValidator(_to_datetime),
-    PlainSerializer(format_time, return_type=str, when_used="json"),
-]
-NonEmptyStr = Annotated[str, StringConstraints(min_length=1)]
-NonNegativeInt = Annotated[int, Field(ge=0)]
-#: Attempt numbers are 1-indexed (section 4).
-Attempt = Annotated[int, Field(ge=1)]
-#: W3C trace-id: 32 lowercase hex digits (sections 8.2, 8.3), not the whole ``traceparent``.
-TraceId = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{32}$")]
-
-
 def event_source(service: str, component: str, instance: str | None = None) -> str:
     """``ojs://{service}/{component}/{instance}`` (section 2.4), each segment percent-quoted.
 
@@ -152,220 +73,6 @@ def event_source(service: str, component: str, instance: str | None = None) -> s
             raise ValueError(f"event source {name} must be a non-empty string, got {segment!r}")
     return "ojs://" + "/".join(quote(segment, safe="") for segment in segments)
 
-
-# -- section 4 data models -------------------------------------------------------------------
-
-
-class EventData(BaseModel):
-    """Base of the section 4 data models: strict types, unknown fields kept."""
-
-    model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
-
-    #: Optional fields for which an explicit ``null`` is meaningful and written.
-    _nullable: ClassVar[frozenset[str]] = frozenset()
-
-    def to_data(self) -> dict[str, Any]:
-        """The JSON ``data`` object: given fields only, ``null`` optional fields left out."""
-        out = self.model_dump(mode="json", exclude_unset=True, exclude_none=True)
-        for name in self._nullable & self.model_fields_set:
-            if getattr(self, name) is None:
-                out[name] = None
-        return out
-
-
-class ErrorInfo(BaseModel):
-    """``error`` of ``job.retrying``, ``workflow.failed``; ``last_error`` of ``job.discarded``."""
-
-    model_config = ConfigDict(strict=True, extra="allow")
-
-    code: NonEmptyStr
-    message: str  # may be empty: str() of a bare exception is
-
-
-class JobFailedError(ErrorInfo):
-    """``error`` of ``job.failed``: section 4 adds ``retryable`` and ``stack_trace`` here only."""
-
-    retryable: bool
-    stack_trace: str | None = None
-
-
-class _JobData(EventData):
-    job_type: NonEmptyStr
-    queue: NonEmptyStr
-    #: Required when the job carries trace context (section 8.3); the spec mentions it on
-    #: job events only, other types may still carry it as an extra field.
-    trace_id: TraceId | None = None
-
-
-class JobEnqueuedData(_JobData):
-    priority: int | None = None
-    scheduled_at: Timestamp | None = None
-    unique_key: str | None = None
-
-
-class JobStartedData(_JobData):
-    worker_id: NonEmptyStr
-    attempt: Attempt
-
-
-class JobCompletedData(_JobData):
-    _nullable: ClassVar[frozenset[str]] = frozenset({"result"})
-
-    duration_ms: NonNegativeInt
-    attempt: Attempt
-    result: dict[str, Any] | None = None
-
-
-class JobFailedData(_JobData):
-    attempt: Attempt
-    error: JobFailedError
-    duration_ms: NonNegativeInt | None = None
-
-
-class JobDiscardedData(_JobData):
-    total_attempts: Attempt
-    last_error: ErrorInfo
-
-
-class JobRetryingData(_JobData):
-    attempt: Attempt
-    max_attempts: Attempt
-    next_retry_at: Timestamp
-    error: ErrorInfo
-
-
-class JobCancelledData(_JobData):
-    cancelled_by: str | None = None
-    reason: str | None = None
-
-
-class JobHeartbeatData(_JobData):
-    worker_id: NonEmptyStr
-    attempt: Attempt
-    visible_until: Timestamp
-
-
-class JobScheduledData(_JobData):
-    scheduled_at: Timestamp
-
-
-class JobExpiredData(_JobData):
-    created_at: Timestamp
-    expired_at: Timestamp
-    ttl_ms: NonNegativeInt
-
-
-class JobProgressData(_JobData):
-    worker_id: NonEmptyStr
-    attempt: Attempt
-    progress_percent: Annotated[float, Field(ge=0, le=100)]
-    progress_message: str | None = None
-
-
-class QueuePausedData(EventData):
-    queue: NonEmptyStr
-    paused_by: str | None = None
-
-
-class QueueResumedData(EventData):
-    queue: NonEmptyStr
-    resumed_by: str | None = None
-
-
-class WorkerStartedData(EventData):
-    worker_id: NonEmptyStr
-    queues: list[NonEmptyStr]
-    concurrency: Annotated[int, Field(ge=1)]
-
-
-class WorkerStoppedData(EventData):
-    worker_id: NonEmptyStr
-    reason: Literal["shutdown", "signal", "error"]
-    jobs_completed: NonNegativeInt | None = None
-    uptime_ms: NonNegativeInt | None = None
-
-
-class WorkerQuietData(EventData):
-    worker_id: NonEmptyStr
-    active_jobs: NonNegativeInt
-
-
-class WorkerHeartbeatData(EventData):
-    worker_id: NonEmptyStr
-    active_jobs: NonNegativeInt
-    queues: list[NonEmptyStr]
-    memory_mb: Annotated[float, Field(ge=0)] | None = None
-    cpu_percent: Annotated[float, Field(ge=0)] | None = None  # > 100 on several cores
-
-
-class _WorkflowData(EventData):
-    workflow_id: NonEmptyStr
-    workflow_name: str
-
-
-class WorkflowStartedData(_WorkflowData):
-    total_steps: NonNegativeInt
-
-
-class WorkflowStepCompletedData(_WorkflowData):
-    step_id: NonEmptyStr
-    step_type: NonEmptyStr
-    duration_ms: NonNegativeInt
-    steps_remaining: NonNegativeInt
-
-
-class WorkflowCompletedData(_WorkflowData):
-    total_steps: NonNegativeInt
-    duration_ms: NonNegativeInt
-
-
-class WorkflowFailedData(_WorkflowData):
-    failed_step_id: NonEmptyStr
-    failed_step_type: NonEmptyStr
-    error: ErrorInfo
-
-
-class _CronData(EventData):
-    cron_name: NonEmptyStr
-    cron_expr: NonEmptyStr
-    job_type: NonEmptyStr
-
-
-class CronTriggeredData(_CronData):
-    job_id: NonEmptyStr
-    scheduled_at: Timestamp
-
-
-class CronSkippedData(_CronData):
-    reason: NonEmptyStr
-    existing_job_id: str | None = None
-
-
-DATA_MODELS: dict[str, type[EventData]] = {
-    "job.enqueued": JobEnqueuedData,
-    "job.started": JobStartedData,
-    "job.completed": JobCompletedData,
-    "job.failed": JobFailedData,
-    "job.discarded": JobDiscardedData,
-    "job.retrying": JobRetryingData,
-    "job.cancelled": JobCancelledData,
-    "job.heartbeat": JobHeartbeatData,
-    "job.scheduled": JobScheduledData,
-    "job.expired": JobExpiredData,
-    "job.progress": JobProgressData,
-    "queue.paused": QueuePausedData,
-    "queue.resumed": QueueResumedData,
-    "worker.started": WorkerStartedData,
-    "worker.stopped": WorkerStoppedData,
-    "worker.quiet": WorkerQuietData,
-    "worker.heartbeat": WorkerHeartbeatData,
-    "workflow.started": WorkflowStartedData,
-    "workflow.step_completed": WorkflowStepCompletedData,
-    "workflow.completed": WorkflowCompletedData,
-    "workflow.failed": WorkflowFailedData,
-    "cron.triggered": CronTriggeredData,
-    "cron.skipped": CronSkippedData,
-}
 
 #: The data field that section 2.2 says the ``subject`` SHOULD be, per category.
 #: Job events SHOULD use the job id, which their data does not hold.
@@ -461,11 +168,8 @@ class Event(BaseModel):
         """
         if self.__pydantic_extra__ or not isinstance(self.time, datetime):
             return self.model_dump(mode="json", exclude_none=True)
-        when = self.time
-        stamp = (when.isoformat(timespec="milliseconds")[:-6] + "Z"
-                 if when.tzinfo is UTC and not when.microsecond % 1000 else format_time(when))
-        return _envelope_dict(self.id, self.type, self.source, stamp, self.subject, self.data,
-                              self.datacontenttype)
+        return _envelope_dict(self.id, self.type, self.source, format_time(self.time),
+                              self.subject, self.data, self.datacontenttype)
 
     def to_json(self) -> bytes:
         """Compact UTF-8 JSON."""
@@ -538,22 +242,6 @@ def _envelope_dict(id: str, type: str, source: str, time: str, subject: str | No
     return out
 
 
-#: ``(second, "YYYY-MM-DDTHH:MM:SS")`` of the last second formatted: a sink writes
-#: thousands of events per second, nearly all within the second before.
-_last_second: tuple[int, str] = (-1, "")
-
-
-def _rfc3339_milliseconds(milliseconds: int) -> str:
-    """``YYYY-MM-DDTHH:MM:SS.mmmZ`` of milliseconds since the epoch, as ``format_time``."""
-    global _last_second
-    second, millis = divmod(milliseconds, 1000)
-    cached = _last_second
-    if cached[0] != second:
-        cached = _last_second = (
-            second, datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%S"))
-    return f"{cached[1]}.{millis:03d}Z"
-
-
 class EventDraft:
     """An event ojs_kombu emits on every job, as the emitting thread leaves it.
 
@@ -591,7 +279,7 @@ class EventDraft:
     def to_dict(self) -> dict[str, Any]:
         """What :meth:`Event.to_dict` gives for the built event."""
         return _envelope_dict(self.id, self.type, self.source,
-                              _rfc3339_milliseconds(self.milliseconds), self.subject, self.data)
+                              format_milliseconds(self.milliseconds), self.subject, self.data)
 
     def to_json(self) -> bytes:
         return compact_json(self.to_dict())

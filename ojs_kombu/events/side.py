@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from ..spec.times import format_time
 from .models import new_event_id
 
 logger = logging.getLogger("ojs_kombu.events")
@@ -47,7 +48,7 @@ class SideEvents:
         now = datetime.now(UTC)
         event: dict[str, Any] = {
             "specversion": "1.0", "id": new_event_id(), "type": event_type, "source": source,
-            "time": now.replace(tzinfo=None).isoformat(timespec="milliseconds") + "Z",
+            "time": format_time(now, precision="milliseconds"),
         }
         if subject is not None:
             event["subject"] = subject

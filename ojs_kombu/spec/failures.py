@@ -19,7 +19,7 @@ from enum import StrEnum
 from types import TracebackType
 from typing import Any
 
-from .codec import format_time
+from .times import format_time
 
 HANDLER_ERROR = "HANDLER_ERROR"
 HANDLER_TIMEOUT = "HANDLER_TIMEOUT"

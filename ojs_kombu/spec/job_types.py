@@ -12,7 +12,7 @@ itself when a task of that name is registered.  A type nobody handles
 resolves to ``None`` and the job is dead-lettered as ``UNKNOWN_JOB_TYPE``, as is
 a job from another producer (no ``x_celery``) whose type is one of Celery's
 built-in tasks (``celery.group`` ...) that ``ojs_job_types`` does not map
-(:meth:`JobTypeRegistry.maps_explicitly`; see :func:`ojs_kombu.spec.codec.decode_job_message`).
+(:meth:`JobTypeRegistry.maps_explicitly`; see :func:`ojs_kombu.spec.decode.decode_job_message`).
 """
 
 from __future__ import annotations

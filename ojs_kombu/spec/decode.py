@@ -1,0 +1,179 @@
+"""OJS job message -> Celery task protocol v2: the consume side.
+
+Pure code.  The transport calls :func:`decode_job_message` on every consumed
+message; the worker's pool turns the envelope back into Celery's
+``(args, kwargs, embed)`` with :func:`celery_payload`.
+
+Consuming is strict: the message must be an OJS job in strict JSON on its own
+queue (:mod:`ojs_kombu.spec.strict_input`), ``x_celery`` valid
+(:func:`~ojs_kombu.spec.x_celery.check_x_celery`), and a job from another
+producer may not name one of Celery's built-in tasks; anything else is a
+:class:`~ojs_kombu.spec.errors.JobRejected` with its code.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from .envelope import JobEnvelope
+from .errors import JobRejected
+from .job_types import JobTypeRegistry
+from .strict_input import INVALID_ENVELOPE, check_content_type, parse_envelope
+from .times import celery_time
+from .x_celery import EMBED_KEYS, HEADER_DEFAULTS, X_CELERY, check_x_celery
+
+UNKNOWN_JOB_TYPE = "UNKNOWN_JOB_TYPE"
+#: Celery header through which a consumed job's own retry policy reaches the task.
+RETRY_HEADER = "ojs_retry"
+#: Celery header set (``True``) on a consumed job that carries Celery's own data
+#: (``x_celery``): a job a Celery producer published, whose failures may follow
+#: Celery's retry rules (see ``ojs_retry_semantics``).  Absent on other producers' jobs.
+CELERY_JOB_HEADER = "ojs_celery_job"
+#: Task names of Celery's built-in tasks (``celery.chord_unlock``, ``celery.accumulate``,
+#: ``celery.group``, ``celery.chain``, ``celery.chord``, ``celery.map``, ``celery.starmap``,
+#: ``celery.chunks``, ``celery.backend_cleanup``) start with this.
+CELERY_BUILTIN_PREFIX = "celery."
+
+
+@dataclass(slots=True)
+class IncomingJob:
+    """A consumed OJS job, in the shape Celery's worker reads."""
+
+    envelope: JobEnvelope
+    task_name: str
+    headers: dict[str, Any]
+    payload: tuple[list[Any], dict[str, Any], dict[str, Any]]
+
+
+def _consumer_computed(key: str) -> bool:
+    """``x-ojs-*`` and ``ojs_*`` request headers are the consumer's own; a copy in
+    ``x_celery`` (Celery's ``self.retry(args=...)`` forwards a request's custom
+    headers) is stale and ignored."""
+    return key.startswith(("x-ojs-", "ojs_"))
+
+
+def _builtin_refused(resolve_task: Callable[[str], str | None], job_type: str,
+                     task_name: str) -> bool:
+    """A job without ``x_celery`` (not Celery's own) that resolves to one of Celery's
+    built-in tasks runs only where ``ojs_job_types`` maps that task onto its type."""
+    if not task_name.startswith(CELERY_BUILTIN_PREFIX):
+        return False
+    registry = getattr(resolve_task, "__self__", None)
+    if isinstance(registry, JobTypeRegistry):
+        return not registry.maps_explicitly(task_name, job_type)
+    return job_type == task_name
+
+
+def decode_job_message(
+    body: bytes | str,
+    properties: Mapping[str, Any],
+    *,
+    resolve_task: Callable[[str], str | None],
+    argsrepr: Callable[[Any], str] = repr,
+    queue: str | None = None,
+) -> IncomingJob:
+    """Validate a consumed OJS job and build the Celery v2 headers and payload for it.
+
+    Raises :class:`JobRejected`: ``UNSUPPORTED_CONTENT_TYPE``; ``INVALID_PAYLOAD`` for
+    a body that is not strict JSON (:func:`check_strict_json`); ``INVALID_ENVELOPE``
+    for an invalid envelope, an invalid ``x_celery`` (:func:`check_x_celery`) or, when
+    ``queue`` (the OJS queue the message was consumed from) is given, an envelope
+    naming another queue; ``UNKNOWN_JOB_TYPE`` for a type no task handles, and for a
+    job without ``x_celery`` whose type is one of Celery's built-in tasks
+    (``celery.group`` ...) unless ``ojs_job_types`` maps that task onto it
+    (``resolve_task`` is then a :class:`~ojs_kombu.spec.job_types.JobTypeRegistry`'s
+    ``task_for``; with any other callable, only a type other than the task's name does).
+    """
+    check_content_type(properties.get("content_type"), properties.get("content_encoding"))
+    envelope = parse_envelope(body)
+    if queue is not None and envelope.queue != queue:
+        raise JobRejected(
+            INVALID_ENVELOPE,
+            f"the envelope's queue is {envelope.queue!r} but the job was consumed from queue "
+            f"{queue!r}; a job runs only on the workers of its own queue (publish it with "
+            f"routing key {envelope.queue!r})",
+        )
+    extra = envelope.model_extra or {}
+    celery_job = X_CELERY in extra
+    x_celery = check_x_celery(extra[X_CELERY]) if celery_job else {}
+    task_name = resolve_task(envelope.type)
+    if task_name is None:
+        raise JobRejected(
+            UNKNOWN_JOB_TYPE,
+            f"no Celery task handles OJS type {envelope.type!r} on this worker",
+        )
+    if not celery_job and _builtin_refused(resolve_task, envelope.type, task_name):
+        raise JobRejected(
+            UNKNOWN_JOB_TYPE,
+            f"OJS type {envelope.type!r} is Celery's built-in task {task_name!r}, which only "
+            f"Celery's own canvas publishes (with {X_CELERY}); to let other producers run "
+            f"it, map it: app.conf.ojs_job_types = {{{task_name!r}: 'your.type'}}",
+        )
+
+    amqp_headers = properties.get("application_headers") or {}
+    attempt = amqp_headers.get("x-ojs-attempt")
+    kwargs = x_celery.get("kwargs") or {}
+
+    headers: dict[str, Any] = {
+        **HEADER_DEFAULTS,
+        "lang": "py",
+        "root_id": envelope.id,
+        "parent_id": None,
+        "group": None,
+        "retries": (attempt - 1) if isinstance(attempt, int) and attempt > 0 else 0,
+        "timelimit": [envelope.timeout or None, None],
+    }
+    if x_celery.get("argsrepr") is None:
+        headers["argsrepr"] = argsrepr(envelope.args)
+    headers.update(
+        (k, v) for k, v in x_celery.items()
+        if v is not None and k != "kwargs" and k not in EMBED_KEYS and not _consumer_computed(k)
+    )
+    headers.update(
+        (k, v) for k, v in amqp_headers.items() if isinstance(k, str) and k.startswith("x-ojs-")
+    )
+    own_retry: dict[str, Any] = {}
+    if not celery_job and isinstance(amqp_headers.get("x-ojs-max-attempts"), int):
+        # A foreign producer may state its budget in the header only (section 6.2).
+        own_retry["max_attempts"] = amqp_headers["x-ojs-max-attempts"]
+    retry = envelope.retry
+    if retry is not None:  # the fields the job states (all of them JSON values already)
+        own_retry.update((name, getattr(retry, name)) for name in retry.model_fields_set)
+    if own_retry:
+        headers[RETRY_HEADER] = own_retry
+    if celery_job:
+        headers[CELERY_JOB_HEADER] = True
+    if "traceparent" not in headers:  # continue a producer's trace (AMQP-023)
+        meta = envelope.meta or {}
+        traceparent = (amqp_headers.get("x-ojs-trace-id") or amqp_headers.get("x-ojs-traceparent")
+                       or meta.get("traceparent"))
+        if isinstance(traceparent, str):
+            headers["traceparent"] = traceparent
+            tracestate = amqp_headers.get("x-ojs-trace-state") or meta.get("tracestate")
+            if isinstance(tracestate, str):
+                headers["tracestate"] = tracestate
+    headers["task"] = task_name
+    headers["id"] = envelope.id
+    # Only a job still due later keeps an eta (the transport sends back any job
+    # more than a moment early); a past scheduled_at would just cost Celery's ETA path.
+    due = envelope.scheduled_at
+    headers["eta"] = celery_time(due) if due is not None and due > datetime.now(UTC) else None
+    headers["expires"] = celery_time(envelope.expires_at)
+    embed = {key: x_celery.get(key) for key in EMBED_KEYS}
+    return IncomingJob(envelope=envelope, task_name=task_name, headers=headers,
+                       payload=(envelope.args, kwargs, embed))
+
+
+def celery_payload(body: bytes | str) -> tuple[list[Any], dict[str, Any], dict[str, Any]]:
+    """``(args, kwargs, embed)`` of an already validated OJS job body (the pool side)."""
+    job = json.loads(body)
+    x_celery = job.get(X_CELERY) or {}
+    return (
+        job["args"],
+        x_celery.get("kwargs") or {},
+        {key: x_celery.get(key) for key in EMBED_KEYS},
+    )

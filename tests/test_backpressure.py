@@ -11,7 +11,7 @@ import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from ojs_kombu.amqp.backpressure import BackpressureMonitor, CircuitBreaker, backoff
+from ojs_kombu.amqp.backpressure import BackpressureMonitor, CircuitBreaker
 from ojs_kombu.amqp.binding import Binding
 from ojs_kombu.amqp.topology import (
     dead_letter_queue_arguments,
@@ -21,6 +21,7 @@ from ojs_kombu.amqp.topology import (
 from ojs_kombu.events.bus import EventBus
 from ojs_kombu.events.emitter import JobEvents
 from ojs_kombu.events.metrics import OJSMetrics
+from ojs_kombu.spec.backoff import backoff
 from ojs_kombu.spec.backpressure import Bounds, ProducerBackpressure, drops_head, maxlen_death
 from ojs_kombu.spec.errors import (
     BatchPublishError,

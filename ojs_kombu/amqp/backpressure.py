@@ -19,6 +19,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, Literal, Protocol
 
 from ..events.side import SideEvents
+from ..spec.backoff import backoff
 from ..spec.backpressure import (
     Bounds,
     ProducerBackpressure,
@@ -31,11 +32,6 @@ from ..spec.errors import (
 )
 
 logger = logging.getLogger("ojs_kombu.amqp.backpressure")
-
-
-def backoff(initial: float, maximum: float, failures: int) -> float:
-    """Section 8.1: ``initial`` doubled per earlier consecutive failure, capped at ``maximum``."""
-    return min(initial * 2 ** max(failures - 1, 0), maximum)
 
 
 class CircuitBreaker:

@@ -17,6 +17,7 @@ from .spec.envelope import CONTENT_TYPE, JobEnvelope, RetryPolicy
 from .spec.errors import (
     BatchPublishError,
     BatchQueueFullError,
+    DeadLetterNotFound,
     InvalidJobIdError,
     JobEncodeError,
     JobNackedError,
@@ -42,7 +43,7 @@ from .spec.naming import TopologyNames
 register_transport()
 register_serializer()
 
-from .amqp.dead_letters import DeadLetter, DeadLetterNotFound, DeadLetterQueue  # noqa: E402
+from .amqp.dead_letters import DeadLetter, DeadLetterQueue  # noqa: E402
 from .celery.app import (  # noqa: E402  (needs the registrations)
     check_app,
     dead_letter_queue,

@@ -25,10 +25,15 @@ import click
 import kombu
 
 from ..amqp.binding import Binding
-from ..amqp.control import ControlClient, ControlError
+from ..amqp.control import ControlClient
 from ..amqp.delivery import JobDelivery
 from ..spec.envelope import CONTENT_TYPE, JobEnvelope
-from ..spec.errors import JobNackedError, OJSConfigurationError, UnroutableJobError
+from ..spec.errors import (
+    ControlError,
+    JobNackedError,
+    OJSConfigurationError,
+    UnroutableJobError,
+)
 from ..spec.failures import JobFailure
 from ..spec.job_ids import new_job_id
 from .broker import binding_of, connect, delete_queues, queue_name, queue_state

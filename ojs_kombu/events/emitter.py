@@ -15,9 +15,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from ..spec.codec import format_time
+from ..spec.errors import InvalidEventData
 from .bus import EventBus
 from .metrics import OJSMetrics, labels
-from .models import Event, EventDraft, InvalidEventData, make_event, trusted_event
+from .models import Event, EventDraft, make_event, trusted_event
 
 logger = logging.getLogger("ojs_kombu.events")
 

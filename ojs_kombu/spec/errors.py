@@ -61,6 +61,10 @@ class TopologyConflictError(OJSConfigurationError):
         )
 
 
+class RetryPolicyError(OJSConfigurationError):
+    """A retry policy does not validate against ``retry-policy.schema.json``."""
+
+
 class JobPublishError(OJSError):
     """A job could not be published; nothing, or an uncertain outcome, reached the broker."""
 
@@ -209,3 +213,35 @@ class JobRejected(OJSError):
         self.code = code
         self.message = message
         super().__init__(f"{code}: {message}")
+
+
+class DeadLetterNotFound(OJSError, LookupError):
+    """No dead letter with that job id."""
+
+
+class ControlError(OJSError):
+    """A control request (CANCEL, INFO) could not be made."""
+
+
+class ControlTimeout(ControlError, TimeoutError):
+    """No answer to an INFO request in time."""
+
+
+class InvalidEventData(OJSError, ValueError):
+    """``data`` does not conform to the section 4 schema of its event type."""
+
+    def __init__(self, event_type: str, errors: list[dict[str, Any]], detail: str = "") -> None:
+        self.event_type = event_type
+        #: pydantic-style error dicts (``loc`` relative to ``data``, ``type``, ``msg``).
+        self.errors = errors
+        self.detail = detail or "; ".join(
+            f"{'.'.join(['data', *map(str, e['loc'])])}: {e['msg']}" for e in errors
+        )
+        super().__init__(f"invalid data for {event_type!r} event: {self.detail}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.event_type, self.errors, self.detail)
+
+
+class InvalidEventMessage(OJSError, ValueError):
+    """A message on the events exchange whose body is not an event or a batch of events."""

@@ -17,15 +17,11 @@ from pydantic import ValidationError
 
 from .backoff import backoff
 from .envelope import RetryPolicy, parse_duration
-from .errors import OJSConfigurationError
+from .errors import RetryPolicyError
 
 DEFAULT_POLICY = RetryPolicy()
 #: The spec's jitter: the delay times a uniform draw in ``[0.5, 1.5)``.
 JITTER = 0.5
-
-
-class RetryPolicyError(OJSConfigurationError):
-    """A retry policy does not validate against ``retry-policy.schema.json``."""
 
 
 def policy_from(value: RetryPolicy | Mapping[str, Any] | None, *, source: str) -> RetryPolicy:

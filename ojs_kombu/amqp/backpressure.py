@@ -26,9 +26,12 @@ from ..spec.backpressure import (
 )
 from ..spec.errors import (
     BatchPublishError,
-    BatchQueueFullError,
+    BatchQueueFullNacked,
+    BatchQueueFullRefused,
     JobNackedError,
     QueueFullError,
+    QueueFullNacked,
+    QueueFullRefused,
 )
 
 logger = logging.getLogger("ojs_kombu.amqp.backpressure")
@@ -168,7 +171,7 @@ class BackpressureMonitor:
     def nack_error(self, queue: str, job_id: str, read_depth: DepthReader | None = None
                    ) -> JobNackedError:
         """The exception for a ``Basic.Nack`` of ``job_id``'s publish into ``queue``:
-        :class:`QueueFullError` when the queue rejects on overflow, else ``JobNackedError``.
+        :class:`QueueFullNacked` when the queue rejects on overflow, else ``JobNackedError``.
 
         Counted in ``ojs.backpressure.rejected_total``.  ``read_depth`` (best-effort)
         fills in the depth.  Both the single and the batch publish path call this.
@@ -185,27 +188,31 @@ class BackpressureMonitor:
             state.pressure = bounds.pressure(depth)
         if self.metrics is not None:
             self.metrics.backpressure_rejected.add(1, {"queue": queue})
-        return self._full(queue, job_id, bounds, depth)
-
-    def _full(self, queue: str, job_id: str, bounds: Bounds, depth: int | None,
-              *, circuit_open: bool = False, retry_after: float | None = None
-              ) -> QueueFullError:
         which = "depth" if bounds.max_depth is not None else "size"
         limit = (f"{bounds.max_depth} jobs" if bounds.max_depth is not None
                  else f"{bounds.max_bytes} bytes")
-        retry_after = self.retry_after(queue) if retry_after is None else retry_after
-        why = ("the producer's circuit breaker is open after repeated rejections"
-               if circuit_open else f"the queue has reached its {which} bound ({limit})")
-        return QueueFullError(
-            f"job {job_id} for queue {queue!r} not enqueued: {why}"
-            f"{f', depth {depth}' if depth is not None else ''}; retry after "
-            f"{retry_after:g}s", queue=queue, job_id=job_id, depth=depth, bound=bounds.bound,
-            strategy=bounds.strategy, retry_after=retry_after, circuit_open=circuit_open)
+        retry_after = self.retry_after(queue)
+        return QueueFullNacked(
+            f"job {job_id} for queue {queue!r} not enqueued: the queue has reached its "
+            f"{which} bound ({limit}){f', depth {depth}' if depth is not None else ''}; "
+            f"retry after {retry_after:g}s", queue=queue, job_id=job_id, depth=depth,
+            bound=bounds.bound, strategy=bounds.strategy, retry_after=retry_after)
+
+    def _circuit_open(self, queue: str, job_id: str, bounds: Bounds, retry_after: float
+                      ) -> QueueFullRefused:
+        """The refusal of a job the open circuit breaker keeps from being sent."""
+        return QueueFullRefused(
+            f"job {job_id} for queue {queue!r} not enqueued: the producer's circuit breaker "
+            f"is open after repeated rejections; retry after {retry_after:g}s",
+            queue=queue, job_id=job_id, bound=bounds.bound, strategy=bounds.strategy,
+            retry_after=retry_after, circuit_open=True)
 
     def publish(self, queue: str, job_id: str, job_type: str, send: Callable[[], None],
                 read_depth: DepthReader | None = None) -> None:
-        """Run ``send`` (one confirmed publish that raises ``QueueFullError`` on a
-        rejection) under the queue's strategy, retries and circuit breaker."""
+        """Run ``send`` (one confirmed publish that raises :class:`QueueFullNacked` on a
+        rejection) under the queue's strategy, retries and circuit breaker; the last
+        refusal reaches the caller (:class:`QueueFullRefused` when the open circuit
+        breaker sent nothing)."""
         bounds = self.bounds_for(queue)
         if not bounds.bounded:
             send()
@@ -216,13 +223,13 @@ class BackpressureMonitor:
         retries = settings.retries
         while True:
             wait = state.breaker.allow() if state.breaker is not None else 0.0
+            error: QueueFullError
             if wait:
-                error = self._full(queue, job_id, bounds, None, circuit_open=True,
-                                   retry_after=wait)
+                error = self._circuit_open(queue, job_id, bounds, wait)
             else:
                 try:
                     send()
-                except QueueFullError as exc:
+                except QueueFullNacked as exc:
                     error = exc
                     if state.breaker is not None:
                         state.breaker.failure()
@@ -286,7 +293,7 @@ class BackpressureMonitor:
     def admit_batch(self, jobs: Sequence[BatchJob], read_depth: DepthReader | None = None
                     ) -> BatchAdmission:
         """Section 9.3 before a batch is sent, for each ``reject``/``block`` queue it
-        publishes into: refuse the whole batch (:class:`BatchQueueFullError`, nothing
+        publishes into: refuse the whole batch (:class:`BatchQueueFullRefused`, nothing
         is sent) while the queue's circuit breaker is open, or when its jobs do not
         fit at the depth read now; a ``block`` queue first waits for room, reading the
         depth again, up to its ``block_timeout``.
@@ -346,7 +353,7 @@ class BackpressureMonitor:
 
     def _refuse_batch(self, jobs: Sequence[BatchJob], queue: str, queued: list[BatchJob],
                       depth: int | None, *, circuit_open: bool = False,
-                      retry_after: float | None = None) -> BatchQueueFullError:
+                      retry_after: float | None = None) -> BatchQueueFullRefused:
         """The error of a batch refused before sending: every job of it is rejected."""
         bounds = self.bounds_for(queue)
         retry_after = self.retry_after(queue) if retry_after is None else retry_after
@@ -364,7 +371,7 @@ class BackpressureMonitor:
         if self.metrics is not None and not circuit_open:
             self.metrics.backpressure_rejected.add(len(queued), {"queue": queue})
         self._emit_batch_rejected(queue, queued, bounds, depth, retry_after, circuit_open)
-        return BatchQueueFullError(
+        return BatchQueueFullRefused(
             f"batch of {len(jobs)} job(s) not enqueued: queue {queue!r} cannot take its "
             f"{len(queued)} job(s): {why}; nothing was sent; retry after {retry_after:g}s",
             queue=queue, depth=depth, bound=bounds.bound, strategy=bounds.strategy,
@@ -386,7 +393,7 @@ class BackpressureMonitor:
                     ) -> BatchPublishError:
         """The exception for a sent batch the broker did not wholly accept: ``error``
         itself, unless jobs of a ``reject``/``block`` queue are among the ``nacked``
-        job ids; then a :class:`BatchQueueFullError` with ``error``'s lists (the
+        job ids; then a :class:`BatchQueueFullNacked` with ``error``'s lists (the
         nacks of full queues named as such), describing the first full queue.
 
         Counted in ``ojs.backpressure.rejected_total``; one ``backpressure.rejected``
@@ -396,11 +403,11 @@ class BackpressureMonitor:
         for job in jobs:
             if job.job_id in nacked and job.delay_ms <= 0:
                 by_queue.setdefault(job.queue, []).append(job)
-        full: list[QueueFullError] = []
+        full: list[QueueFullNacked] = []
         rejected = dict(error.rejected)
         for queue, refused in by_queue.items():
             first = self.nack_error(queue, refused[0].job_id, read_depth)
-            if not isinstance(first, QueueFullError):
+            if not isinstance(first, QueueFullNacked):
                 continue
             if self.metrics is not None and len(refused) > 1:
                 self.metrics.backpressure_rejected.add(len(refused) - 1, {"queue": queue})
@@ -415,7 +422,7 @@ class BackpressureMonitor:
             return error
         head = full[0]
         names = ", ".join(repr(f.queue) for f in full)
-        return BatchQueueFullError(
+        return BatchQueueFullNacked(
             f"queue(s) {names} full (depth {head.depth}, bound {head.bound}); retry after "
             f"{head.retry_after:g}s: {error}", queue=head.queue or "", depth=head.depth,
             bound=head.bound, strategy=head.strategy, retry_after=head.retry_after,

@@ -11,8 +11,9 @@ import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from ojs_kombu.amqp.backpressure import BackpressureMonitor, CircuitBreaker
+from ojs_kombu.amqp.backpressure import BackpressureMonitor
 from ojs_kombu.amqp.binding import Binding
+from ojs_kombu.amqp.circuit_breaker import CircuitBreaker
 from ojs_kombu.amqp.topology import (
     dead_letter_queue_arguments,
     declare_queue_topology,

@@ -25,7 +25,8 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from report import grid
 
 from ojs_kombu.events.sinks import AMQPSink
-from ojs_kombu.events.wire import InvalidEventMessage, decode_events
+from ojs_kombu.events.wire import decode_events
+from ojs_kombu.spec.errors import InvalidEventMessage
 
 #: The sides of the events part: (AMQP sink, metrics provider) of each.  "on" is the
 #: side the target judges; "sink" and "metrics" show what each costs alone.

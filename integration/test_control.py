@@ -14,7 +14,8 @@ import pytest
 from celery import Celery
 from celery.exceptions import TaskRevokedError
 
-from ojs_kombu.amqp.control import ControlClient, ControlError, ControlTimeout
+from ojs_kombu.amqp.control import ControlClient
+from ojs_kombu.spec.errors import ControlError, ControlTimeout
 from ojs_kombu.spec.job_ids import new_job_id
 
 from .apps import make_app

@@ -17,6 +17,9 @@ from .spec.envelope import CONTENT_TYPE, JobEnvelope, RetryPolicy
 from .spec.errors import (
     BatchPublishError,
     BatchQueueFullError,
+    BatchQueueFullNacked,
+    BatchQueueFullRefused,
+    DeadLetterNotFound,
     InvalidJobIdError,
     JobEncodeError,
     JobNackedError,
@@ -31,6 +34,8 @@ from .spec.errors import (
     OJSError,
     PublishConfirmTimeout,
     QueueFullError,
+    QueueFullNacked,
+    QueueFullRefused,
     QueueNameError,
     TopologyConflictError,
     UnroutableJobError,
@@ -42,7 +47,7 @@ from .spec.naming import TopologyNames
 register_transport()
 register_serializer()
 
-from .amqp.dead_letters import DeadLetter, DeadLetterNotFound, DeadLetterQueue  # noqa: E402
+from .amqp.dead_letters import DeadLetter, DeadLetterQueue  # noqa: E402
 from .celery.app import install  # noqa: E402  (needs the registrations)
 from .celery.batch import enqueue_many  # noqa: E402
 from .celery.dead_letters import dead_letter_queue  # noqa: E402
@@ -57,6 +62,8 @@ __all__ = [
     "CONTENT_TYPE",
     "BatchPublishError",
     "BatchQueueFullError",
+    "BatchQueueFullNacked",
+    "BatchQueueFullRefused",
     "DeadLetter",
     "DeadLetterNotFound",
     "DeadLetterQueue",
@@ -76,6 +83,8 @@ __all__ = [
     "OJSTask",
     "PublishConfirmTimeout",
     "QueueFullError",
+    "QueueFullNacked",
+    "QueueFullRefused",
     "QueueNameError",
     "RetryPolicy",
     "TopologyConflictError",

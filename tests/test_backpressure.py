@@ -11,8 +11,9 @@ import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from ojs_kombu.amqp.backpressure import BackpressureMonitor, CircuitBreaker, backoff
+from ojs_kombu.amqp.backpressure import BackpressureMonitor
 from ojs_kombu.amqp.binding import Binding
+from ojs_kombu.amqp.circuit_breaker import CircuitBreaker
 from ojs_kombu.amqp.topology import (
     dead_letter_queue_arguments,
     declare_queue_topology,
@@ -21,6 +22,7 @@ from ojs_kombu.amqp.topology import (
 from ojs_kombu.events.bus import EventBus
 from ojs_kombu.events.emitter import JobEvents
 from ojs_kombu.events.metrics import OJSMetrics
+from ojs_kombu.spec.backoff import backoff
 from ojs_kombu.spec.backpressure import Bounds, ProducerBackpressure, drops_head, maxlen_death
 from ojs_kombu.spec.errors import (
     BatchPublishError,

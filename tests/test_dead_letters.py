@@ -10,13 +10,8 @@ import amqp
 import kombu
 import pytest
 
-from ojs_kombu.amqp.dead_letters import (
-    DeadLetter,
-    DeadLetterNotFound,
-    DeadLetterQueue,
-    open_dead_letter_queue,
-)
-from ojs_kombu.spec.errors import OJSConfigurationError
+from ojs_kombu.amqp.dead_letters import DeadLetter, DeadLetterQueue, open_dead_letter_queue
+from ojs_kombu.spec.errors import DeadLetterNotFound, OJSConfigurationError
 
 from .dead_jobs import DLQ, JOB_QUEUE, TRACE, failed_attempts, ids_in, job_id, put_dead_job
 from .in_memory_broker import Broker

@@ -21,12 +21,12 @@ from ojs_kombu.events import (
     DATA_MODELS,
     EVENT_TYPES,
     Event,
-    InvalidEventData,
     JobProgressData,
     event_source,
     make_event,
     validate_data,
 )
+from ojs_kombu.spec.errors import InvalidEventData
 
 from .ojs_schemas import (
     EVENTS_SPEC,

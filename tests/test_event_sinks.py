@@ -21,8 +21,8 @@ from ojs_kombu.celery.events import sink_from_spec
 from ojs_kombu.events import Event, EventBus, EventFilter, make_event
 from ojs_kombu.events.emitter import JobEvents, JobInfo, json_result
 from ojs_kombu.events.sinks import AMQPSink, BackgroundSink, FileSink, WebhookSink
-from ojs_kombu.events.wire import InvalidEventMessage, decode_events, split_batches
-from ojs_kombu.spec.errors import OJSConfigurationError
+from ojs_kombu.events.wire import decode_events, split_batches
+from ojs_kombu.spec.errors import InvalidEventMessage, OJSConfigurationError
 from ojs_kombu.spec.naming import TopologyNames
 from ojs_kombu.spec.trace_context import trace_id_of
 

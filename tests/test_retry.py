@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from ojs_kombu.spec.envelope import RetryPolicy
-from ojs_kombu.spec.retry import Backoff, RetryPolicyError, matches, merge, policy_from
+from ojs_kombu.spec.errors import RetryPolicyError
+from ojs_kombu.spec.retry import Backoff, matches, merge, policy_from
 
 
 def test_default_delays_follow_the_formula_without_jitter() -> None:

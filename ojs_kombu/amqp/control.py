@@ -17,7 +17,7 @@ from typing import Any
 import amqp
 from kombu import Connection
 
-from ..spec.errors import OJSError
+from ..spec.errors import ControlError, ControlTimeout
 from ..spec.job_ids import new_job_id
 from ..spec.naming import is_job_id
 from .binding import Binding
@@ -26,14 +26,6 @@ CANCEL = "ojs.control.cancel"
 HEARTBEAT = "ojs.control.heartbeat"
 INFO = "ojs.control.info"
 CONTROL_TYPES = (CANCEL, HEARTBEAT, INFO)
-
-
-class ControlError(OJSError):
-    """A control request could not be made."""
-
-
-class ControlTimeout(ControlError, TimeoutError):
-    """No answer to an INFO request in time."""
 
 
 def control_message(kind: str, body: Mapping[str, Any], **properties: Any) -> amqp.Message:

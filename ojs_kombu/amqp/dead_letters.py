@@ -18,14 +18,10 @@ from typing import Any, TypeVar
 
 import amqp
 
-from ..spec.errors import OJSConfigurationError, OJSError
+from ..spec.errors import DeadLetterNotFound, OJSConfigurationError
 from ..spec.failures import reset_for_replay, without_failure_headers
 
 T = TypeVar("T")
-
-
-class DeadLetterNotFound(OJSError, LookupError):
-    """No dead letter with that job id."""
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..events.side import SideEventCallback, SideEvents
+from ..spec.backoff import backoff
 
 logger = logging.getLogger(__name__)
 
@@ -44,18 +45,12 @@ class ReconnectPolicy:
         if not 0 <= self.jitter < 1:
             raise ValueError(f"reconnect jitter is a fraction in [0, 1), got {self.jitter}")
 
-    def base_delay(self, attempt: int) -> float:
-        """The delay before retry ``attempt`` (1-based) without jitter."""
+    def delay(self, attempt: int) -> float:
+        """The jittered delay before retry ``attempt``: base * [1-jitter, 1+jitter), <= cap."""
         if attempt < 1:
             raise ValueError(f"reconnect attempts count from 1, got {attempt}")
-        # 2**n overflows floats for huge n: stop doubling once past the cap
-        exponent = min(attempt - 1, 64)
-        return min(self.initial * 2.0 ** exponent, self.max_delay)
-
-    def delay(self, attempt: int) -> float:
-        """The jittered delay before retry ``attempt``: base * [1-jitter, 1+jitter], <= cap."""
-        factor = 1 + self.jitter * (2 * self.random() - 1)
-        return min(self.base_delay(attempt) * factor, self.max_delay)
+        return backoff(self.initial, self.max_delay, attempt, jitter=self.jitter,
+                       draw=self.random)
 
     def delays(self) -> Iterator[float]:
         """The endless jittered schedule, attempt 1 first."""

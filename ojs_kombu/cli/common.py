@@ -20,9 +20,10 @@ import amqp.exceptions
 import click
 import kombu.exceptions
 
-from ..amqp.control import ControlError, ControlTimeout
-from ..amqp.dead_letters import DeadLetterNotFound
 from ..spec.errors import (
+    ControlError,
+    ControlTimeout,
+    DeadLetterNotFound,
     JobEncodeError,
     JobPublishError,
     OJSConfigurationError,

@@ -13,7 +13,8 @@ from pydantic import ValidationError
 from ..celery.events import events_exchange
 from ..events.bus import EventFilter
 from ..events.models import Event
-from ..events.wire import InvalidEventMessage, decode_events
+from ..events.wire import decode_events
+from ..spec.errors import InvalidEventMessage
 from ..spec.times import format_time
 from .broker import binding_of, connect
 from .common import EXIT_TIMEOUT, OJSGroup, common_options, fail, options

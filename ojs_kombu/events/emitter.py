@@ -13,11 +13,12 @@ from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from ..spec.errors import InvalidEventData
 from ..spec.times import format_time, parse_time
 from ..spec.trace_context import trace_id_of
 from .bus import EventBus
 from .metrics import OJSMetrics, labels
-from .models import Event, EventDraft, InvalidEventData, make_event, trusted_event
+from .models import Event, EventDraft, make_event, trusted_event
 
 logger = logging.getLogger("ojs_kombu.events")
 

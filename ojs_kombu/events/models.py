@@ -27,6 +27,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticSerializationError
 
+from ..spec.errors import InvalidEventData
 from ..spec.job_ids import new_job_id
 from ..spec.times import format_milliseconds, format_time
 from .catalog import DATA_MODELS, EVENT_TYPES, EventType, NonEmptyStr, Timestamp
@@ -78,22 +79,6 @@ def event_source(service: str, component: str, instance: str | None = None) -> s
 #: Job events SHOULD use the job id, which their data does not hold.
 _SUBJECT_FIELDS = {"queue": "queue", "worker": "worker_id", "workflow": "workflow_id",
                    "cron": "cron_name"}
-
-
-class InvalidEventData(ValueError):
-    """``data`` does not conform to the section 4 schema of its event type."""
-
-    def __init__(self, event_type: str, errors: list[dict[str, Any]], detail: str = "") -> None:
-        self.event_type = event_type
-        #: pydantic-style error dicts (``loc`` relative to ``data``, ``type``, ``msg``).
-        self.errors = errors
-        self.detail = detail or "; ".join(
-            f"{'.'.join(['data', *map(str, e['loc'])])}: {e['msg']}" for e in errors
-        )
-        super().__init__(f"invalid data for {event_type!r} event: {self.detail}")
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return type(self), (self.event_type, self.errors, self.detail)
 
 
 def _describe(error: Mapping[str, Any]) -> dict[str, Any]:

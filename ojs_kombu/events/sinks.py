@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import math
 import os
 import threading
 import time
@@ -23,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..spec.backoff import backoff
 from . import wire
 from .models import Event, EventDraft
 
@@ -265,7 +267,7 @@ class WebhookSink(BackgroundSink):
             except (urllib.error.URLError, TimeoutError, ConnectionError):
                 if attempt == self.max_retries:
                     raise
-            time.sleep(self.backoff * 2**attempt)
+            time.sleep(backoff(self.backoff, math.inf, attempt + 1))
 
 
 class AMQPSink(BackgroundSink):
@@ -283,6 +285,8 @@ class AMQPSink(BackgroundSink):
 
     name = "AMQP event sink"
     takes_drafts = True
+    #: Seconds before the first retry of a failed publish; doubled for each next one.
+    retry_delay = 0.5
 
     def __init__(self, connect: Callable[[], Any], exchange: str, capacity: int = 10_000,
                  max_retries: int = 3, batch_size: int = 100, batch_ms: float = 50.0) -> None:
@@ -347,7 +351,7 @@ class AMQPSink(BackgroundSink):
                     self.failed += len(events)
                     logger.exception("%s could not deliver %d events", self.name, len(events))
                     return
-                time.sleep(0.5 * 2**attempt)
+                time.sleep(backoff(self.retry_delay, math.inf, attempt + 1))
 
     def forked(self) -> None:
         self._connection = self._channel = None

@@ -25,16 +25,14 @@ from typing import Any, Protocol, TypeVar
 
 import orjson
 
+from ..spec.errors import InvalidEventMessage
+
 #: ``content_type`` of a one-event message.
 SINGLE_CONTENT_TYPE = "application/json"
 #: ``content_type`` of a batch message (CloudEvents JSON batch format).
 BATCH_CONTENT_TYPE = "application/cloudevents-batch+json"
 #: Header of a batch message: how many events its body holds.
 COUNT_HEADER = "x-ojs-event-count"
-
-
-class InvalidEventMessage(ValueError):
-    """A message on the events exchange whose body is not an event or a batch of events."""
 
 
 class _Routable(Protocol):

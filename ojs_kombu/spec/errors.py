@@ -4,6 +4,30 @@ Every error a caller can see names the thing that is wrong (job id, queue,
 task, argument) so that a log line is enough to act on it.  None of them
 subclasses kombu's or py-amqp's connection/channel errors: kombu's
 ``ensure()`` retries those, and a malformed job must never be retried.
+
+The tree, rooted at :class:`OJSError` (a second base where callers catch the
+builtin: ``LookupError``, ``TimeoutError``, ``ValueError``)::
+
+    OJSConfigurationError    JobTypeError, QueueNameError, TopologyConflictError,
+                             RetryPolicyError
+    JobPublishError
+      JobEncodeError         nothing was sent: NonJSONArgumentError, InvalidJobIdError,
+                             UnsupportedSerializerError, JobRoutingError,
+                             JobOptionError, JobTooLargeError
+      UnroutableJobError     the broker returned it
+      JobNackedError         the broker nacked it
+      PublishConfirmTimeout  no answer: the outcome is unknown
+      BatchPublishError      some jobs of a batch were not accepted
+      QueueFullError         a bounded queue cannot take it (the 429):
+        QueueFullNacked        the broker nacked it (a JobNackedError too)
+        QueueFullRefused       the producer sent nothing (circuit breaker open)
+        BatchQueueFullError    a batch (a BatchPublishError too):
+          BatchQueueFullNacked   the broker nacked part of it
+          BatchQueueFullRefused  refused whole, nothing sent
+    JobRejected              a consumed message is no runnable job
+    DeadLetterNotFound       (LookupError)
+    ControlError             ControlTimeout (TimeoutError)
+    InvalidEventData, InvalidEventMessage   (ValueError)
 """
 
 from __future__ import annotations
@@ -59,6 +83,10 @@ class TopologyConflictError(OJSConfigurationError):
             f"ojs_kombu declares it with {self.declared!r}. Broker said: {broker_reply}. "
             "ojs_kombu never redeclares it: delete the entity or align its arguments."
         )
+
+
+class RetryPolicyError(OJSConfigurationError):
+    """A retry policy does not validate against ``retry-policy.schema.json``."""
 
 
 class JobPublishError(OJSError):
@@ -121,40 +149,6 @@ class JobNackedError(JobPublishError):
     """The broker refused the job with ``Basic.Nack``; it was not enqueued."""
 
 
-class QueueFullError(JobNackedError):
-    """Backpressure (BP-002, HTTP 429 on AMQP): the queue is at its bound; the job was
-    not enqueued and may be published again after :attr:`retry_after` seconds.
-
-    ``depth`` is the queue's message count read right after the refusal (``None``
-    when it could not be read), ``bound`` the ``max_depth`` (or, for a size bound
-    only, ``max_size_bytes``) it hit.  ``circuit_open`` is true when the producer's
-    circuit breaker refused the job without sending it.  ``rejected`` is
-    ``(job_id,)``; a batch raises :class:`BatchQueueFullError` instead.
-    """
-
-    code = "QUEUE_FULL"
-
-    def __init__(self, message: str, *, queue: str, job_id: str | None = None,
-                 depth: int | None = None, bound: int | None = None,
-                 strategy: str = "reject", retry_after: float = 1.0,
-                 circuit_open: bool = False, accepted: tuple[str, ...] = ()) -> None:
-        self.depth = depth
-        self.bound = bound
-        self.strategy = strategy
-        self.retry_after = retry_after
-        self.circuit_open = circuit_open
-        self.rejected = (job_id,) if job_id else ()
-        self.accepted = tuple(accepted)
-        # Not super(): in BatchQueueFullError the next class is BatchPublishError.
-        JobPublishError.__init__(self, message, job_id=job_id, queue=queue)
-
-    def to_dict(self) -> dict[str, Any]:
-        """The section 7.1 error body, for callers that relay it (e.g. an HTTP 429)."""
-        return {"code": self.code, "message": str(self), "queue": self.queue,
-                "depth": self.depth, "bound": self.bound, "strategy": self.strategy,
-                "retry_after": self.retry_after}
-
-
 class PublishConfirmTimeout(JobPublishError):
     """No confirm arrived in time: the job may or may not be enqueued."""
 
@@ -176,10 +170,55 @@ class BatchPublishError(JobPublishError):
         super().__init__(message)
 
 
+class QueueFullError(JobPublishError):
+    """Backpressure (BP-002, HTTP 429 on AMQP): a bounded queue cannot take the job; it
+    was not enqueued and may be published again after :attr:`retry_after` seconds.
+
+    Raised as a leaf that says whether anything reached the broker:
+    :class:`QueueFullNacked` (the broker nacked it) or :class:`QueueFullRefused`
+    (the producer sent nothing); a batch raises a :class:`BatchQueueFullError`.
+    ``depth`` is the queue's message count read at the refusal (``None`` when it
+    could not be read), ``bound`` the ``max_depth`` (or, for a size bound only,
+    ``max_size_bytes``) it hit.  ``circuit_open`` is true when the producer's
+    circuit breaker refused the job.  ``rejected`` is ``(job_id,)``.
+    """
+
+    code = "QUEUE_FULL"
+
+    def __init__(self, message: str, *, queue: str, job_id: str | None = None,
+                 depth: int | None = None, bound: int | None = None,
+                 strategy: str = "reject", retry_after: float = 1.0,
+                 circuit_open: bool = False, accepted: tuple[str, ...] = ()) -> None:
+        self.depth = depth
+        self.bound = bound
+        self.strategy = strategy
+        self.retry_after = retry_after
+        self.circuit_open = circuit_open
+        self.rejected = (job_id,) if job_id else ()
+        self.accepted = tuple(accepted)
+        # Not super(): in a BatchQueueFullError the next class is not JobPublishError.
+        JobPublishError.__init__(self, message, job_id=job_id, queue=queue)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The section 7.1 error body, for callers that relay it (e.g. an HTTP 429)."""
+        return {"code": self.code, "message": str(self), "queue": self.queue,
+                "depth": self.depth, "bound": self.bound, "strategy": self.strategy,
+                "retry_after": self.retry_after}
+
+
+class QueueFullNacked(QueueFullError, JobNackedError):
+    """The broker nacked the job (``reject-publish``): its queue is at its bound."""
+
+
+class QueueFullRefused(QueueFullError):
+    """The producer refused the job without sending it: the queue's circuit breaker
+    is open after repeated rejections (section 8.2).  Nothing reached the broker."""
+
+
 class BatchQueueFullError(QueueFullError, BatchPublishError):
-    """A batch (``enqueue_many``) refused because a bounded queue is full: either
-    up front, before anything was sent (:attr:`accepted` is empty), or in part by
-    the broker while the batch was sent.
+    """A batch (``enqueue_many``) that a bounded queue cannot take, raised as
+    :class:`BatchQueueFullRefused` (nothing was sent) or
+    :class:`BatchQueueFullNacked` (the broker nacked part of it).
 
     It is both errors at once, so ``except QueueFullError`` (429 handling:
     ``queue``, ``depth``, ``bound``, ``strategy``, ``retry_after``,
@@ -202,6 +241,18 @@ class BatchQueueFullError(QueueFullError, BatchPublishError):
         self.unconfirmed = tuple(unconfirmed)
 
 
+class BatchQueueFullNacked(BatchQueueFullError, QueueFullNacked):
+    """The broker nacked jobs of a sent batch because their queue is at its bound;
+    :attr:`accepted` names the jobs that are enqueued (the check before sending is
+    not atomic: another producer filled the queue meanwhile)."""
+
+
+class BatchQueueFullRefused(BatchQueueFullError, QueueFullRefused):
+    """The batch was refused whole before anything was sent (section 9.3): a bounded
+    queue's jobs do not fit under its ``max_depth`` (after waiting up to
+    ``block_timeout`` on a ``block`` queue), or its circuit breaker is open."""
+
+
 class JobRejected(OJSError):
     """A consumed message is not a runnable OJS job; it is dead-lettered with ``code``."""
 
@@ -209,3 +260,35 @@ class JobRejected(OJSError):
         self.code = code
         self.message = message
         super().__init__(f"{code}: {message}")
+
+
+class DeadLetterNotFound(OJSError, LookupError):
+    """No dead letter with that job id."""
+
+
+class ControlError(OJSError):
+    """A control request (CANCEL, INFO) could not be made."""
+
+
+class ControlTimeout(ControlError, TimeoutError):
+    """No answer to an INFO request in time."""
+
+
+class InvalidEventData(OJSError, ValueError):
+    """``data`` does not conform to the section 4 schema of its event type."""
+
+    def __init__(self, event_type: str, errors: list[dict[str, Any]], detail: str = "") -> None:
+        self.event_type = event_type
+        #: pydantic-style error dicts (``loc`` relative to ``data``, ``type``, ``msg``).
+        self.errors = errors
+        self.detail = detail or "; ".join(
+            f"{'.'.join(['data', *map(str, e['loc'])])}: {e['msg']}" for e in errors
+        )
+        super().__init__(f"invalid data for {event_type!r} event: {self.detail}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.event_type, self.errors, self.detail)
+
+
+class InvalidEventMessage(OJSError, ValueError):
+    """A message on the events exchange whose body is not an event or a batch of events."""

@@ -15,14 +15,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from .backoff import backoff
 from .envelope import RetryPolicy, parse_duration
-from .errors import OJSConfigurationError
+from .errors import RetryPolicyError
 
 DEFAULT_POLICY = RetryPolicy()
-
-
-class RetryPolicyError(OJSConfigurationError):
-    """A retry policy does not validate against ``retry-policy.schema.json``."""
+#: The spec's jitter: the delay times a uniform draw in ``[0.5, 1.5)``.
+JITTER = 0.5
 
 
 def policy_from(value: RetryPolicy | Mapping[str, Any] | None, *, source: str) -> RetryPolicy:
@@ -75,10 +74,8 @@ class Backoff:
 
     def delay(self, attempt: int, draw: Callable[[], float] = random.random) -> float:
         """Seconds to wait after failed attempt ``attempt`` (1-based) before the next one."""
-        base = min(self.initial * self.coefficient ** (max(attempt, 1) - 1), self.maximum)
-        if self.jitter:
-            base = min(base * (0.5 + draw()), self.maximum)
-        return base
+        return backoff(self.initial, self.maximum, attempt, coefficient=self.coefficient,
+                       jitter=JITTER if self.jitter else 0.0, draw=draw)
 
     def allows_retry_after(self, attempt: int) -> bool:
         """Whether failed attempt ``attempt`` may be followed by another."""

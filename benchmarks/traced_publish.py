@@ -123,9 +123,11 @@ class SideProcess:
     def close(self, broker: Admin) -> None:
         """Stop the process, then delete what it declared (OJS: everything under its
         prefix, such as the dead-letter exchange)."""
-        with suppress(OSError, ValueError):
-            self.process.stdin.write("quit\n")  # type: ignore[union-attr]
-            self.process.stdin.close()  # type: ignore[union-attr]
+        stdin = self.process.stdin
+        with suppress(OSError, ValueError):  # the process may be gone already
+            if stdin is not None:
+                stdin.write("quit\n")
+                stdin.close()
         try:
             self.process.wait(20)
         except subprocess.TimeoutExpired:
@@ -169,10 +171,10 @@ def run(broker: Admin, broker_url: str, settings: Settings,
                     log(f"traced publish: round {i + 1}/{settings.rounds}, block "
                         f"{b + 1}/{len(blocks)}")
                     for key in order:
-                        queue = sides[key].names["queue"]
-                        broker.purge(queue)
+                        job_queue = sides[key].names["queue"]
+                        broker.purge(job_queue)
                         sides[key].ask(f"publish {sizes[b]}")
-                        broker.purge(queue)
+                        broker.purge(job_queue)
                 for key in keys:
                     rounds[key].append(sides[key].ask("round"))
     finally:

@@ -1,10 +1,10 @@
-"""ojs_kombu vs plain Celery and Dramatiq on one local RabbitMQ: publish, drain, events,
-scheduling and a poison storm.
+"""ojs_kombu vs plain Celery and Dramatiq on one local RabbitMQ: publish, drain, traced
+publish, events, scheduling and a poison storm.
 
 Run from the repository root::
 
     python benchmarks/run.py [--jobs N] [--json PATH]
-                             [--only throughput|events|schedule|storm|green]
+                             [--only throughput|traced_publish|events|schedule|storm|green]
 
 The throughput part publishes with plain Celery (without and with
 ``confirm_publish``), ojs_kombu (``apply_async`` and batch ``enqueue_many``)
@@ -12,7 +12,10 @@ and Dramatiq (without and with ``confirm_delivery``), all in this one process
 against the same broker, and drains with plain Celery and ojs_kombu using the
 threads pool (in-process worker) and the prefork pool (``prefork_drain.py``,
 a worker subprocess), with the same task, arguments, pool and concurrency on
-both sides; ``report.py`` holds the comparisons and the targets.  The events part
+both sides; ``report.py`` holds the comparisons and the targets.  The traced
+publish part (``traced_publish.py``) measures single confirmed ``apply_async``
+of ojs_kombu and plain Celery with OpenTelemetry's Celery instrumentation on
+and off, one subprocess per side (``publish_side.py``).  The events part
 (``events_scenario.py``) measures the same two numbers for ojs_kombu with OJS
 events (AMQP sink) and OpenTelemetry metrics off and on, and counts the events
 that reached the events exchange.  The scheduling part (``scheduling.py``)
@@ -68,6 +71,7 @@ import poison_storm
 import prefork_drain
 import report
 import scheduling
+import traced_publish
 from drain_app import TASK_NAME, common_conf
 from dramatiq_side import DramatiqPublisher, queues_of
 from raw_side import RawConfirmPublisher
@@ -80,7 +84,7 @@ POOL = "threads"
 CONCURRENCY = 4
 #: Jobs per batch of ``enqueue_many`` (``--batch-size``).
 BATCH_SIZE = 1000
-PARTS = ("throughput", "events", "schedule", "storm", "green")
+PARTS = ("throughput", "traced_publish", "events", "schedule", "storm", "green")
 
 
 # -- broker administration (plain py-amqp, outside both Celery apps) -------
@@ -466,12 +470,14 @@ def summarize(results: list[Result] | list[dict[str, Any]]) -> dict[str, float]:
 
 
 def render(results: dict[str, dict[str, Any]]) -> str:
-    """The throughput tables, the events tables, the scheduling table, then the storm table
-    (of the parts run)."""
+    """The throughput tables, the traced publish table, the events tables, the scheduling
+    table, the storm table, then the green table (of the parts run)."""
     tables: list[list[str]] = []
     if "throughput" in results:
         tp = results["throughput"]
         tables.append(report.render(tp["medians"], tp["jobs"], tp["settings"]["batch_size"]))
+    if "traced_publish" in results:
+        tables.append(traced_publish.render(results["traced_publish"]))
     if "events" in results:
         tables.append(events_scenario.render(results["events"]))
     if "schedule" in results:
@@ -595,11 +601,16 @@ def _workdir() -> Iterator[Path]:
 
 
 def run(broker: Broker, args: argparse.Namespace) -> dict[str, Any]:
-    """The selected parts, throughput first, then the storm and the green drains; the
+    """The selected parts in ``PARTS`` order, throughput first, green drains last; the
     results keyed by part."""
     results: dict[str, Any] = {}
     if "throughput" in args.parts:
         results["throughput"] = run_throughput(broker, args)
+    if "traced_publish" in args.parts:
+        traced = traced_publish.Settings(jobs=args.jobs, rounds=args.rounds, blocks=args.blocks,
+                                         timeout_s=args.timeout)
+        results["traced_publish"] = traced_publish.run(broker, args.broker, traced,
+                                                       log=_progress)
     if "events" in args.parts:
         results["events"] = run_events(broker, args)
     if "schedule" in args.parts:
@@ -806,8 +817,8 @@ def _plain(value: Any) -> Any:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=2000,
-                        help="jobs per side for confirmed single publishes (the events part's "
-                        "publishes too)")
+                        help="jobs per side for confirmed single publishes (the traced publish "
+                        "and events parts' publishes too)")
     parser.add_argument("--drain-jobs", type=int, default=8000,
                         help="jobs each drain runs, throughput and events (a drain of a few "
                         "thousand no-op jobs lasts under a second and reads high)")
@@ -822,15 +833,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "side goes first, and report medians (steadier ratios on a noisy "
                         "machine)")
     parser.add_argument("--blocks", type=int, default=5,
-                        help="throughput: cut each publish scenario of a round into this many "
-                        "blocks, run in turns with the other scenarios (1: one block each)")
+                        help="throughput and traced publish: cut each publish scenario of a "
+                        "round into this many blocks, run in turns with the other scenarios "
+                        "(1: one block each)")
     parser.add_argument("--broker", default=DEFAULT_BROKER, help="amqp:// URL of RabbitMQ")
     parser.add_argument("--timeout", type=float, default=300.0,
                         help="seconds a drain may take before it counts as an error")
     parser.add_argument("--only", choices=PARTS,
-                        help="run one part: throughput (publish, drain), events (ojs_kombu "
+                        help="run one part: throughput (publish, drain), traced_publish "
+                        "(single apply_async with OpenTelemetry's Celery instrumentation on and "
+                        "off), events (ojs_kombu "
                         "with events off vs on), schedule, storm (poison messages) or green "
                         "(gevent and eventlet drains)")
+    parser.add_argument("--skip-traced-publish", action="store_true",
+                        help="leave out the traced publish part")
     parser.add_argument("--skip-events", action="store_true", help="leave out the events part")
     parser.add_argument("--no-events-split", dest="events_split", action="store_false",
                         help="events: only events off and on, without the sides with the "
@@ -875,11 +891,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--storm-jobs must be at least 1 and --storm-timeout positive")
     if args.green_jobs < 1:
         parser.error("--green-jobs must be at least 1")
-    if args.only and (args.skip_events or args.skip_schedule or args.skip_storm
-                      or args.skip_green):
-        parser.error("--only cannot be combined with --skip-events, --skip-schedule, "
-                     "--skip-storm or --skip-green")
-    skipped = {"events"} if args.skip_events else set()
+    if args.only and (args.skip_traced_publish or args.skip_events or args.skip_schedule
+                      or args.skip_storm or args.skip_green):
+        parser.error("--only cannot be combined with --skip-traced-publish, --skip-events, "
+                     "--skip-schedule, --skip-storm or --skip-green")
+    skipped = {"traced_publish"} if args.skip_traced_publish else set()
+    skipped |= {"events"} if args.skip_events else set()
     skipped |= {"schedule"} if args.skip_schedule else set()
     skipped |= {"storm"} if args.skip_storm else set()
     skipped |= {"green"} if args.skip_green else set()

@@ -458,3 +458,65 @@ def test_storm_counts_where_each_kind_ended_up_by_message_id(
                                           "lost": 0, "duplicated": 1}
     assert kinds["undecodable"] == {"published": 2, "dead_lettered": 0, "left": 1, "lost": 1,
                                     "duplicated": 0}
+
+
+def _traced_publish(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    monkeypatch.syspath_prepend(str(BENCHMARKS))  # traced_publish imports report, scheduling
+    return _load("traced_publish")
+
+
+def traced_medians(**rates: float) -> dict[str, dict[str, float]]:
+    """Per side jobs/s (distinct), CPU per job and, for the traced sides, PRODUCER spans."""
+    rates = {"plain_traced": 900.0, "ojs_traced": 1200.0, "plain_untraced": 1000.0,
+             "ojs_untraced": 1500.0, **rates}
+    cpu = {"plain_traced": 400.0, "ojs_traced": 320.0, "plain_untraced": 300.0,
+           "ojs_untraced": 200.0}
+    return {key: {"jobs_per_s": rate, "seconds": 2.0, "p50_ms": 0.7, "p99_ms": 3.0,
+                  "cpu_us_per_job": cpu[key], "jobs": 6000,
+                  "producer_spans": 6000 if key.endswith("_traced") else 0}
+            for key, rate in rates.items()}
+
+
+def test_traced_publish_compares_each_side_with_plain_celery_traced_alike(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The issue's target reads ojs_kombu traced over plain Celery traced; the untraced pair
+    and what tracing costs each side are shown next to it."""
+    traced_publish = _traced_publish(monkeypatch)
+    assessed = traced_publish.assess(traced_medians())
+    assert assessed["ratios"]["traced"]["jobs_per_s"] == pytest.approx(1200 / 900)
+    assert assessed["ratios"]["untraced"]["jobs_per_s"] == pytest.approx(1.5)
+    assert assessed["ratios"]["traced"]["cpu"] == pytest.approx(400 / 320)  # plain over ojs
+    assert assessed["tracing_cost"]["ojs"]["jobs_per_s"] == pytest.approx(0.8)
+    assert assessed["tracing_cost"]["plain"]["cpu"] == pytest.approx(400 / 300)
+    assert assessed["target"]["minimum"] == 1.2 and assessed["target"]["met"] is True
+    below = traced_publish.assess(traced_medians(ojs_traced=1000.0))
+    assert below["target"]["ratio"] == pytest.approx(1000 / 900)
+    assert below["target"]["met"] is False
+    partial = traced_medians()
+    del partial["plain_traced"]
+    missing = traced_publish.assess(partial)
+    assert missing["target"]["ratio"] is None and missing["target"]["met"] is False
+    assert missing["tracing_cost"]["plain"]["jobs_per_s"] is None
+
+
+def test_traced_publish_table_shows_rates_ratios_cpu_spans_and_the_verdict(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    traced_publish = _traced_publish(monkeypatch)
+    medians = traced_medians()
+    medians["ojs_traced"]["producer_spans"] = 5990  # a dropped span shows
+    lines = traced_publish.render({"jobs": 2000, "medians": medians,
+                                   **traced_publish.assess(medians)})
+    rows = {cells[0]: cells[1:] for cells in (
+        [c.strip() for c in line.split("|")] for line in lines if line.count("|") == 6)}
+    assert rows["plain Celery apply_async, confirm_publish, traced"] == [
+        "900", "-", "400", "0.700", "3.000", "6000 of 6000"]
+    assert rows["ojs_kombu apply_async (confirmed), traced"][:3] == ["1200", "1.33", "320"]
+    assert rows["ojs_kombu apply_async (confirmed), traced"][-1] == "5990 of 6000"
+    assert rows["ojs_kombu apply_async (confirmed), untraced"][:2] == ["1500", "1.50"]
+    assert rows["plain Celery apply_async, confirm_publish, untraced"][-1] == "-"
+    text = "\n".join(lines)
+    assert "CPU ratio (plain/ojs): traced 1.25, untraced 1.50" in text
+    assert ("traced / untraced: plain Celery jobs/s 0.90x, CPU per job 1.33x; ojs_kombu "
+            "jobs/s 0.80x, CPU per job 1.60x") in text
+    verdict = next(line for line in lines if line.startswith("traced single apply_async"))
+    assert [c.strip() for c in verdict.split("|")][1:] == ["1.33", "met"]

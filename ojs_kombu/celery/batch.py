@@ -33,7 +33,7 @@ from celery.canvas import Signature, _chain, chord, group
 from celery.result import AsyncResult
 from celery.utils.nodenames import anon_nodename
 
-from ..amqp.transport import job_queue_for
+from ..amqp.publisher import job_queue_for
 from ..events.tracing import with_current_trace
 from ..spec.codec import (
     META_OPTION,

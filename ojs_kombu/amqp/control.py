@@ -21,6 +21,7 @@ from ..spec.errors import OJSError
 from ..spec.job_ids import new_job_id
 from ..spec.naming import is_job_id
 from .binding import Binding
+from .drain import drain_until
 
 CANCEL = "ojs.control.cancel"
 HEARTBEAT = "ojs.control.heartbeat"
@@ -125,18 +126,12 @@ class ControlClient:
                 self._publish(queue, control_message(
                     INFO, {"job_id": job_id}, reply_to=reply_queue,
                     correlation_id=correlation_id))
-            deadline = time.monotonic() + timeout
-            while any(c not in self._replies for c in waiting):
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    missing = sorted(job for c, job in waiting.items() if c not in self._replies)
-                    raise ControlTimeout(f"no INFO answer within {timeout}s for job(s) "
-                                         f"{', '.join(missing)}: is a worker consuming "
-                                         "their queue?")
-                try:
-                    self._amqp.drain_events(timeout=remaining)
-                except TimeoutError:
-                    continue
+            if not drain_until(self._amqp, lambda: all(c in self._replies for c in waiting),
+                               timeout):
+                missing = sorted(job for c, job in waiting.items() if c not in self._replies)
+                raise ControlTimeout(f"no INFO answer within {timeout}s for job(s) "
+                                     f"{', '.join(missing)}: is a worker consuming "
+                                     "their queue?")
             return {waiting[c]: self._replies.pop(c) for c in list(waiting)}
 
     def _ensure_reply_queue(self) -> str:

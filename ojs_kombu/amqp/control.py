@@ -22,6 +22,7 @@ from ..spec.job_ids import new_job_id
 from ..spec.naming import is_job_id
 from .binding import Binding
 from .drain import drain_until
+from .job_channel import JobChannel, JobConnection
 
 CANCEL = "ojs.control.cancel"
 HEARTBEAT = "ojs.control.heartbeat"
@@ -82,12 +83,13 @@ class ControlClient:
         except Exception as exc:
             where = self._connection.as_uri()
             raise ControlError(f"cannot reach the broker at {where}: {exc}") from None
-        self._amqp = self._connection.connection
-        if getattr(self._amqp, "ojs", None) is None:
+        amqp_connection = self._connection.connection
+        if not isinstance(amqp_connection, JobConnection):
             raise ControlError("control requests need an ojs:// broker URL")
-        self.binding: Binding = self._amqp.ojs
+        self._amqp = amqp_connection
+        self.binding: Binding = amqp_connection.ojs
         self._lock = threading.Lock()
-        self._channel: Any = self._amqp.channel()
+        self._channel: JobChannel = amqp_connection.channel()
         self._reply_queue: str | None = None
         self._replies: dict[str, dict[str, Any]] = {}
 

@@ -7,7 +7,7 @@ connection (the OJS binding, topology declared once per connection, queue
 depths) and :class:`JobChannel` for a channel of it (confirmed job
 publishes, settling deliveries, the consumer readings of the metrics).
 :class:`ojs_kombu.amqp.transport.Connection` and
-:class:`~ojs_kombu.amqp.transport.Channel` implement them; an ``isinstance``
+:class:`~ojs_kombu.amqp.channel.Channel` implement them; an ``isinstance``
 check against them tells an ``ojs://`` connection from any other.
 """
 
@@ -35,12 +35,15 @@ class JobConnection(Protocol):
     connection_errors: tuple[type[BaseException], ...]
     #: Retries, dead letters and reschedules of this connection's deliveries.
     ojs_outcomes: OutcomePublisher
+    #: Jobs run inside their delivery (Celery's solo pool): collected acks go out first.
+    ojs_jobs_run_in_loop: bool
 
     @property
     def ojs(self) -> Binding:
         """The OJS binding (names, settings, events) the connection was made with."""
 
-    def channel(self, channel_id: int | None = None) -> Any: ...
+    def channel(self, channel_id: int | None = None) -> Any:
+        """A new channel: a :class:`JobChannel` that is also a py-amqp channel."""
 
     def drain_events(self, timeout: float | None = None) -> Any: ...
 

@@ -43,7 +43,7 @@ CLOSE_POLL_S = 0.2
 
 
 class DeliveryChannel(Protocol):
-    """The channel a job was delivered on (:class:`ojs_kombu.amqp.transport.Channel`)."""
+    """The channel a job was delivered on (:class:`ojs_kombu.amqp.channel.Channel`)."""
 
     generation: int
     is_open: bool

@@ -39,11 +39,10 @@ class Connection(pyamqp.Connection):
     def __init__(self, *args: Any, confirm_publish: bool = False, **kwargs: Any) -> None:
         options = {k: kwargs.pop(k) for k in list(kwargs) if k.startswith("ojs_")}
         self.ojs = Binding.from_options(options)
-        connect_args = (args, {**kwargs, "ojs_binding": self.ojs})
+        self._ojs_connect_args = (args, {**kwargs, "ojs_binding": self.ojs})
         #: ``confirm_publish=True`` (kombu's option) also confirms non-job publishes.
         self.ojs_confirm_all = confirm_publish
-        self.ojs_topology = DeclaredTopology(
-            self, lambda: self._connected(type(self)(*connect_args[0], **connect_args[1])))
+        self.ojs_topology = DeclaredTopology(self, self._connect_another)
         self.ojs_loop_acks = LoopAcks(self)
         #: Jobs run inside their delivery (Celery's solo pool; set by the Celery wiring):
         #: collected acks are written before each delivery.
@@ -60,10 +59,12 @@ class Connection(pyamqp.Connection):
         self._ojs_loop_wake: LoopWake | None = None
         track_connection(self)
 
-    @staticmethod
-    def _connected(connection: Connection) -> Connection:
-        connection.connect()
-        return connection
+    def _connect_another(self) -> Connection:
+        """Another connection to the same broker, with the same binding, connected."""
+        args, kwargs = self._ojs_connect_args
+        other = type(self)(*args, **kwargs)
+        other.connect()
+        return other
 
     def Transport(self, host: str, connect_timeout: float | None, ssl: Any = False,
                   read_timeout: float | None = None, write_timeout: float | None = None,

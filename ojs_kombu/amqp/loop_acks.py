@@ -15,7 +15,10 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .channel import Channel
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +37,7 @@ class LoopAcks:
         self.thread: int | None = None
         self._loop: Any = None
         self._on_tick: Callable[[], None] | None = None
-        self._channels: list[Any] = []
+        self._channels: list[Channel] = []
 
     def register(self, loop: Any, on_tick: Callable[[], None]) -> None:
         """Collect acks made in the calling thread, ``loop``'s (Celery registers its
@@ -52,7 +55,7 @@ class LoopAcks:
             loop.on_close.discard(self._on_loop_closed)
         self.thread = None
 
-    def collect(self, channel: Any, delivery_tag: int, multiple: bool) -> bool:
+    def collect(self, channel: Channel, delivery_tag: int, multiple: bool) -> bool:
         """Collect ``channel``'s ack when made in the loop's thread; ``False``: send it
         now (a ``multiple`` ack first writes what the channel collected)."""
         if self.thread != threading.get_ident():

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from time import monotonic
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import amqp
 from amqp.exceptions import MessageNacked, RecoverableConnectionError
@@ -34,6 +34,9 @@ from ..spec.naming import TopologyNames
 from .confirms import ConfirmTracker, PendingPublish
 from .job_channel import JobConnection
 from .publish_frames import PublishFrames
+
+if TYPE_CHECKING:
+    from .channel import Channel
 
 logger = logging.getLogger(__name__)
 
@@ -86,8 +89,7 @@ class JobPublisher:
     Like every kombu channel, it is used by one thread at a time.
     """
 
-    def __init__(self, channel: Any) -> None:
-        #: the transport's Channel (a py-amqp channel of a :class:`JobConnection`)
+    def __init__(self, channel: Channel) -> None:
         self._channel = channel
         self.reset()
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from functools import partial
 from time import sleep
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import amqp
 from amqp import spec
@@ -31,6 +31,9 @@ from .frames import UNDECODABLE_HEADER
 from .reconnect import CONSUMER_CANCELLED, DEFAULT_POLICY
 from .reconnect import emit as emit_connection_event
 from .settle import settle
+
+if TYPE_CHECKING:
+    from .channel import Channel
 
 logger = logging.getLogger(__name__)
 
@@ -53,8 +56,7 @@ class JobReceiver:
     """The job consumers of one channel of the ``ojs`` transport, and their deliveries
     not yet settled (the consumer readings of :mod:`ojs_kombu.events.metrics`)."""
 
-    def __init__(self, channel: Any) -> None:
-        #: the transport's Channel (a :class:`~ojs_kombu.amqp.job_channel.JobChannel`)
+    def __init__(self, channel: Channel) -> None:
         self._channel = channel
         self.reset()
 

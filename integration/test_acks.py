@@ -9,7 +9,7 @@ import pytest
 from celery import Celery
 
 import ojs_kombu
-import ojs_kombu.amqp.transport
+import ojs_kombu.amqp.channel
 
 from .conftest import queue_depth, unacked, wait_until
 
@@ -20,13 +20,13 @@ def test_a_backlog_is_acked_in_batches_and_every_job_runs_once(
         app: Celery, worker: Any, vhost: str, amqp_channel: amqp.Channel,
         monkeypatch: pytest.MonkeyPatch) -> None:
     writes: list[list[tuple[int, bool]]] = []
-    frames = ojs_kombu.amqp.transport.ack_frames
+    frames = ojs_kombu.amqp.channel.ack_frames
 
     def spy(channel_id: int, acks: list[tuple[int, bool]]) -> bytes:
         writes.append(list(acks))
         return frames(channel_id, acks)
 
-    monkeypatch.setattr(ojs_kombu.amqp.transport, "ack_frames", spy)
+    monkeypatch.setattr(ojs_kombu.amqp.channel, "ack_frames", spy)
     add = app.tasks["math.add"]
     results = ojs_kombu.enqueue_many(app, [add.s(i, 1000) for i in range(JOBS)])
     for result in results:

@@ -20,6 +20,7 @@ them:
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import time
@@ -204,7 +205,16 @@ class BrokerChannel:
 
 
 class BrokerConnection:
-    """A connected ``ojs://`` py-amqp connection on :class:`Broker`."""
+    """A connected ``ojs://`` py-amqp connection on :class:`Broker`.
+
+    It has every member of :class:`ojs_kombu.amqp.job_channel.JobConnection`, the
+    interface the dead-letter and control clients check for; the retry and
+    scheduling topology is not modelled (nothing under test declares it).
+    """
+
+    connection_errors: tuple[type[BaseException], ...] = (ConnectionError,)
+    ojs_outcomes: Any = None
+    ojs_jobs_run_in_loop = False
 
     def __init__(self, broker: Broker, binding: Binding) -> None:
         self.broker = broker
@@ -216,7 +226,7 @@ class BrokerConnection:
     def channel(self) -> BrokerChannel:
         return BrokerChannel(self)
 
-    def ensure_topology(self, queue: str) -> None:
+    def ensure_topology(self, queue: str, via: Any = None) -> None:
         """The job, dead-letter and control queues of ``queue``, bound as ojs_kombu binds them."""
         names, broker = self.ojs.names, self.broker
         for name in (names.job_queue(queue), names.dead_letter_queue(queue),
@@ -230,6 +240,31 @@ class BrokerConnection:
         if not any(channel.deliver() for channel in self.consuming):
             time.sleep(timeout or 0)
             raise TimeoutError("timed out")
+
+    def wait_until(self, done: Any, limit: float) -> bool:
+        deadline = time.monotonic() + limit
+        while not done():
+            if time.monotonic() >= deadline:
+                return False
+            with contextlib.suppress(TimeoutError):
+                self.drain_events(timeout=min(0.01, limit))
+        return True
+
+    def queue_depth(self, queue: str) -> int | None:
+        stored = self.broker.queues.get(self.ojs.names.job_queue(queue))
+        return None if stored is None else len(stored)
+
+    def ensure_retry_queue(self, queue: str, delay_ms: int, via: Any = None) -> None:
+        raise NotImplementedError("the in-memory broker has no retry queues")
+
+    def ensure_schedule(self, queue: str, via: Any = None) -> None:
+        raise NotImplementedError("the in-memory broker has no scheduling ladder")
+
+    def ensure_delayed_exchange(self, queue: str) -> None:
+        raise NotImplementedError("the in-memory broker has no delayed exchange")
+
+    def forget_topology(self, queue: str | None = None) -> None:
+        """Nothing is cached: every ensure_topology declares again."""
 
     def close(self) -> None:
         self.connected = False

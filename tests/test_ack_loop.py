@@ -19,7 +19,8 @@ from amqp.exceptions import RecoverableConnectionError
 from amqp.method_framing import frame_writer
 from kombu.asynchronous import Hub
 
-from ojs_kombu.amqp.transport import Channel, Connection
+from ojs_kombu.amqp.channel import Channel
+from ojs_kombu.amqp.transport import Connection
 
 
 class Socket:

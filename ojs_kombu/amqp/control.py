@@ -21,6 +21,8 @@ from ..spec.errors import ControlError, ControlTimeout
 from ..spec.job_ids import new_job_id
 from ..spec.naming import is_job_id
 from .binding import Binding
+from .drain import drain_until
+from .job_channel import JobChannel, JobConnection
 
 CANCEL = "ojs.control.cancel"
 HEARTBEAT = "ojs.control.heartbeat"
@@ -73,12 +75,13 @@ class ControlClient:
         except Exception as exc:
             where = self._connection.as_uri()
             raise ControlError(f"cannot reach the broker at {where}: {exc}") from None
-        self._amqp = self._connection.connection
-        if getattr(self._amqp, "ojs", None) is None:
+        amqp_connection = self._connection.connection
+        if not isinstance(amqp_connection, JobConnection):
             raise ControlError("control requests need an ojs:// broker URL")
-        self.binding: Binding = self._amqp.ojs
+        self._amqp = amqp_connection
+        self.binding: Binding = amqp_connection.ojs
         self._lock = threading.Lock()
-        self._channel: Any = self._amqp.channel()
+        self._channel: JobChannel = amqp_connection.channel()
         self._reply_queue: str | None = None
         self._replies: dict[str, dict[str, Any]] = {}
 
@@ -117,18 +120,12 @@ class ControlClient:
                 self._publish(queue, control_message(
                     INFO, {"job_id": job_id}, reply_to=reply_queue,
                     correlation_id=correlation_id))
-            deadline = time.monotonic() + timeout
-            while any(c not in self._replies for c in waiting):
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    missing = sorted(job for c, job in waiting.items() if c not in self._replies)
-                    raise ControlTimeout(f"no INFO answer within {timeout}s for job(s) "
-                                         f"{', '.join(missing)}: is a worker consuming "
-                                         "their queue?")
-                try:
-                    self._amqp.drain_events(timeout=remaining)
-                except TimeoutError:
-                    continue
+            if not drain_until(self._amqp, lambda: all(c in self._replies for c in waiting),
+                               timeout):
+                missing = sorted(job for c, job in waiting.items() if c not in self._replies)
+                raise ControlTimeout(f"no INFO answer within {timeout}s for job(s) "
+                                     f"{', '.join(missing)}: is a worker consuming "
+                                     "their queue?")
             return {waiting[c]: self._replies.pop(c) for c in list(waiting)}
 
     def _ensure_reply_queue(self) -> str:

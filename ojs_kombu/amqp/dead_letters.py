@@ -17,9 +17,12 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import amqp
+import kombu
 
 from ..spec.errors import DeadLetterNotFound, OJSConfigurationError
 from ..spec.failures import reset_for_replay, without_failure_headers
+from .channel import Channel
+from .job_channel import JobConnection
 
 T = TypeVar("T")
 
@@ -87,14 +90,13 @@ class DeadLetter:
 class DeadLetterQueue:
     """The DLQ of one OJS queue, on an ``ojs://`` kombu connection."""
 
-    def __init__(self, connection: Any, queue: str) -> None:
+    def __init__(self, connection: kombu.Connection, queue: str) -> None:
         self._connection = connection
         transport_connection = connection.connection  # connects if needed
-        ojs = getattr(transport_connection, "ojs", None)
-        if ojs is None:
+        if not isinstance(transport_connection, JobConnection):
             raise OJSConfigurationError("dead-letter queues need an ojs:// connection")
         self._amqp = transport_connection
-        self.names = ojs.names
+        self.names = transport_connection.ojs.names
         self.queue = self.names.ojs_queue(queue)
         self.dlq = self.names.dead_letter_queue(self.queue)
         transport_connection.ensure_topology(self.queue)
@@ -105,7 +107,7 @@ class DeadLetterQueue:
 
     def list(self, limit: int | None = None) -> list[DeadLetter]:
         """Up to ``limit`` dead letters, oldest first; none is removed."""
-        def browse(channel: Any) -> list[DeadLetter]:
+        def browse(channel: Channel) -> list[DeadLetter]:
             found = []
             for message in self._browse(channel):
                 found.append(DeadLetter.from_message(self.queue, message))
@@ -116,7 +118,7 @@ class DeadLetterQueue:
 
     def get(self, job_id: str) -> DeadLetter:
         """The dead letter of ``job_id``; raises :class:`DeadLetterNotFound`."""
-        def find(channel: Any) -> DeadLetter:
+        def find(channel: Channel) -> DeadLetter:
             for message in self._browse(channel):
                 if message.properties.get("message_id") == job_id:
                     return DeadLetter.from_message(self.queue, message)
@@ -125,7 +127,7 @@ class DeadLetterQueue:
 
     def replay(self, job_id: str) -> None:
         """Put ``job_id`` back on its queue; raises :class:`DeadLetterNotFound`."""
-        def replay_one(channel: Any) -> None:
+        def replay_one(channel: Channel) -> None:
             for message in self._browse(channel):
                 if message.properties.get("message_id") == job_id:
                     self._replay(channel, message)
@@ -135,7 +137,7 @@ class DeadLetterQueue:
 
     def replay_all(self, progress: Callable[[str], None] | None = None) -> list[str]:
         """Replay every dead letter present when called; returns the job ids, in order."""
-        def replay_every(channel: Any) -> list[str]:
+        def replay_every(channel: Channel) -> list[str]:
             replayed = []
             for message in self._browse(channel):
                 job_id = self._replay(channel, message)
@@ -148,7 +150,7 @@ class DeadLetterQueue:
     def delete(self, job_id: str) -> DeadLetter:
         """Remove the dead letter of ``job_id`` for good and return it; raises
         :class:`DeadLetterNotFound`.  The others stay where they were."""
-        def delete_one(channel: Any) -> DeadLetter:
+        def delete_one(channel: Channel) -> DeadLetter:
             for message in self._browse(channel):
                 if message.properties.get("message_id") == job_id:
                     channel.basic_ack(message.delivery_tag)
@@ -160,7 +162,7 @@ class DeadLetterQueue:
         """Delete every dead letter; returns how many there were."""
         return self._with_channel(lambda channel: channel.queue_purge(self.dlq) or 0)
 
-    def _replay(self, channel: Any, message: amqp.Message) -> str:
+    def _replay(self, channel: Channel, message: amqp.Message) -> str:
         dead = DeadLetter.from_message(self.queue, message)
         if dead.envelope is not None:
             body, headers = reset_for_replay(dead.body, dead.headers)
@@ -174,7 +176,7 @@ class DeadLetterQueue:
         channel.basic_ack(message.delivery_tag)
         return dead.job_id
 
-    def _browse(self, channel: Any) -> Iterator[amqp.Message]:
+    def _browse(self, channel: Channel) -> Iterator[amqp.Message]:
         """Every message present now, unacknowledged (closing the channel requeues them)."""
         present = channel.queue_declare(self.dlq, passive=True).message_count
         for _ in range(present):
@@ -183,7 +185,7 @@ class DeadLetterQueue:
                 return
             yield message
 
-    def _with_channel(self, work: Callable[[Any], T]) -> T:
+    def _with_channel(self, work: Callable[[Channel], T]) -> T:
         channel = self._amqp.channel()
         try:
             return work(channel)
@@ -196,7 +198,7 @@ class DeadLetterQueue:
 
 
 @contextmanager
-def open_dead_letter_queue(connection: Any, queue: str) -> Iterator[DeadLetterQueue]:
+def open_dead_letter_queue(connection: kombu.Connection, queue: str) -> Iterator[DeadLetterQueue]:
     dlq = DeadLetterQueue(connection, queue)
     try:
         yield dlq

@@ -11,6 +11,7 @@ from kombu.transport import pyamqp
 
 from ..events.emitter import JobInfo
 from ..spec.failures import HANDLER_ERROR, Action, JobFailure, Outcome
+from .job_channel import JobChannel
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +70,7 @@ class JobMessage(pyamqp.Message):
             if requeue:
                 logger.warning("job %s: OJS jobs are never requeued immediately (AMQP "
                                "binding 5.4); dead-lettering it instead", self.ojs.job_id)
-        channel: Any = self.channel  # ojs_kombu.amqp.transport.Channel
+        channel: JobChannel = self.channel
         connection = channel.connection
         if connection is None:  # lost: the broker redelivers the job (py-amqp's error)
             raise RecoverableConnectionError("connection already closed")

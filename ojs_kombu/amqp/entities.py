@@ -16,6 +16,7 @@ from kombu import Exchange, Queue
 
 from ..spec.errors import OJSConfigurationError
 from ..spec.naming import TopologyNames
+from .job_channel import JobConnection
 from .topology import OWNED_ARGUMENTS, job_queue_arguments
 
 #: Arguments Celery must not see on its queue objects: Celery's native delayed
@@ -31,13 +32,13 @@ class JobQueue(Queue):
 
     def declare(self, nowait: bool = False, channel: Any = None) -> str:
         channel = channel or self.channel
-        ensure = getattr(getattr(channel, "connection", None), "ensure_topology", None)
-        if ensure is None:
+        connection = channel.connection if channel is not None else None
+        if not isinstance(connection, JobConnection):
             raise OJSConfigurationError(
                 f"{self.name!r} is an OJS job queue and needs the ojs:// broker transport "
                 f"(got a {type(channel).__module__} channel)"
             )
-        ensure(self.ojs_queue)
+        connection.ensure_topology(self.ojs_queue)
         return self.name
 
 

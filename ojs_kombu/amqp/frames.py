@@ -11,7 +11,7 @@ every fresh worker dies on the same message at the head of the queue.
 does not decode is replaced, for that delivery only, by one carrying just the
 :data:`UNDECODABLE_HEADER` with the reason; the delivery then completes with
 its own body, and the consumer dead-letters it (see
-:meth:`ojs_kombu.amqp.transport.Channel.basic_consume`).  The parser's state stays
+:mod:`ojs_kombu.amqp.receiver`).  The parser's state stays
 that of this delivery, so no other delivery's header or body is ever
 attributed to it.
 """

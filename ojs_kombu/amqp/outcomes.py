@@ -29,6 +29,7 @@ from typing import Any, Protocol
 import amqp
 from amqp import spec
 
+from .drain import drain_until
 from .publish_frames import PublishFrames
 from .reconnect import DEFAULT_POLICY
 
@@ -37,10 +38,12 @@ logger = logging.getLogger(__name__)
 #: Dead-letter log lines per second before they are summed up (a storm of poison
 #: jobs must not drown the log, nor spend the worker's time writing it).
 DEAD_LETTER_LOG_RATE = 10
+#: Longest single read while waiting at close (each read first publishes the due ones).
+CLOSE_POLL_S = 0.2
 
 
 class DeliveryChannel(Protocol):
-    """The channel a job was delivered on (:class:`ojs_kombu.amqp.transport.Channel`)."""
+    """The channel a job was delivered on (:class:`ojs_kombu.amqp.channel.Channel`)."""
 
     generation: int
     is_open: bool
@@ -230,6 +233,24 @@ class OutcomePublisher:
                 raise
             except Exception as exc:
                 self._again(outcome, f"could not publish it again: {exc}")
+
+    def wait_in_flight(self, limit: float) -> None:
+        """Before the connection closes, read confirms for outcomes in flight for up to
+        ``limit`` seconds, so their deliveries are acked; those still unsettled stay
+        unacked and the broker delivers them again."""
+        if not self.in_flight:
+            return
+        try:
+            self.flush()
+            drain_until(self._connection, lambda: not self.in_flight, limit,
+                        poll=CLOSE_POLL_S)
+        except Exception as exc:
+            logger.warning("stopped waiting for %d retries or dead letters at close: %r",
+                           self.in_flight, exc)
+        if self.in_flight:
+            logger.warning("%d jobs whose retry or dead letter was not confirmed by close "
+                           "stay in their queues; the broker delivers them again",
+                           self.in_flight)
 
     def reset(self) -> None:
         """The connection is gone: nothing left to settle (the broker redelivers)."""

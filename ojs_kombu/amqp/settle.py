@@ -12,7 +12,8 @@
   headers published to ``ojs.exchange.dlx``, then the ack.
 
 Copies go through the connection's :class:`~ojs_kombu.amqp.outcomes.OutcomePublisher`:
-nothing here waits for the broker.
+nothing here waits for the broker, except :func:`retry_and_wait`, for callers
+outside a worker's loop.
 """
 
 from __future__ import annotations
@@ -24,22 +25,26 @@ from typing import Any
 import amqp
 
 from ..spec.delays import MAX_SCHEDULE_DELAY_MS, retry_delay_ms
+from ..spec.errors import PublishConfirmTimeout
 from ..spec.failures import (
     Action,
+    JobFailure,
     Outcome,
     record_failure,
     with_error_headers,
     without_death_headers,
 )
 from .delivery import JobDelivery
+from .job_channel import JobChannel
 from .outcomes import PendingOutcome
+from .publisher import schedule_route
 
 logger = logging.getLogger(__name__)
 
 
-def settle(channel: Any, delivery: JobDelivery, delivery_tag: int, outcome: Outcome,
+def settle(channel: JobChannel, delivery: JobDelivery, delivery_tag: int, outcome: Outcome,
            on_settled: Callable[[], None] | None = None) -> None:
-    """Carry out ``outcome`` for ``delivery`` on ``channel`` (the transport's Channel).
+    """Carry out ``outcome`` for ``delivery`` on ``channel``, the channel it came on.
 
     ``on_settled`` runs once the delivery is settled (for callers outside an
     event loop that wait for it).
@@ -60,7 +65,23 @@ def settle(channel: Any, delivery: JobDelivery, delivery_tag: int, outcome: Outc
         on_settled()
 
 
-def _retry(channel: Any, delivery: JobDelivery, delivery_tag: int, outcome: Outcome,
+def retry_and_wait(channel: JobChannel, delivery: JobDelivery, delivery_tag: int,
+                   failure: JobFailure, delay_s: float, timeout: float | None = None) -> int:
+    """Retry ``delivery`` and wait until the broker confirmed the copy (for callers
+    outside a worker's loop, such as ``ojs-kombu conformance``); returns the delay
+    queue's delay in ms."""
+    done: list[bool] = []
+    settle(channel, delivery, delivery_tag, Outcome(Action.RETRY, failure, delay_s),
+           lambda: done.append(True))
+    limit = timeout or channel.ojs.settings.confirm_timeout
+    if not channel.connection.wait_until(lambda: bool(done), limit):
+        raise PublishConfirmTimeout(f"no confirm for the retry of job {delivery.job_id} "
+                                    f"within {limit}s", job_id=delivery.job_id,
+                                    queue=delivery.queue)
+    return retry_delay_ms(delay_s)
+
+
+def _retry(channel: JobChannel, delivery: JobDelivery, delivery_tag: int, outcome: Outcome,
            on_settled: Callable[[], None] | None) -> None:
     assert outcome.failure is not None
     delay_ms = retry_delay_ms(outcome.delay_s)
@@ -75,18 +96,18 @@ def _retry(channel: Any, delivery: JobDelivery, delivery_tag: int, outcome: Outc
                 delivery.attempt, outcome.failure.code, outcome.failure.message, delay_ms)
 
 
-def _wait(channel: Any, delivery: JobDelivery, delivery_tag: int, seconds: float,
+def _wait(channel: JobChannel, delivery: JobDelivery, delivery_tag: int, seconds: float,
           on_settled: Callable[[], None] | None) -> None:
     # beyond the ladder's reach the job waits as long as it can, then again
     delay_ms = min(max(1, round(seconds * 1000)), MAX_SCHEDULE_DELAY_MS)
     message = _copy(delivery, delivery.body, without_death_headers(delivery.headers))
-    exchange, routing_key, mandatory, prepare = channel.schedule_route(
-        message.properties, delivery.job_id, delivery.queue, delay_ms)
+    exchange, routing_key, mandatory, prepare = schedule_route(
+        channel.connection, message.properties, delivery.job_id, delivery.queue, delay_ms)
     _send(channel, "reschedule", delivery, delivery_tag, message, exchange, routing_key,
           prepare, on_settled, mandatory=mandatory)
 
 
-def _dead_letter(channel: Any, delivery: JobDelivery, delivery_tag: int, outcome: Outcome,
+def _dead_letter(channel: JobChannel, delivery: JobDelivery, delivery_tag: int, outcome: Outcome,
                  on_settled: Callable[[], None] | None) -> None:
     failure = outcome.failure
     assert failure is not None
@@ -111,7 +132,7 @@ def _dead_letter(channel: Any, delivery: JobDelivery, delivery_tag: int, outcome
           lambda via: connection.ensure_topology(queue, via), on_settled)
 
 
-def _send(channel: Any, what: str, delivery: JobDelivery, delivery_tag: int,
+def _send(channel: JobChannel, what: str, delivery: JobDelivery, delivery_tag: int,
           message: amqp.Message, exchange: str, routing_key: str,
           prepare: Callable[[Callable[..., None]], None] | None,
           on_settled: Callable[[], None] | None, *, mandatory: bool = True) -> None:

@@ -5,11 +5,17 @@ RabbitMQ close the channel with 406 PRECONDITION_FAILED.  Declarations are
 therefore made on a channel of their own, and a 406 becomes one
 :class:`TopologyConflictError` naming the entity and the arguments sent;
 nothing is redeclared.
+
+:class:`DeclaredTopology` is a connection's memory of what it declared: a
+queue's topology is declared once per connection (the first publish to it, or
+its consumer), retry queues again while they are in use.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from contextlib import suppress
+from time import monotonic
 from typing import Any, Protocol
 
 from amqp.exceptions import PreconditionFailed
@@ -35,6 +41,10 @@ DROPPED_QUEUE_ARGUMENTS: Mapping[str, Any] = {
 #: Idle retry queues expire this long after their TTL (``x-expires``); ojs_kombu
 #: re-declares a retry queue it keeps using well before that.
 RETRY_QUEUE_IDLE_MS = 3_600_000
+#: Longest wait for the reply to one declaration.
+DECLARE_TIMEOUT_S = 30.0
+#: Runs a declaration of this module: ``(declare, *args)``.
+Declarer = Callable[..., None]
 
 
 class DeclaringChannel(Protocol):
@@ -200,3 +210,115 @@ def _declare(kind: str, name: str, declared: Mapping[str, Any], call: Any) -> No
         call()
     except PreconditionFailed as exc:
         raise TopologyConflictError(kind, name, declared, str(exc.reply_text)) from None
+
+
+def declare_on(connection: Any, declare: Callable[..., Any], *args: Any) -> None:
+    """Run ``declare(channel, names, *args)`` on a channel of its own of ``connection`` (an
+    ``ojs`` py-amqp connection), with a blocking socket.
+
+    In a worker's main process the socket belongs to the event loop and is
+    non-blocking; declarations are synchronous RPCs and must wait for replies.
+    """
+    sock = connection.transport.sock
+    previous = sock.gettimeout()
+    sock.settimeout(DECLARE_TIMEOUT_S)
+    try:
+        channel = connection.channel()
+        try:
+            declare(channel, connection.ojs.names, *args)
+        except BaseException:
+            with suppress(Exception):  # the broker may have closed it: keep the cause
+                if channel.is_open:
+                    channel.close()
+            raise
+        channel.close()
+    finally:
+        with suppress(OSError):
+            sock.settimeout(previous)
+
+
+class DeclaredTopology:
+    """What one connection declared, so that each declaration is made once on it.
+
+    ``connect`` opens another connection to the same broker: the delayed exchange is
+    declared over it, since without the plugin RabbitMQ closes the whole connection
+    (503), and this one must survive to report it and publish on.
+    """
+
+    def __init__(self, connection: Any, connect: Callable[[], Any]) -> None:
+        self._connection = connection
+        self._connect = connect
+        self._declared: set[str] = set()
+        self._scheduled: set[str] = set()
+        self._ladder = False
+        self._retry_declared: dict[tuple[str, int], float] = {}
+
+    def ensure(self, queue: str, via: Declarer | None = None) -> None:
+        """The OJS topology of ``queue``; ``via`` runs the declarations another way (the
+        outcome channel's, without waiting for replies), by default :func:`declare_on`."""
+        if queue in self._declared:
+            return
+        (via or self._declare)(declare_queue_topology, queue,
+                               self._connection.ojs.declare_arguments(queue))
+        self._declared.add(queue)
+
+    def ensure_retry_queue(self, queue: str, delay_ms: int, via: Declarer | None = None) -> None:
+        """``ojs.queue.retry.{queue}.{delay_ms}``; re-declared while in use so that its
+        ``x-expires`` (idle expiry) never removes it under waiting jobs."""
+        key = (queue, delay_ms)
+        declared = self._retry_declared.get(key)
+        if declared is not None and monotonic() - declared < RETRY_QUEUE_IDLE_MS / 2000:
+            return
+        (via or self._declare)(declare_retry_queue, queue, delay_ms,
+                               self._connection.ojs.declare_arguments(queue))
+        self._retry_declared[key] = monotonic()
+
+    def ensure_schedule(self, queue: str, via: Declarer | None = None) -> None:
+        """The scheduling ladder (once per connection) and ``queue``'s way out of it."""
+        if queue in self._scheduled:
+            return
+        self.ensure(queue, via)
+        declare = via or self._declare
+        if not self._ladder:
+            declare(declare_schedule_ladder,
+                    self._connection.ojs.settings.schedule_queue_arguments)
+            self._ladder = True
+        declare(bind_scheduled_delivery, queue)
+        self._scheduled.add(queue)
+
+    def ensure_delayed_exchange(self, queue: str) -> None:
+        """``ojs.exchange.delayed`` bound to ``queue``, declared over a connection of its
+        own."""
+        if queue in self._scheduled:
+            return
+        self.ensure(queue)
+        probe = self._connect()
+        try:
+            declare_on(probe, declare_delayed_exchange, queue)
+        finally:
+            with suppress(Exception):
+                probe.close()
+        self._scheduled.add(queue)
+
+    def queue_depth(self, queue: str) -> int | None:
+        """Ready jobs in ``ojs.queue.{queue}`` (a passive declare on a channel of its own)."""
+        counts: list[int] = []
+        self._declare(lambda channel, names: counts.append(
+            queue_message_count(channel, names, queue)))
+        return counts[0] if counts else None
+
+    def forget(self, queue: str | None = None) -> None:
+        """Make the next use re-declare ``queue`` (or every queue)."""
+        if queue is None:
+            self._declared.clear()
+            self._scheduled.clear()
+            self._ladder = False
+            self._retry_declared.clear()
+        else:
+            self._declared.discard(queue)
+            self._scheduled.discard(queue)
+            for key in [k for k in self._retry_declared if k[0] == queue]:
+                del self._retry_declared[key]
+
+    def _declare(self, declare: Callable[..., Any], *args: Any) -> None:
+        declare_on(self._connection, declare, *args)

@@ -33,7 +33,8 @@ from celery.canvas import Signature, _chain, chord, group
 from celery.result import AsyncResult
 from celery.utils.nodenames import anon_nodename
 
-from ..amqp.transport import job_queue_for
+from ..amqp.job_channel import JobChannel
+from ..amqp.publisher import job_queue_for
 from ..events.tracing import with_current_trace
 from ..spec.encode import OutgoingJob, build_job
 from ..spec.errors import InvalidJobIdError, JobEncodeError
@@ -93,7 +94,8 @@ def enqueue_many(app: Celery, jobs: Iterable[JobSpec] | group, *,
         for job, wants_result in zip(outgoing, encoder.wants_result, strict=True):
             if wants_result:
                 backend.on_task_call(producer, job.job_id)
-        producer.channel.publish_jobs(outgoing, confirm_timeout=confirm_timeout)
+        channel: JobChannel = producer.channel
+        channel.publish_jobs(outgoing, confirm_timeout=confirm_timeout)
     result_cls = app.AsyncResult
     return [result_cls(job.job_id) for job in outgoing]
 

@@ -32,6 +32,7 @@ from celery.worker.control import control_command
 
 from ..amqp.control import CANCEL, HEARTBEAT, INFO, control_message, parse_control
 from ..amqp.delivery import JobMessage
+from ..amqp.job_channel import JobChannel, JobConnection
 from ..spec.times import format_time
 from .events import consumed_queues
 
@@ -170,7 +171,7 @@ class ControlQueues(bootsteps.StartStopStep):
 
     def __init__(self, parent: Any, **kwargs: Any) -> None:
         super().__init__(parent, **kwargs)
-        self._channel: Any = None
+        self._channel: JobChannel | None = None
         self._timer: Any = None
         # A burst of INFO requests must not start a thread each: a few answer,
         # a bounded backlog waits, the rest are dropped (their callers time out).
@@ -182,8 +183,9 @@ class ControlQueues(bootsteps.StartStopStep):
         channel = parent.connection.channel()
         if binding.settings.control_queues:
             channel.basic_qos(0, 16, False)
+            amqp_connection: JobConnection = parent.connection.connection
             for queue in consumed_queues(parent.app):
-                parent.connection.connection.ensure_topology(queue)
+                amqp_connection.ensure_topology(queue)
                 channel.basic_consume(
                     binding.names.control_queue(queue),
                     callback=lambda message, p=parent: self.on_message(p, message))
@@ -298,7 +300,8 @@ class ControlQueues(bootsteps.StartStopStep):
             binding.events.heartbeat(delivery.info(), parent.hostname, visible_until)
 
     @staticmethod
-    def _publish_beat(parent: Any, channel: Any, beat: amqp.Message, queue: str) -> None:
+    def _publish_beat(parent: Any, channel: JobChannel, beat: amqp.Message, queue: str
+                      ) -> None:
         """Publish one BEAT, confirmed.
 
         With an event loop (prefork, threads, solo) this timer runs in the loop, which
@@ -315,4 +318,5 @@ class ControlQueues(bootsteps.StartStopStep):
             channel.publish_confirmed(*args, **options)
             return
         with parent.app.producer_or_acquire() as producer:
-            producer.channel.publish_confirmed(*args, **options)
+            pooled: JobChannel = producer.channel
+            pooled.publish_confirmed(*args, **options)

@@ -22,6 +22,7 @@ import amqp
 from celery import bootsteps
 
 from ..amqp.binding import Binding
+from ..amqp.job_channel import JobConnection
 from ..spec.backpressure import maxlen_death
 from ..spec.times import format_time
 from .events import consumed_queues
@@ -50,8 +51,9 @@ class DroppedJobs(bootsteps.StartStopStep):
             return
         channel = parent.connection.channel()
         channel.basic_qos(0, TAP_PREFETCH, False)
+        amqp_connection: JobConnection = parent.connection.connection
         for queue in queues:
-            parent.connection.connection.ensure_topology(queue)  # declares the tap
+            amqp_connection.ensure_topology(queue)  # declares the tap
             channel.basic_consume(binding.names.dropped_queue(queue),
                                   callback=partial(self.on_message, binding, queue))
         self._channel = channel

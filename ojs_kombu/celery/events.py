@@ -17,6 +17,7 @@ from typing import Any
 from celery import Celery, bootsteps
 from celery.worker import state as worker_state
 
+from ..amqp.entities import JobQueue
 from ..events.bus import EventBus, EventFilter, Subscription
 from ..events.emitter import JobEvents
 from ..events.metrics import OJSMetrics
@@ -235,7 +236,7 @@ class QueueDepths:
 def consumed_queues(app: Celery) -> list[str]:
     """The OJS queues this worker consumes."""
     consume_from = app.amqp.queues.consume_from or {}
-    return sorted(q.ojs_queue for q in consume_from.values() if getattr(q, "ojs_queue", None))
+    return sorted(q.ojs_queue for q in consume_from.values() if isinstance(q, JobQueue))
 
 
 def _rss_mb() -> float | None:

@@ -30,6 +30,7 @@ import kombu
 from amqp.exceptions import NotFound, PreconditionFailed
 
 from ..amqp.binding import Binding
+from ..amqp.job_channel import JobConnection
 from .common import EXIT_NOT_FOUND, EXIT_USAGE, CLIError, Options, options
 from .config import broker_url
 
@@ -63,7 +64,8 @@ def connect(opts: Options) -> Iterator[kombu.Connection]:
 
 
 def binding_of(connection: kombu.Connection) -> Binding:
-    return connection.connection.ojs
+    amqp_connection: JobConnection = connection.connection  # connect() checked the transport
+    return amqp_connection.ojs
 
 
 def queue_name(value: str, opts: Options | None = None) -> str:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import time
 from datetime import datetime
 from typing import Any
 
 import click
 from pydantic import ValidationError
 
+from ..amqp.drain import drain_until
 from ..celery.events import events_exchange
 from ..events.bus import EventFilter
 from ..events.models import Event
@@ -119,16 +119,9 @@ def tail(ctx: click.Context, types: tuple[str, ...], queues: tuple[str, ...],
         channel.basic_consume(queue, no_ack=True, callback=on_message)
         click.echo(f"following {exchange} ({', '.join(keys)}) on "
                    f"{options(ctx).target().describe()}; Ctrl-C to stop", err=True)
-        deadline = time.monotonic() + timeout if timeout is not None else None
         try:
-            while count is None or seen < count:
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    break
-                try:
-                    amqp_connection.drain_events(timeout=min(remaining or 1.0, 1.0))
-                except TimeoutError:
-                    continue
+            drain_until(amqp_connection, lambda: count is not None and seen >= count, timeout,
+                        poll=1.0)
         except KeyboardInterrupt:
             return
     if count is not None and seen < count:

@@ -7,6 +7,7 @@ from typing import Any
 import click
 
 from ..amqp.binding import Binding
+from ..amqp.job_channel import JobConnection
 from ..amqp.topology import (
     DROPPED_QUEUE_ARGUMENTS,
     OWNED_ARGUMENTS,
@@ -61,7 +62,7 @@ def declare(ctx: click.Context, queues: tuple[str, ...], schedule: bool) -> None
     """
     names = [queue_name(q) for q in queues]
     with connect(options(ctx)) as connection:
-        amqp_connection = connection.connection
+        amqp_connection: JobConnection = connection.connection
         binding = binding_of(connection)
         declared = []
         for queue in names:

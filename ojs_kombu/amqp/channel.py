@@ -1,0 +1,250 @@
+"""The ``ojs`` transport's channel: py-amqp's channel hooks, handing OJS work to its rooms.
+
+* publish (:meth:`Channel.basic_publish`): a message carrying a Celery
+  ``task`` header becomes an OJS job, published with confirms
+  (:class:`~ojs_kombu.amqp.publisher.JobPublisher`, batches
+  :mod:`ojs_kombu.amqp.batch`); other messages pass through untouched;
+* consume (:meth:`Channel.basic_consume`): deliveries of ``ojs.queue.{q}`` are
+  validated before kombu sees them (:class:`~ojs_kombu.amqp.receiver.JobReceiver`)
+  and their outcomes carried out (:mod:`ojs_kombu.amqp.settle`);
+* acks: every delivery that needs one is known
+  (:class:`~ojs_kombu.amqp.acks.PendingAcks`), and those made in the worker's
+  event loop are written once per loop iteration (:mod:`ojs_kombu.amqp.loop_acks`).
+
+What the rest of ojs_kombu uses of it is :class:`ojs_kombu.amqp.job_channel.JobChannel`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import suppress
+from typing import TYPE_CHECKING, Any
+
+import amqp
+from amqp import spec
+from kombu.transport import pyamqp
+
+from ..spec.encode import OutgoingJob
+from ..spec.errors import QueueNameError
+from ..spec.failures import JobFailure, Outcome
+from .acks import PendingAcks, ack_frames
+from .batch import BATCH_WINDOW, publish_batch
+from .binding import Binding
+from .delivery import JobDelivery
+from .publisher import JobPublisher
+from .receiver import JobReceiver
+from .settle import retry_and_wait, settle
+
+if TYPE_CHECKING:
+    from .transport import Connection
+
+
+class Channel(pyamqp.Channel):
+    """pyamqp channel that maps Celery task messages onto OJS jobs."""
+
+    connection: Connection
+
+    #: Bumped whenever the channel is reset: a delivery tag from an earlier
+    #: generation must not be settled on it.
+    generation = 0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.ojs_publisher = JobPublisher(self)
+        self.ojs_receiver = JobReceiver(self)
+        self._ojs_reset()
+
+    def _ojs_reset(self) -> None:
+        self.generation += 1
+        self.ojs_publisher.reset()
+        self.ojs_receiver.reset()
+        #: every delivery that needs an ack, and the acks the event loop collected
+        self.ojs_acks = PendingAcks()
+
+    def _do_revive(self) -> None:
+        self._ojs_reset()
+        super()._do_revive()
+
+    @property
+    def ojs(self) -> Binding:
+        return self.connection.ojs
+
+    # -- publish (ojs_kombu.amqp.publisher) ------------------------------------
+
+    def basic_publish(  # type: ignore[override]
+        self,
+        msg: amqp.Message,
+        exchange: str = "",
+        routing_key: str = "",
+        mandatory: bool = False,
+        immediate: bool = False,
+        timeout: float | None = None,
+        confirm_timeout: float | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        publisher = self.ojs_publisher
+        headers = msg.properties.get("application_headers")
+        if headers and "task" in headers:
+            return publisher.publish_task(msg, headers, exchange, routing_key, timeout,
+                                          confirm_timeout)
+        if self.connection.ojs_confirm_all:
+            return publisher.publish_other(msg, exchange, routing_key, mandatory, timeout,
+                                           confirm_timeout)
+        publisher.count_unconfirmed()
+        return self._basic_publish(msg, exchange, routing_key, mandatory, immediate, timeout)
+
+    def confirm_select(self, nowait: bool = False) -> None:
+        """py-amqp's, remembered so that its own confirmed publish never selects again."""
+        super().confirm_select(nowait)
+        self._confirm_selected = True
+
+    def publish_job(self, job: OutgoingJob, *, timeout: float | None = None,
+                    confirm_timeout: float | None = None) -> None:
+        """Publish one encoded job, confirmed and ``mandatory``, and return once the
+        broker took it: ``apply_async`` through kombu's producer and its direct path
+        (:mod:`ojs_kombu.celery.publish`) both end here."""
+        self.ojs_publisher.publish_job(job, timeout=timeout, confirm_timeout=confirm_timeout)
+
+    def publish_jobs(self, jobs: Sequence[OutgoingJob], *, confirm_timeout: float | None = None,
+                     window: int = BATCH_WINDOW) -> None:
+        """Batch PUSH (section 5): :func:`ojs_kombu.amqp.batch.publish_batch`."""
+        publish_batch(self.ojs_publisher, self.ojs, self.connection, jobs,
+                      confirm_timeout=confirm_timeout, window=window)
+
+    def publish_confirmed(self, message: amqp.Message, exchange: str, routing_key: str, *,
+                          job_id: str, queue: str, mandatory: bool = True,
+                          timeout: float | None = None, confirm_timeout: float | None = None,
+                          measure: bool = True) -> None:
+        """Publish with ``mandatory=True`` and wait for the broker's confirm (AMQP-014..016)."""
+        self.ojs_publisher.publish_confirmed(
+            message, exchange, routing_key, job_id=job_id, queue=queue, mandatory=mandatory,
+            timeout=timeout, confirm_timeout=confirm_timeout, measure=measure)
+
+    def publish_many_confirmed(self, messages: list[tuple[amqp.Message, str, str]],
+                               confirm_timeout: float | None = None) -> list[bool]:
+        """Pipelined publishes (not mandatory) and one wait for all their confirms."""
+        return self.ojs_publisher.publish_many_confirmed(messages, confirm_timeout)
+
+    # -- consume (ojs_kombu.amqp.receiver) --------------------------------------
+
+    def basic_qos(self, prefetch_size: int, prefetch_count: int, a_global: bool,
+                  *args: Any, **kwargs: Any) -> Any:
+        self.ojs_receiver.qos(prefetch_count)
+        return super().basic_qos(prefetch_size, prefetch_count, a_global, *args, **kwargs)
+
+    def basic_consume(self, queue: str = "", consumer_tag: str = "", no_local: bool = False,
+                      no_ack: bool = False, exclusive: bool = False, nowait: bool = False,
+                      callback: Callable[[amqp.Message], Any] | None = None,
+                      *args: Any, **kwargs: Any) -> Any:
+        if callback is not None:
+            callback = self.ojs_receiver.consume(queue, no_ack, callback, args, kwargs)
+        return super().basic_consume(queue, consumer_tag, no_local, no_ack, exclusive, nowait,
+                                     callback, *args, **kwargs)
+
+    def message_to_python(self, raw_message: amqp.Message) -> Any:
+        return (self.ojs_receiver.job_message(raw_message)
+                or self.Message(raw_message, channel=self))
+
+    @property
+    def ojs_prefetch_count(self) -> int:
+        return self.ojs_receiver.prefetch_count
+
+    @property
+    def ojs_consumed_queues(self) -> set[str]:
+        return self.ojs_receiver.consumed_queues
+
+    def ojs_unacked(self) -> list[str]:
+        """The OJS queue of each job delivery not yet settled (``ojs_kombu.events.metrics``)."""
+        return self.ojs_receiver.unacked()
+
+    # -- outcomes (sections 5.4, 5.5, 8, 9: ojs_kombu.amqp.settle) -----------------
+
+    def settle_job(self, delivery: JobDelivery, delivery_tag: int, outcome: Outcome,
+                   on_settled: Callable[[], None] | None = None) -> None:
+        """Carry out a decided outcome for one delivery of this channel; never waits."""
+        settle(self, delivery, delivery_tag, outcome, on_settled)
+
+    def retry_job(self, delivery: JobDelivery, delivery_tag: int, failure: JobFailure,
+                  delay_s: float, timeout: float | None = None) -> int:
+        """Retry ``delivery`` and wait for the broker's confirm of the copy; returns the
+        delay queue's delay in ms."""
+        return retry_and_wait(self, delivery, delivery_tag, failure, delay_s, timeout)
+
+    # -- acks (ojs_kombu.amqp.loop_acks) -----------------------------------------
+
+    def _on_basic_deliver(self, consumer_tag: str, delivery_tag: int, redelivered: bool,
+                          exchange: str, routing_key: str, msg: amqp.Message) -> None:
+        if consumer_tag not in self.no_ack_consumers:
+            self.ojs_acks.delivered(delivery_tag)
+        connection = self.connection
+        if connection is not None and connection.ojs_jobs_run_in_loop:
+            # With the solo pool the job runs right here: the acks collected so far
+            # go first, so a finished job's ack never waits for the next job.
+            connection.flush_acks_in_loop()
+        super()._on_basic_deliver(consumer_tag, delivery_tag, redelivered, exchange,
+                                  routing_key, msg)
+
+    def basic_get(self, queue: str = "", no_ack: bool = False, argsig: str = "Bsb"
+                  ) -> amqp.Message | None:
+        message = super().basic_get(queue, no_ack, argsig)
+        if message is not None and not no_ack:
+            self.ojs_acks.delivered(message.delivery_tag)
+        return message
+
+    def basic_nack(self, delivery_tag: int, multiple: bool = False, requeue: bool = False) -> None:
+        """``Basic.Nack`` (py-amqp only sends ``Basic.Reject``)."""
+        connection = self.connection
+        if connection is not None:
+            connection.flush_acks_in_loop()  # a multiple nack must not overtake an ack
+        self.send_method(spec.Basic.Nack, "Lbb", (delivery_tag, multiple, requeue))
+        self.ojs_acks.settled(delivery_tag, multiple)
+        queue = self.ojs_receiver.settled(delivery_tag)
+        if queue is not None:
+            self.ojs.events.metrics.nacked.add(1, {"queue": queue})
+
+    def basic_ack(self, delivery_tag: int, multiple: bool = False, argsig: str = "Lb") -> None:
+        """From the event loop's thread the ack is collected and written with the others of
+        the same loop iteration (:meth:`Connection.flush_acks`); elsewhere at once."""
+        connection = self.connection
+        if connection is None:  # closed: py-amqp raises its connection error
+            return super().basic_ack(delivery_tag, multiple, argsig)
+        queue = self.ojs_receiver.settled(delivery_tag)
+        if queue is not None:
+            self.ojs.events.metrics.acked.add(1, {"queue": queue})
+        if connection.ojs_loop_acks.collect(self, delivery_tag, multiple):
+            return None
+        super().basic_ack(delivery_tag, multiple, argsig)
+        self.ojs_acks.settled(delivery_tag, multiple)
+        return None
+
+    def basic_reject(self, delivery_tag: int, requeue: bool, argsig: str = "Lb") -> None:
+        """Rejections go out as ``Basic.Nack(multiple=false)`` (AMQP-009)."""
+        self.basic_nack(delivery_tag, multiple=False, requeue=requeue)
+
+    def flush_acks(self) -> None:
+        """Write the collected acks, in one write (from the event loop's thread only:
+        the write does not take py-amqp's frame lock)."""
+        connection = self.connection
+        if self.ojs_acks and connection is not None:
+            frames = self.ojs_acks.take(connection.ojs.settings.acks == "multiple")
+            connection.write_frames(ack_frames(self.channel_id, frames))
+
+    # -- the rest ------------------------------------------------------------------
+
+    def queue_purge(self, queue: str = "", *args: Any, **kwargs: Any) -> Any:
+        """``celery purge -Q email`` names the Celery queue: purge its job queue
+        ``ojs.queue.email`` when that exists.  Other names are purged as given."""
+        names = self.ojs.names
+        with suppress(QueueNameError, amqp.exceptions.NotFound):
+            ojs_queue = names.ojs_queue(queue)
+            if names.job_queue(ojs_queue) != queue:
+                self.connection.queue_depth(ojs_queue)  # NotFound: no such job queue
+                queue = names.job_queue(ojs_queue)
+        return super().queue_purge(queue, *args, **kwargs)
+
+    def close(self, *args: Any, **kwargs: Any) -> Any:
+        connection = self.connection
+        if (self.ojs_acks and self.is_open and connection is not None
+                and connection.transport is not None):
+            self.flush_acks()
+        return super().close(*args, **kwargs)

@@ -1,0 +1,111 @@
+"""What an ``ojs://`` connection and its channels offer above the transport.
+
+kombu hands out its transport's objects as ``Any`` (``connection.connection``,
+``producer.channel``, ``message.channel``).  These protocols name what the
+rest of ojs_kombu uses of them: :class:`JobConnection` for the py-amqp
+connection (the OJS binding, topology declared once per connection, queue
+depths) and :class:`JobChannel` for a channel of it (confirmed job
+publishes, settling deliveries, the consumer readings of the metrics).
+:class:`ojs_kombu.amqp.transport.Connection` and
+:class:`~ojs_kombu.amqp.channel.Channel` implement them; an ``isinstance``
+check against them tells an ``ojs://`` connection from any other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    import amqp
+
+    from ..spec.encode import OutgoingJob
+    from ..spec.failures import JobFailure, Outcome
+    from .binding import Binding
+    from .delivery import JobDelivery
+    from .outcomes import OutcomePublisher
+    from .topology import Declarer
+
+
+@runtime_checkable
+class JobConnection(Protocol):
+    """A py-amqp connection of the ``ojs`` transport."""
+
+    #: py-amqp's errors that mean the connection is lost (never handled as a job's).
+    connection_errors: tuple[type[BaseException], ...]
+    #: Retries, dead letters and reschedules of this connection's deliveries.
+    ojs_outcomes: OutcomePublisher
+    #: Jobs run inside their delivery (Celery's solo pool): collected acks go out first.
+    ojs_jobs_run_in_loop: bool
+
+    @property
+    def ojs(self) -> Binding:
+        """The OJS binding (names, settings, events) the connection was made with."""
+
+    def channel(self, channel_id: int | None = None) -> Any:
+        """A new channel: a :class:`JobChannel` that is also a py-amqp channel."""
+
+    def drain_events(self, timeout: float | None = None) -> Any: ...
+
+    def ensure_topology(self, queue: str, via: Declarer | None = None) -> None: ...
+
+    def ensure_retry_queue(self, queue: str, delay_ms: int,
+                           via: Declarer | None = None) -> None: ...
+
+    def ensure_schedule(self, queue: str, via: Declarer | None = None) -> None: ...
+
+    def ensure_delayed_exchange(self, queue: str) -> None: ...
+
+    def forget_topology(self, queue: str | None = None) -> None: ...
+
+    def queue_depth(self, queue: str) -> int | None: ...
+
+    def wait_until(self, done: Callable[[], bool], limit: float) -> bool:
+        """Read incoming frames until ``done()``; ``False`` when ``limit`` seconds passed."""
+
+
+@runtime_checkable
+class JobChannel(Protocol):
+    """A channel of a :class:`JobConnection`.
+
+    ``connection`` is ``None`` once kombu collected the channel after a lost
+    connection; ``generation`` changes whenever the channel is reset, so that
+    a delivery tag of an earlier generation is never settled on it.
+    """
+
+    connection: JobConnection
+    generation: int
+    is_open: bool
+    #: The last ``Basic.Qos`` prefetch count and the OJS queues consumed (metrics).
+    ojs_prefetch_count: int
+    ojs_consumed_queues: set[str]
+
+    @property
+    def ojs(self) -> Binding: ...
+
+    def publish_job(self, job: OutgoingJob, *, timeout: float | None = None,
+                    confirm_timeout: float | None = None) -> None: ...
+
+    def publish_jobs(self, jobs: Sequence[OutgoingJob], *,
+                     confirm_timeout: float | None = None) -> None: ...
+
+    def publish_confirmed(self, message: amqp.Message, exchange: str, routing_key: str, *,
+                          job_id: str, queue: str, mandatory: bool = True,
+                          timeout: float | None = None, confirm_timeout: float | None = None,
+                          measure: bool = True) -> None: ...
+
+    def publish_many_confirmed(self, messages: list[tuple[amqp.Message, str, str]],
+                               confirm_timeout: float | None = None) -> list[bool]: ...
+
+    def settle_job(self, delivery: JobDelivery, delivery_tag: int, outcome: Outcome,
+                   on_settled: Callable[[], None] | None = None) -> None: ...
+
+    def retry_job(self, delivery: JobDelivery, delivery_tag: int, failure: JobFailure,
+                  delay_s: float, timeout: float | None = None) -> int: ...
+
+    def ojs_unacked(self) -> list[str]: ...
+
+    def basic_ack(self, delivery_tag: int, multiple: bool = False) -> None: ...
+
+    def basic_nack(self, delivery_tag: int, multiple: bool = False,
+                   requeue: bool = False) -> None: ...

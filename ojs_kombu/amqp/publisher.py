@@ -1,0 +1,308 @@
+"""Publishing OJS jobs on one channel, with publisher confirms (AMQP-014..016).
+
+A job goes to ``ojs.exchange.direct`` with ``mandatory=True`` (or into the
+scheduling ladder or the delayed exchange when it is due later) and the caller
+waits for the broker's confirm: a return, a nack or a missing confirm raises a
+typed exception naming job and queue.  Frames are encoded by
+:mod:`ojs_kombu.amqp.publish_frames` and written in one write; batches are in
+:mod:`ojs_kombu.amqp.batch`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from time import monotonic
+from typing import TYPE_CHECKING, Any
+
+import amqp
+from amqp.exceptions import MessageNacked, RecoverableConnectionError
+
+from ..events.tracing import with_current_trace
+from ..spec.delays import check_schedule_delay, schedule_levels, schedule_routing_key
+from ..spec.encode import OutgoingJob, encode_task_message
+from ..spec.errors import (
+    JobEncodeError,
+    JobNackedError,
+    JobRoutingError,
+    PublishConfirmTimeout,
+    QueueNameError,
+    UnroutableJobError,
+)
+from ..spec.naming import TopologyNames
+from ..spec.trace_context import trace_id_of
+from .confirms import ConfirmTracker, PendingPublish
+from .job_channel import JobConnection
+from .publish_frames import PublishFrames
+
+if TYPE_CHECKING:
+    from .channel import Channel
+
+logger = logging.getLogger(__name__)
+
+#: A job's way to the broker when it is due later: exchange, routing key,
+#: ``mandatory``, and what declares that way (given a declaring function, ``None``:
+#: at once).
+ScheduleRoute = tuple[str, str, bool, Callable[[Any], None]]
+
+
+def job_queue_for(names: TopologyNames, task: str, exchange: str, routing_key: str) -> str:
+    """The OJS queue a Celery route points at (AMQP-005: direct exchange, key = queue)."""
+    if exchange not in (names.direct_exchange, ""):
+        raise JobRoutingError(
+            f"task {task!r} was routed to exchange {exchange!r} (routing key "
+            f"{routing_key!r}); OJS jobs go through {names.direct_exchange!r} with the "
+            "queue name as routing key. Call ojs_kombu.install(app) and route tasks "
+            "with queue=..., not exchange=/routing_key=",
+        )
+    try:
+        return names.ojs_queue(routing_key)
+    except QueueNameError as exc:
+        raise JobRoutingError(f"task {task!r}: {exc}") from None
+
+
+def schedule_route(connection: JobConnection, properties: dict[str, Any], job_id: str,
+                   queue: str, delay_ms: int) -> ScheduleRoute:
+    """The way of a job due in ``delay_ms`` (AMQP-022, section 9): the delayed exchange
+    when configured (``x-delay`` added to ``properties``), else the schedule ladder."""
+    try:
+        check_schedule_delay(delay_ms)
+    except ValueError as exc:
+        raise JobEncodeError(f"job {job_id}: {exc}", job_id=job_id, queue=queue) from None
+    ojs = connection.ojs
+    names = ojs.names
+    if ojs.settings.delayed_exchange:
+        properties.setdefault("application_headers", {})["x-delay"] = delay_ms
+        # The plugin routes only when the delay is over: mandatory would always return.
+        return (names.delayed_exchange, queue, False,
+                lambda via: connection.ensure_delayed_exchange(queue))
+    entry = names.schedule_exchange(schedule_levels(delay_ms)[0])
+    return (entry, schedule_routing_key(delay_ms, queue), True,
+            lambda via: connection.ensure_schedule(queue, via))
+
+
+class JobPublisher:
+    """The confirmed publishes of one channel of the ``ojs`` transport.
+
+    In confirm mode the broker numbers every publish of the channel, so the
+    channel counts also the publishes nobody waits for (:meth:`count_unconfirmed`).
+    Like every kombu channel, it is used by one thread at a time.
+    """
+
+    def __init__(self, channel: Channel) -> None:
+        self._channel = channel
+        self.reset()
+
+    def reset(self) -> None:
+        """The channel was (re)opened: confirm mode and frame numbers start anew."""
+        self._confirming = False
+        self.confirms = ConfirmTracker()
+        self._frames: PublishFrames | None = None
+
+    # -- jobs -----------------------------------------------------------------
+
+    def publish_task(self, message: amqp.Message, headers: dict[str, Any], exchange: str,
+                     routing_key: str, timeout: float | None,
+                     confirm_timeout: float | None) -> None:
+        """A Celery task message from kombu's producer, published as an OJS job."""
+        task = headers["task"]
+        ojs = self._channel.ojs
+        queue = job_queue_for(ojs.names, task, exchange, routing_key)
+        if "traceparent" not in headers:
+            headers = with_current_trace(headers)
+        job = encode_task_message(
+            body=message.body,
+            content_type=message.properties.get("content_type"),
+            properties=message.properties,
+            headers=headers,
+            job_type=ojs.job_types.type_for(task),
+            queue=queue,
+            retry_policy=ojs.retry_policy_for(task) if ojs.retry_policy_for else None,
+            max_job_bytes=ojs.settings.max_job_bytes,
+        )
+        self.publish_job(job, timeout=timeout, confirm_timeout=confirm_timeout)
+
+    def publish_job(self, job: OutgoingJob, *, timeout: float | None = None,
+                    confirm_timeout: float | None = None) -> None:
+        """Publish one encoded job and return once the broker took it."""
+        ojs = self._channel.ojs
+        connection = self._channel.connection
+        queue = job.queue
+        connection.ensure_topology(queue)
+        message = amqp.Message(job.body, **job.properties)
+        self.announce(job)
+        if job.delay_ms > 0:
+            exchange, routing_key, mandatory = self.route_scheduled(
+                message.properties, job.job_id, queue, job.delay_ms)
+            self.publish_confirmed(message, exchange, routing_key, job_id=job.job_id,
+                                   queue=queue, mandatory=mandatory, timeout=timeout,
+                                   confirm_timeout=confirm_timeout)
+        else:  # under the queue's backpressure strategy (ojs_kombu.spec.backpressure)
+            ojs.backpressure.publish(
+                queue, job.job_id, job.job_type, lambda: self.publish_confirmed(
+                    message, ojs.names.direct_exchange, queue, job_id=job.job_id, queue=queue,
+                    timeout=timeout, confirm_timeout=confirm_timeout),
+                connection.queue_depth)
+        ojs.events.metrics.published.add(1, {"queue": queue})
+
+    def announce(self, job: OutgoingJob) -> None:
+        """``job.enqueued``/``job.scheduled``, before the publish: a worker may start the
+        job before the confirm arrives, and a job's events come in lifecycle order."""
+        self._channel.ojs.events.enqueued(
+            job.job_id, job.job_type, job.queue, priority=job.properties.get("priority"),
+            delay_s=job.delay_ms / 1000,
+            trace_id=trace_id_of(job.properties["application_headers"].get("x-ojs-trace-id")))
+
+    def route_scheduled(self, properties: dict[str, Any], job_id: str, queue: str,
+                        delay_ms: int) -> tuple[str, str, bool]:
+        """:func:`schedule_route`, declared at once (a producer may wait for replies)."""
+        exchange, routing_key, mandatory, prepare = schedule_route(
+            self._channel.connection, properties, job_id, queue, delay_ms)
+        prepare(None)
+        return exchange, routing_key, mandatory
+
+    # -- confirmed publishes --------------------------------------------------
+
+    def publish_confirmed(self, message: amqp.Message, exchange: str, routing_key: str, *,
+                          job_id: str, queue: str, mandatory: bool = True,
+                          timeout: float | None = None, confirm_timeout: float | None = None,
+                          measure: bool = True) -> None:
+        """Publish and wait for the broker's confirm; a return or nack raises."""
+        channel = self._channel
+        ojs = channel.ojs
+        started = monotonic()
+        pending = self.publish_tracked(message, exchange, routing_key, mandatory, timeout,
+                                       confirm_timeout, job_id=job_id, queue=queue)
+        if measure:
+            ojs.events.metrics.confirm_latency.record(monotonic() - started)
+        if pending.returned is not None:
+            channel.connection.forget_topology(queue)  # the next publish re-declares it
+            raise UnroutableJobError(
+                f"job {job_id} for queue {queue!r} was returned by the broker "
+                f"({pending.returned}): no queue is bound to {exchange!r} with routing key "
+                f"{routing_key!r}; it was not enqueued",
+                job_id=job_id, queue=queue,
+            )
+        if pending.nacked:
+            if exchange == ojs.names.direct_exchange:  # QueueFullError when it is full
+                raise ojs.backpressure.nack_error(queue, job_id, channel.connection.queue_depth)
+            raise JobNackedError(
+                f"job {job_id} for queue {queue!r} was refused by the broker (Basic.Nack); "
+                "it was not enqueued", job_id=job_id, queue=queue,
+            )
+
+    def publish_tracked(self, message: amqp.Message, exchange: str, routing_key: str,
+                        mandatory: bool, timeout: float | None, confirm_timeout: float | None,
+                        *, job_id: str, queue: str) -> PendingPublish:
+        """Publish in confirm mode and block until the broker settled the publish."""
+        self.confirm_mode()
+        tag, pending = self.confirms.track(job_id, queue)
+        try:
+            self.send(message, exchange, routing_key, mandatory, timeout)
+            self._wait_settled(pending, confirm_timeout)
+        finally:
+            self.confirms.forget(tag, pending)
+        return pending
+
+    def publish_many_confirmed(self, messages: list[tuple[amqp.Message, str, str]],
+                               confirm_timeout: float | None = None) -> list[bool]:
+        """Pipelined publishes (not mandatory) and one wait for all their confirms;
+        ``True`` for each message the broker accepted."""
+        self.confirm_mode()
+        tracked = []
+        try:
+            for message, exchange, routing_key in messages:
+                tag, pending = self.confirms.track("", exchange)
+                tracked.append((tag, pending))
+                self.send(message, exchange, routing_key, False, None)
+            for _, pending in tracked:
+                self._wait_settled(pending, confirm_timeout)
+        finally:
+            for tag, pending in tracked:
+                self.confirms.forget(tag, pending)
+        return [not pending.nacked for _, pending in tracked]
+
+    def publish_other(self, message: amqp.Message, exchange: str, routing_key: str,
+                      mandatory: bool, timeout: float | None,
+                      confirm_timeout: float | None) -> None:
+        """A message that is not a job, confirmed as kombu's ``confirm_publish=True`` asks
+        (:class:`~amqp.exceptions.MessageNacked` when the broker refused it)."""
+        pending = self.publish_tracked(
+            message, exchange, routing_key, mandatory, timeout, confirm_timeout,
+            job_id=message.properties.get("message_id") or "", queue=routing_key)
+        if pending.nacked:
+            raise MessageNacked()
+
+    def count_unconfirmed(self) -> None:
+        """A publish through py-amqp's own path: the broker numbers it too."""
+        if self._confirming:
+            self.confirms.skip()
+
+    def wait_outstanding(self, most: int, limit: float) -> bool:
+        """Read confirms until at most ``most`` tracked publishes are unconfirmed;
+        ``False`` when ``limit`` seconds passed first."""
+        confirms = self.confirms
+        return self._channel.connection.wait_until(lambda: confirms.outstanding <= most, limit)
+
+    def _wait_settled(self, pending: PendingPublish, confirm_timeout: float | None) -> None:
+        limit = confirm_timeout or self._channel.ojs.settings.confirm_timeout
+        if not self._channel.connection.wait_until(lambda: pending.settled, limit):
+            raise PublishConfirmTimeout(
+                f"no publisher confirm for job {pending.job_id} (queue {pending.queue!r}) "
+                f"within {limit}s: it may or may not be enqueued",
+                job_id=pending.job_id, queue=pending.queue,
+            )
+
+    # -- the wire -------------------------------------------------------------
+
+    def send(self, message: amqp.Message, exchange: str, routing_key: str, mandatory: bool,
+             timeout: float | None) -> None:
+        """``Basic.Publish`` in one write.
+
+        py-amqp polls the socket before every publish for a pending
+        ``connection.blocked``; a confirmed publish reads every incoming frame
+        right afterwards anyway, so that poll is pure cost on this path.
+        """
+        connection = self._channel.connection
+        if not connection:
+            raise RecoverableConnectionError("basic_publish: connection closed")
+        data = self.frames().encode(exchange, routing_key, mandatory, message.body,
+                                    message.properties)
+        try:
+            with connection.transport.having_timeout(timeout):
+                connection.write_frames(data)
+        except TimeoutError:
+            raise RecoverableConnectionError("basic_publish: timed out") from None
+
+    def frames(self) -> PublishFrames:
+        """The channel's publish encoder, shared by single and batch publishes (its
+        method frames are cached per destination)."""
+        if self._frames is None:
+            channel = self._channel
+            self._frames = PublishFrames(channel.channel_id, channel.connection.frame_max)
+        return self._frames
+
+    def confirm_mode(self) -> None:
+        if self._confirming:
+            return
+        channel = self._channel
+        channel.confirm_select()
+        channel.events["basic_ack"].add(self._on_confirm_ack)
+        channel.events["basic_nack"].add(self._on_confirm_nack)
+        channel.events["basic_return"].add(self._on_return)
+        self._confirming = True
+        self.confirms = ConfirmTracker()
+
+    def _on_confirm_ack(self, delivery_tag: int, multiple: bool) -> None:
+        self.confirms.settle(delivery_tag, multiple, nacked=False)
+
+    def _on_confirm_nack(self, delivery_tag: int, multiple: bool) -> None:
+        self.confirms.settle(delivery_tag, multiple, nacked=True)
+
+    def _on_return(self, exc: Exception, exchange: str, routing_key: str,
+                   message: amqp.Message) -> None:
+        message_id = message.properties.get("message_id")
+        self._channel.ojs.events.metrics.returned.add(1, {"queue": routing_key})
+        if not self.confirms.returned(message_id, str(exc)):
+            logger.warning("message %s returned by the broker from exchange %r key %r: %s",
+                           message_id, exchange, routing_key, exc)

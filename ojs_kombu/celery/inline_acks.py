@@ -6,6 +6,8 @@ from typing import Any
 
 from celery import bootsteps
 
+from ..amqp.job_channel import JobConnection
+
 
 class InlineJobAcks(bootsteps.StartStopStep):
     """Consumer bootstep: with the ``solo`` pool a job runs inside its delivery, in the
@@ -18,6 +20,6 @@ class InlineJobAcks(bootsteps.StartStopStep):
     def start(self, parent: Any) -> None:
         from celery.concurrency.solo import TaskPool as SoloPool
 
-        connection = getattr(parent.connection, "connection", None)
-        if hasattr(connection, "ojs_jobs_run_in_loop"):
+        connection = parent.connection.connection
+        if isinstance(connection, JobConnection):
             connection.ojs_jobs_run_in_loop = isinstance(parent.pool, SoloPool)

@@ -7,6 +7,8 @@ from collections.abc import Iterable
 from celery import Celery
 
 from ..amqp.entities import JobQueue
+from ..amqp.job_channel import JobConnection
+from ..spec.errors import OJSConfigurationError
 
 
 def declare_topology(app: Celery, queues: Iterable[str] | None = None) -> list[str]:
@@ -21,6 +23,11 @@ def declare_topology(app: Celery, queues: Iterable[str] | None = None) -> list[s
     ojs_names = [q.ojs_queue for q in selected if isinstance(q, JobQueue)]
     with app.connection_for_write() as connection:
         connection.ensure_connection(max_retries=1)
+        amqp_connection = connection.connection
+        if not isinstance(amqp_connection, JobConnection):
+            raise OJSConfigurationError(
+                f"declare_topology needs an ojs:// broker; {connection.as_uri()} is "
+                f"{connection.transport_cls!r}")
         for name in ojs_names:
-            connection.connection.ensure_topology(name)
+            amqp_connection.ensure_topology(name)
     return ojs_names

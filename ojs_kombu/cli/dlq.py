@@ -9,6 +9,7 @@ queue, or (at worst) in both; never in neither.
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -157,7 +158,7 @@ def replay(ctx: click.Context, queue: str, job_id: str | None, legacy_id: str | 
         replayed: list[str] = []
         # on stderr: stdout stays one JSON document with --json
         bar = click.progressbar(length=total, label=f"replaying {total} job(s)",
-                                file=click.get_text_stream("stderr"), show_pos=True)
+                                file=sys.stderr, show_pos=True)
         # Ctrl-C takes effect between jobs: an interrupt in the middle of a frame
         # would leave the AMQP stream half-written and the close waiting for ever.
         stop = threading.Event()

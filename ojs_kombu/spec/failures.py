@@ -19,6 +19,7 @@ from enum import StrEnum
 from types import TracebackType
 from typing import Any
 
+from .strict_input import INVALID_ENVELOPE
 from .times import format_time
 
 HANDLER_ERROR = "HANDLER_ERROR"
@@ -206,7 +207,8 @@ def decide(delivered: Delivered, attempt: int, max_attempts: int = 1,
     if happened is Happened.EARLY:
         return Outcome(Action.WAIT, delay_s=max(delivered.delay_s or 0.0, 0.0))
     if happened is Happened.INVALID:
-        return Outcome(Action.DEAD_LETTER, _failure(delivered, INVALID_JOB), invalid_input=True)
+        return Outcome(Action.DEAD_LETTER, _failure(delivered, INVALID_ENVELOPE),
+                       invalid_input=True)
     if happened is Happened.EXPIRED:
         return Outcome(Action.DEAD_LETTER, _failure(delivered, EXPIRED))
     failure = _failure(delivered, _FAILURE_CODES[happened])
@@ -222,9 +224,6 @@ def decide(delivered: Delivered, attempt: int, max_attempts: int = 1,
 
 
 #: Code of an invalid delivery whose caller named none.
-INVALID_JOB = "INVALID_ENVELOPE"
-
-
 def _failure(delivered: Delivered, code: str) -> JobFailure:
     failure = delivered.failure
     if failure is None:

@@ -17,7 +17,7 @@ from typing import Any
 from celery import Celery
 from kombu.exceptions import OperationalError
 
-from ojs_kombu.amqp import reconnect
+import ojs_kombu
 from ojs_kombu.spec.errors import JobPublishError
 from ojs_kombu.spec.job_ids import new_job_id
 
@@ -101,7 +101,8 @@ def _stream(app: Celery, workers: Workers, queue: str, total: int,
     """``app`` publishes ``total`` confirmed jobs while a worker consumes;
     ``disrupt(counts)`` runs once a fifth of them are confirmed."""
     events: list[dict[str, Any]] = []
-    unsubscribe = reconnect.subscribe(events.append)
+    subscription = ojs_kombu.subscribe(app, events.append,
+                                       event_types=["connection.reconnected"])
     prefetch_multiplier, concurrency = 4, 4
     workers.start(queue, "--pool", "threads", "-c", str(concurrency),
                   "--prefetch-multiplier", str(prefetch_multiplier))
@@ -117,7 +118,7 @@ def _stream(app: Celery, workers: Workers, queue: str, total: int,
         counts.wait_completed(workers.done_file, timeout=120)
         wait_until(lambda: queue_depth(queue) == 0, 60, "the queue to drain")
     finally:
-        unsubscribe()
+        subscription.cancel()
         thread.join(1)
     numbers = counts.report(name, workers.done_file)
     log = workers.log.read_text()
@@ -130,7 +131,7 @@ def _stream(app: Celery, workers: Workers, queue: str, total: int,
     # redelivered: what the worker held unacked (one prefetch window per lost
     # connection); republished: a publish whose confirm the lost connection took
     # (at most one per producer reconnection)
-    reconnections = sum(e["type"] == reconnect.RECONNECTED for e in events)
+    reconnections = sum(e["type"] == "connection.reconnected" for e in events)
     window = concurrency * prefetch_multiplier
     assert numbers["duplicated"] <= 2 * window + reconnections, numbers
     assert "reconnected to" in log and "(worker)" in log, log[-5000:]
@@ -150,7 +151,7 @@ def test_broker_restart_mid_stream(fault_broker_url: str, workers: Workers,
     _, events = _stream(producer(fault_broker_url), workers, "restart", 5000, restart,
                         "broker restart")
     assert any(e["data"]["role"] == "client" for e in events
-               if e["type"] == reconnect.RECONNECTED), events
+               if e["type"] == "connection.reconnected"), events
 
 
 def test_broker_restart_with_a_producer_that_does_not_retry(
@@ -172,7 +173,7 @@ def test_broker_restart_with_a_producer_that_does_not_retry(
                               "broker restart, no publish retries")
     assert numbers["refused"] >= 2, numbers  # the branch ran
     assert any(e["data"]["role"] == "client" for e in events
-               if e["type"] == reconnect.RECONNECTED), events
+               if e["type"] == "connection.reconnected"), events
 
 
 def test_close_all_connections_mid_stream(fault_broker_url: str, workers: Workers) -> None:
@@ -182,4 +183,4 @@ def test_close_all_connections_mid_stream(fault_broker_url: str, workers: Worker
         lambda counts: rabbitmqctl("close_all_connections", "ojs_kombu fault test"),
         "close_all_connections")
     assert numbers["refused"] == 0  # the broker stayed up: every publish got through
-    assert any(e["type"] == reconnect.RECONNECTED for e in events), events
+    assert any(e["type"] == "connection.reconnected" for e in events), events

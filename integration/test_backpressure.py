@@ -55,9 +55,9 @@ def bp_app(broker_url: str, metric_reader: InMemoryMetricReader) -> Celery:
 @pytest.fixture
 def events(bp_app: Celery) -> Iterator[list[dict[str, Any]]]:
     received: list[dict[str, Any]] = []
-    unsubscribe = bp_app.amqp.binding.backpressure.subscribe(received.append)
+    subscription = ojs_kombu.subscribe(bp_app, received.append, event_types=["backpressure.*"])
     yield received
-    unsubscribe()
+    subscription.cancel()
 
 
 def send(app: Celery, queue: str, n: int) -> str:

@@ -17,6 +17,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
+import ojs_kombu
+from ojs_kombu.events.metric_observer import MetricsObserver
 from ojs_kombu.events.metrics import OJSMetrics
 from ojs_kombu.spec.job_ids import new_job_id
 
@@ -26,10 +28,10 @@ from .conftest import get_message, wait_until
 @pytest.fixture
 def metric_reader(app: Celery) -> Iterator[InMemoryMetricReader]:
     reader = InMemoryMetricReader()
-    events = app.amqp.binding.events
-    previous, events.metrics = events.metrics, OJSMetrics(MeterProvider(metric_readers=[reader]))
+    observer = ojs_kombu.add_observer(
+        app, MetricsObserver(OJSMetrics(MeterProvider(metric_readers=[reader]))))
     yield reader
-    events.metrics = previous
+    ojs_kombu.remove_observer(app, observer)
 
 
 def points(reader: InMemoryMetricReader) -> dict[str, list[Any]]:

@@ -11,13 +11,14 @@ from __future__ import annotations
 import socket
 import subprocess
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from celery import Celery
 from celery.contrib.testing.worker import start_worker
 
-from ojs_kombu.amqp import reconnect
+import ojs_kombu
 
 from .apps import make_app
 from .conftest import HOST, PORT, rabbitmqctl, wait_until
@@ -32,12 +33,23 @@ def own_vhost() -> Iterator[str]:
     rabbitmqctl("delete_vhost", name)
 
 
+ConnectionEvents = Callable[[Celery], list[dict[str, Any]]]
+
+
 @pytest.fixture
-def connection_events() -> Iterator[list[dict[str, Any]]]:
-    events: list[dict[str, Any]] = []
-    unsubscribe = reconnect.subscribe(events.append)
-    yield events
-    unsubscribe()
+def connection_events() -> Iterator[ConnectionEvents]:
+    """``connection_events(app)``: the list ``connection.reconnected`` and
+    ``consumer.cancelled`` events of ``app`` are appended to."""
+    subscriptions: list[Any] = []
+
+    def watch(app: Celery) -> list[dict[str, Any]]:
+        events: list[dict[str, Any]] = []
+        subscriptions.append(ojs_kombu.subscribe(
+            app, events.append, event_types=["connection.reconnected", "consumer.cancelled"]))
+        return events
+    yield watch
+    for subscription in subscriptions:
+        subscription.cancel()
 
 
 def close_connections_of(vhost: str) -> int:
@@ -60,8 +72,9 @@ def consumers_of(vhost: str, queue: str) -> list[int]:
 
 
 def test_worker_reconnects_redeclares_and_consumes_with_the_same_prefetch(
-        own_vhost: str, connection_events: list[dict[str, Any]]) -> None:
+        own_vhost: str, connection_events: ConnectionEvents) -> None:
     app = make_app("reconnect", f"ojs://guest:guest@{HOST}:{PORT}/{own_vhost}", "cache+memory://")
+    events = connection_events(app)
     with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False,
                       shutdown_timeout=60, queues=["rq"], loglevel="WARNING"):
         first = app.tasks["math.add"].apply_async((1, 1), queue="rq")
@@ -71,9 +84,9 @@ def test_worker_reconnects_redeclares_and_consumes_with_the_same_prefetch(
         # remove what the worker declared, then cut its connections
         rabbitmqctl("delete_queue", "-p", own_vhost, "ojs.queue.dlx.rq")
         assert close_connections_of(own_vhost) >= 1
-        wait_until(lambda: any(e["data"].get("role") == "worker" for e in connection_events),
+        wait_until(lambda: any(e["data"].get("role") == "worker" for e in events),
                    60, "the worker's connection.reconnected event")
-        event = next(e for e in connection_events if e["data"].get("role") == "worker")
+        event = next(e for e in events if e["data"].get("role") == "worker")
         assert event["data"]["queues"] == ["rq"]
         assert event["data"]["prefetch_count"] == 8
         wait_until(lambda: consumers_of(own_vhost, "ojs.queue.rq") == prefetch, 30,
@@ -85,8 +98,9 @@ def test_worker_reconnects_redeclares_and_consumes_with_the_same_prefetch(
 
 
 def test_producer_redeclares_topology_after_reconnecting(
-        own_vhost: str, connection_events: list[dict[str, Any]]) -> None:
+        own_vhost: str, connection_events: ConnectionEvents) -> None:
     app = make_app("reconnect-producer", f"ojs://guest:guest@{HOST}:{PORT}/{own_vhost}")
+    events = connection_events(app)
     app.tasks["math.add"].apply_async((1, 1), queue="pq")
     # the broker loses the exchange and queue, and the producer its connection
     rabbitmqctl("delete_queue", "-p", own_vhost, "ojs.queue.pq")
@@ -96,22 +110,22 @@ def test_producer_redeclares_topology_after_reconnecting(
     app.tasks["math.add"].apply_async((2, 2), queue="pq")  # mandatory + confirmed
     depth = rabbitmqctl("list_queues", "-p", own_vhost, "name", "messages")
     assert "ojs.queue.pq\t1" in depth.splitlines()
-    assert [e["data"]["role"] for e in connection_events
-            if e["type"] == reconnect.RECONNECTED] == ["client"]
+    assert [e["data"]["role"] for e in events
+            if e["type"] == "connection.reconnected"] == ["client"]
 
 
 def test_deleted_queue_cancels_the_consumer_which_comes_back(
-        own_vhost: str, connection_events: list[dict[str, Any]]) -> None:
+        own_vhost: str, connection_events: ConnectionEvents) -> None:
     app = make_app("cancel", f"ojs://guest:guest@{HOST}:{PORT}/{own_vhost}", "cache+memory://")
+    events = connection_events(app)
     with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False,
                       shutdown_timeout=60, queues=["cq"], loglevel="WARNING"):
         first = app.tasks["math.add"].apply_async((1, 1), queue="cq")
         app.calls.wait_for(first.id)
         rabbitmqctl("delete_queue", "-p", own_vhost, "ojs.queue.cq")
-        wait_until(lambda: any(e["type"] == reconnect.CONSUMER_CANCELLED
-                               for e in connection_events), 30, "consumer.cancelled")
-        cancelled = next(e for e in connection_events
-                         if e["type"] == reconnect.CONSUMER_CANCELLED)
+        wait_until(lambda: any(e["type"] == "consumer.cancelled" for e in events), 30,
+                   "consumer.cancelled")
+        cancelled = next(e for e in events if e["type"] == "consumer.cancelled")
         assert cancelled["data"]["queue"] == "cq"
         assert 750 <= cancelled["data"]["retry_in_ms"] <= 1250  # first step of the schedule
         wait_until(lambda: consumers_of(own_vhost, "ojs.queue.cq") == [8], 30,

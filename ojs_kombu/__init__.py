@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from .amqp.transport import register_transport
 from .celery.serialization import register_serializer
+from .events.observer import Observer
 from .spec.envelope import CONTENT_TYPE, JobEnvelope, RetryPolicy
 from .spec.errors import (
     BatchPublishError,
@@ -51,7 +52,7 @@ from .amqp.dead_letters import DeadLetter, DeadLetterQueue  # noqa: E402
 from .celery.app import install  # noqa: E402  (needs the registrations)
 from .celery.batch import enqueue_many  # noqa: E402
 from .celery.dead_letters import dead_letter_queue  # noqa: E402
-from .celery.events import subscribe  # noqa: E402
+from .celery.events import add_observer, remove_observer, subscribe  # noqa: E402
 from .celery.preflight import check_app  # noqa: E402
 from .celery.task import OJSTask  # noqa: E402
 from .celery.topology import declare_topology  # noqa: E402
@@ -81,6 +82,7 @@ __all__ = [
     "OJSConfigurationError",
     "OJSError",
     "OJSTask",
+    "Observer",
     "PublishConfirmTimeout",
     "QueueFullError",
     "QueueFullNacked",
@@ -91,11 +93,13 @@ __all__ = [
     "TopologyNames",
     "UnroutableJobError",
     "UnsupportedSerializerError",
+    "add_observer",
     "check_app",
     "dead_letter_queue",
     "declare_topology",
     "enqueue_many",
     "install",
     "new_job_id",
+    "remove_observer",
     "subscribe",
 ]

@@ -19,8 +19,10 @@ from ojs_kombu.amqp.topology import (
     declare_queue_topology,
     retry_queue_arguments,
 )
-from ojs_kombu.events.bus import EventBus
+from ojs_kombu.events.bus import EventBus, EventFilter
 from ojs_kombu.events.emitter import JobEvents
+from ojs_kombu.events.hook import Hook
+from ojs_kombu.events.metric_observer import MetricsObserver
 from ojs_kombu.events.metrics import OJSMetrics
 from ojs_kombu.spec.backoff import backoff
 from ojs_kombu.spec.backpressure import Bounds, ProducerBackpressure, drops_head, maxlen_death
@@ -210,12 +212,19 @@ class Broker:
         return self.depth
 
 
+def observed(*observers: Any) -> tuple[Hook, list[dict[str, Any]]]:
+    """A hook with the OJS events (and ``observers``), and the ``backpressure.*`` events a
+    subscriber that asks for them receives."""
+    bus, events = EventBus(), []
+    bus.subscribe(events.append, EventFilter(event_types=["backpressure.*"]))
+    return Hook(JobEvents(bus, "ojs://ojs-kombu"), *observers), events
+
+
 def monitor_for(bounds: Bounds, clock: Clock, **settings: Any
                 ) -> tuple[BackpressureMonitor, list[dict[str, Any]]]:
+    hook, events = observed()
     monitor = BackpressureMonitor(ProducerBackpressure(**settings), lambda _q: bounds,
-                                  clock=clock, sleep=clock.sleep)
-    events: list[dict[str, Any]] = []
-    monitor.subscribe(events.append)
+                                  hook=hook, clock=clock, sleep=clock.sleep)
     return monitor, events
 
 
@@ -403,14 +412,13 @@ class Job:
     delay_ms: int = 0
 
 
-def batch_monitor(bounds: Bounds, clock: Clock, **settings: Any
+def batch_monitor(bounds: Bounds, clock: Clock, *observers: Any, **settings: Any
                   ) -> tuple[BackpressureMonitor, list[dict[str, Any]]]:
     """``email`` has ``bounds``; every other queue is unbounded."""
+    hook, events = observed(*observers)
     monitor = BackpressureMonitor(ProducerBackpressure(**settings),
                                   lambda q: bounds if q == "email" else Bounds(),
-                                  clock=clock, sleep=clock.sleep)
-    events: list[dict[str, Any]] = []
-    monitor.subscribe(events.append)
+                                  hook=hook, clock=clock, sleep=clock.sleep)
     return monitor, events
 
 
@@ -420,8 +428,7 @@ BOUND_10 = Bounds(max_depth=10, overflow="reject-publish")
 def test_a_batch_that_does_not_fit_is_refused_whole_before_sending() -> None:
     reader = InMemoryMetricReader()
     metrics = OJSMetrics(MeterProvider(metric_readers=[reader]))
-    monitor, events = batch_monitor(BOUND_10, Clock())
-    monitor.metrics = metrics
+    monitor, events = batch_monitor(BOUND_10, Clock(), MetricsObserver(metrics))
     # scheduled jobs and jobs of other queues do not count against email's bound
     jobs = [Job("a"), Job("b", queue="reports"), Job("c"), Job("d", delay_ms=5000), Job("e"),
             Job("f")]
@@ -540,18 +547,21 @@ def test_a_publish_that_ends_without_a_verdict_frees_the_half_open_trial() -> No
 
 
 def test_subscriber_failure_does_not_stop_publishing(caplog: pytest.LogCaptureFixture) -> None:
-    monitor = BackpressureMonitor(ProducerBackpressure(), lambda _q: REJECT)
-    monitor.subscribe(lambda _e: 1 / 0)
+    bus = EventBus()
+    bus.subscribe(lambda _e: 1 / 0, EventFilter(event_types=["backpressure.*"]))
+    monitor = BackpressureMonitor(ProducerBackpressure(), lambda _q: REJECT,
+                                  hook=Hook(JobEvents(bus, "ojs://ojs-kombu")))
     with pytest.raises(QueueFullError):
         monitor.publish("email", "j", "email.send",
                         lambda: (_ for _ in ()).throw(monitor.nack_error("email", "j")))
-    assert "backpressure subscriber" in caplog.text
+    assert "event subscriber" in caplog.text and bus.failures == 1
 
 
 def test_metrics_count_rejections_and_export_pressure() -> None:
     reader = InMemoryMetricReader()
     metrics = OJSMetrics(MeterProvider(metric_readers=[reader]))
-    monitor = BackpressureMonitor(ProducerBackpressure(), lambda _q: REJECT, metrics=metrics)
+    monitor = BackpressureMonitor(ProducerBackpressure(), lambda _q: REJECT,
+                                  hook=Hook(MetricsObserver(metrics)), metrics=metrics)
     monitor.nack_error("email", "j1", lambda _q: 2)
     monitor.nack_error("email", "j2", lambda _q: 2)
     data = reader.get_metrics_data()
@@ -695,13 +705,13 @@ def test_a_dropped_job_becomes_a_dropped_event_and_a_count() -> None:
     from ojs_kombu.celery.dropped import report_dropped
 
     reader = InMemoryMetricReader()
+    bus, events = EventBus(), []
+    bus.subscribe(events.append, EventFilter(event_types=["backpressure.*"]))
     binding = replace(
         Binding.from_settings(settings(queues={"news": {"max_depth": 2,
                                                         "strategy": "drop_oldest"}})),
-        events=JobEvents(EventBus(), "ojs://test",
-                         OJSMetrics(MeterProvider(metric_readers=[reader]))))
-    events: list[dict[str, Any]] = []
-    binding.backpressure.subscribe(events.append)
+        events=JobEvents(bus, "ojs://test"),
+        metrics=OJSMetrics(MeterProvider(metric_readers=[reader])))
 
     def message(reason: str, job_id: str) -> amqp.Message:
         return amqp.Message(b"{}", message_id=job_id, type="news.push",

@@ -20,6 +20,8 @@ import ojs_kombu
 from ojs_kombu.celery.events import sink_from_spec
 from ojs_kombu.events import Event, EventBus, EventFilter, make_event
 from ojs_kombu.events.emitter import JobEvents, JobInfo, json_result
+from ojs_kombu.events.hook import Hook
+from ojs_kombu.events.metric_observer import MetricsObserver
 from ojs_kombu.events.sinks import AMQPSink, BackgroundSink, FileSink, WebhookSink
 from ojs_kombu.events.wire import decode_events, split_batches
 from ojs_kombu.spec.errors import InvalidEventMessage, OJSConfigurationError
@@ -136,7 +138,7 @@ def test_invalid_events_are_counted_not_raised() -> None:
     events.validate = True
     events.emit("job.started", "x", job_type="a.b", queue="q")  # no worker_id, no attempt
     assert events.invalid == 1 and seen == []
-    events.started(JobInfo("x", "a.b", "q", 1), "w1")
+    events.job_started(JobInfo("x", "a.b", "q", 1), "w1")
     assert [e.type for e in seen] == ["job.started"]
 
 
@@ -172,10 +174,11 @@ def test_subscribe_filters_by_type_and_queue() -> None:
     ojs_kombu.install(app)
     seen: list[Any] = []
     ojs_kombu.subscribe(app, seen.append, event_types=["job.*"], queues=["email"])
-    events = app.amqp.binding.events
-    events.enqueued("j1", "email.send", "email")
-    events.enqueued("j2", "email.send", "other")
-    events.emit("worker.quiet", "w", worker_id="w", active_jobs=0)
+    hook = app.amqp.binding.hook
+    hook.job_enqueued(JobInfo("j1", "email.send", "email"), None, 0.0)
+    hook.job_enqueued(JobInfo("j2", "email.send", "other"), None, 0.0)
+    hook.worker_quiet("w", {"active_jobs": 0})
+    hook.backpressure_warning("email", {"depth": 9, "bound": 10})  # not asked for
     assert [e.subject for e in seen] == ["j1"]
 
 
@@ -187,11 +190,11 @@ def test_metrics_follow_events_with_bounded_labels() -> None:
 
     reader = InMemoryMetricReader()
     metrics = OJSMetrics(MeterProvider(metric_readers=[reader]))
-    events = JobEvents(EventBus(), "ojs://t/p/1", metrics)
+    hook = Hook(JobEvents(EventBus(), "ojs://t/p/1"), MetricsObserver(metrics))
     job = JobInfo("019461a8-1a2b-7c3d-8e4f-5a6b7c8d9e0f", "email.send", "email", 1)
-    events.enqueued(job.job_id, "email.send", "email")  # recorded even without subscribers
-    events.completed(job, 0.042, None)
-    events.discarded(job, "HANDLER_ERROR", "boom")
+    hook.job_enqueued(job, None, 0.0)  # recorded even without subscribers
+    hook.job_completed(job, 0.042, None)
+    hook.job_discarded(job, "HANDLER_ERROR", "boom")
     found = {m.name: m.data.data_points for r in reader.get_metrics_data().resource_metrics
              for s in r.scope_metrics for m in s.metrics}
     labels = {"job_type": "email.send", "queue": "email"}
@@ -360,9 +363,9 @@ def test_cancel_and_heartbeat_hooks_build_valid_events() -> None:
     bus.subscribe(seen.append)
     events = JobEvents(bus, "ojs://t/workers/w1")
     job = JobInfo("019461a8-1a2b-7c3d-8e4f-5a6b7c8d9e0f", "email.send", "email", 2)
-    events.cancelled(job, cancelled_by="user:ops", reason="superseded")
-    events.heartbeat(job, "w1", datetime.now(UTC))
-    events.progress(job, "w1", 40, "copying")
+    events.job_cancelled(job, "user:ops", "superseded")
+    events.job_heartbeat(job, "w1", datetime.now(UTC))
+    events.job_progress(job, "w1", 40, "copying")
     assert [e.type for e in seen] == ["job.cancelled", "job.heartbeat", "job.progress"]
     validator = event_check()  # event.schema.json, or the Event model without it
     for event in seen:
@@ -642,11 +645,11 @@ def test_background_sinks_take_drafts_and_other_subscribers_get_events() -> None
     bus.subscribe(seen.append)
     bus.subscribe(sink)
     bus.subscribe(seen.append, EventFilter(queues=["other"]))  # filters apply to drafts too
-    events = JobEvents(bus, "ojs://t/workers/w", None)
+    events = JobEvents(bus, "ojs://t/workers/w")
     job = JobInfo("019461a8-1a2b-7c3d-8e4f-5a6b7c8d9e0f", "email.send", "email", 2,
                   trace_id="4bf92f3577b34da6a3ce929d0e0e4736")
-    events.started(job, "worker-1")
-    events.completed(job, 0.25, {"sent": True})
+    events.job_started(job, "worker-1")
+    events.job_completed(job, 0.25, {"sent": True})
     assert [type(e) for e in seen] == [Event, Event]  # synchronous, built from the draft
     assert sink.flush(5)
     delivered = channel.events()
@@ -672,7 +675,7 @@ def test_a_sink_subclass_of_its_own_gets_events_not_drafts() -> None:
     bus = EventBus()
     sink = Collecting()
     bus.subscribe(sink)
-    JobEvents(bus, "ojs://t/workers/w", None).started(
+    JobEvents(bus, "ojs://t/workers/w").job_started(
         JobInfo("019461a8-1a2b-7c3d-8e4f-5a6b7c8d9e0f", "email.send", "email", 1), "w1")
     assert sink.flush(5)
     assert [type(e) for e in got] == [Event] and got[0].type == "job.started"

@@ -18,6 +18,8 @@ from prometheus_client import generate_latest
 from ojs_kombu.amqp.binding import Binding
 from ojs_kombu.events.bus import EventBus
 from ojs_kombu.events.emitter import JobEvents, JobInfo
+from ojs_kombu.events.hook import Hook
+from ojs_kombu.events.metric_observer import MetricsObserver
 from ojs_kombu.events.metrics import OJSMetrics, track_connection
 from ojs_kombu.spec.settings import OJSSettings
 
@@ -62,12 +64,12 @@ def test_the_global_provider_set_after_the_app_gets_every_metric() -> None:
         from ojs_kombu.events.emitter import JobInfo
 
         app = ojs_kombu.install(Celery("recipe", broker="ojs://localhost//"))
-        events = app.amqp.binding.events
+        hook = app.amqp.binding.hook
         reader = InMemoryMetricReader()
         metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
         job = JobInfo("019461a8-1a2b-7c3d-8e4f-5a6b7c8d9e0f", "email.send", "email", 1)
-        events.enqueued(job.job_id, "email.send", "email")
-        events.completed(job, 0.042, None)
+        hook.job_enqueued(job, None, 0.0)
+        hook.job_completed(job, 0.042, None)
         data = reader.get_metrics_data()
         print(json.dumps([m.name for r in data.resource_metrics for s in r.scope_metrics
                           for m in s.metrics]))
@@ -83,10 +85,10 @@ def prometheus_text() -> str:
     """The Prometheus exposition of every kind of ojs_kombu metric, each recorded once."""
     provider = MeterProvider(metric_readers=[PrometheusMetricReader()])  # global registry
     metrics = OJSMetrics(provider)
-    events = JobEvents(EventBus(), "ojs://t/p/1", metrics)
+    hook = Hook(JobEvents(EventBus(), "ojs://t/p/1"), MetricsObserver(metrics))
     job = JobInfo("019461a8-1a2b-7c3d-8e4f-5a6b7c8d9e0f", "email.send", "email", 1)
-    events.enqueued(job.job_id, "email.send", "email")
-    events.completed(job, 0.042, None)
+    hook.job_enqueued(job, None, 0.0)
+    hook.job_completed(job, 0.042, None)
     metrics.wait.record(3.0, LABELS)
     metrics.confirm_latency.record(0.002)
     for tally in (metrics.published, metrics.consumed, metrics.acked, metrics.nacked,

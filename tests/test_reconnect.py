@@ -127,23 +127,26 @@ def test_a_connection_the_pool_replaced_after_a_failed_publish(
     again, it is a reconnection when the broker had dropped it, not when it was alive."""
     from kombu import Producer
 
-    from ojs_kombu.amqp import reconnect
+    from ojs_kombu.amqp.binding import Binding, register_binding
+    from ojs_kombu.events.bus import EventFilter
+    from ojs_kombu.spec.settings import BINDING_OPTION, OJSSettings
 
-    pool = BrokerConnection("memory://").Pool(limit=1)
+    binding = Binding.from_settings(OJSSettings())
+    seen: list[dict[str, object]] = []
+    binding.events.bus.subscribe(seen.append, EventFilter(event_types=["connection.*"]))
+    pool = BrokerConnection("memory://", transport_options={
+        BINDING_OPTION: register_binding(binding)}).Pool(limit=1)
     member = pool.acquire()
     member.ensure_connection()
     if lost:
         monkeypatch.setattr(member.transport, "verify_connection", lambda connection: False)
-    seen: list[dict[str, object]] = []
-    unsubscribe = reconnect.subscribe(seen.append)
     try:
         with pytest.raises(OperationalError), Producer(member):
             raise OperationalError("the publish failed")
         member.ensure_connection()  # the producer's next publish
     finally:
-        unsubscribe()
         member.release()
-    reconnected = [e for e in seen if e["type"] == reconnect.RECONNECTED]
+    reconnected = [e for e in seen if e["type"] == "connection.reconnected"]
     assert len(reconnected) == (1 if lost else 0), seen
     if lost:
         assert reconnected[0]["data"]["role"] == "client"  # type: ignore[index]
@@ -163,19 +166,24 @@ def test_pooled_connections_reconnect_on_the_schedule_too() -> None:
         member.release()
 
 
-def test_connection_events_reach_subscribers_until_they_unsubscribe() -> None:
-    from ojs_kombu.amqp import reconnect
+def test_connection_events_reach_subscribers_that_name_them() -> None:
+    """``connection.reconnected`` and ``consumer.cancelled`` are out of the OJS catalog:
+    a subscriber gets them when its filter names them, never through ``*`` alone."""
+    from ojs_kombu.events.bus import EventBus, EventFilter
+    from ojs_kombu.events.emitter import JobEvents
+    from ojs_kombu.events.hook import Hook
 
-    seen: list[dict[str, object]] = []
-    unsubscribe = reconnect.subscribe(seen.append)
-    try:
-        event = reconnect.emit(reconnect.RECONNECTED, "w1@host", "ojs://app/workers/w1",
-                               role="worker", attempts=2, queues=None)
-    finally:
-        unsubscribe()
-    reconnect.emit(reconnect.RECONNECTED, None, "ojs://app", role="client")
-    assert seen == [event]
+    bus, seen, everything = EventBus(), [], []
+    subscription = bus.subscribe(seen.append, EventFilter(event_types=["connection.*"]))
+    bus.subscribe(everything.append, EventFilter(event_types=["*"]))
+    hook = Hook(JobEvents(bus, "ojs://app/workers/w1"))
+    hook.connection_reconnected("worker", {"worker_id": "w1@host", "attempts": 2,
+                                           "queues": None})
+    subscription.cancel()
+    hook.connection_reconnected("client", {"broker": "ojs://h//"})
+    assert len(seen) == 1 and everything == []
+    event = seen[0]
     assert event["type"] == "connection.reconnected"
-    assert event["subject"] == "w1@host"
-    assert event["data"] == {"role": "worker", "attempts": 2}  # None left out
+    assert event["subject"] == "w1@host" and event["source"] == "ojs://app/workers/w1"
+    assert event["data"] == {"role": "worker", "worker_id": "w1@host", "attempts": 2}
     assert str(event["id"]).startswith("evt_") and str(event["time"]).endswith("Z")

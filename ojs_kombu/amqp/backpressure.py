@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
-from ..events.side import SideEvents
+from ..events.hook import Hook
 from ..spec.backoff import backoff
 from ..spec.backpressure import Bounds, ProducerBackpressure
 from ..spec.errors import (
@@ -34,7 +34,6 @@ from .circuit_breaker import CircuitBreaker
 logger = logging.getLogger("ojs_kombu.amqp.backpressure")
 
 
-EventCallback = Callable[[dict[str, Any]], object]
 DepthReader = Callable[[str], "int | None"]
 
 
@@ -55,49 +54,47 @@ class QueueState:
 class BackpressureMonitor:
     """A process's producer side of backpressure, per queue; thread-safe.
 
-    ``bounds_for(queue)`` gives a queue's :class:`Bounds`; ``metrics`` is an
-    :class:`~ojs_kombu.events.metrics.OJSMetrics` (or ``None``).
+    ``bounds_for(queue)`` gives a queue's :class:`Bounds`; ``hook`` hears the
+    ``backpressure_*`` moments (events and counters); ``metrics``, an
+    :class:`~ojs_kombu.events.metrics.OJSMetrics` (or ``None``), gets the pressure gauge.
     """
 
     def __init__(self, settings: ProducerBackpressure, bounds_for: Callable[[str], Bounds],
-                 *, source: str = "ojs://ojs-kombu", metrics: Any = None,
+                 *, hook: Hook | None = None, metrics: Any = None,
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep) -> None:
         self.settings = settings
         self.bounds_for = bounds_for
-        self.source = source
-        self.metrics = metrics
+        self.hook = hook if hook is not None else Hook()
         self.clock = clock
         self.sleep = sleep
         self._lock = threading.Lock()
         self._queues: dict[str, QueueState] = {}
-        self._events = SideEvents("backpressure")
         if metrics is not None:
             metrics.observe_backpressure(self.pressures)
 
     # -- events -------------------------------------------------------------
 
-    def subscribe(self, callback: EventCallback) -> Callable[[], None]:
-        """Call ``callback(event)`` with every ``backpressure.*`` event (an OJS-envelope
-        dict: specversion, id, type, source, time, subject = queue, data); returns a
-        function that unsubscribes."""
-        return self._events.subscribe(callback)
-
-    def emit(self, event_type: str, queue: str, **data: Any) -> dict[str, Any]:
+    def emit(self, event_type: str, queue: str, **data: Any) -> None:
+        """Log one ``backpressure.*`` moment and hand it to the hook."""
         details = {k: v for k, v in data.items() if v is not None}
         level = logging.INFO if event_type == "backpressure.cleared" else logging.WARNING
         logger.log(level, "%s: queue %r %s", event_type, queue, details)
-        return self._events.emit(event_type, self.source, queue, {"queue": queue, **details})
+        moment = getattr(self.hook, event_type.replace(".", "_"))
+        moment(queue, details)
+
+    def refused(self, queue: str, count: int) -> None:
+        """The broker refused ``count`` jobs at ``queue``'s bound
+        (``ojs.backpressure.rejected_total``)."""
+        self.hook.backpressure_refused(queue, count)
 
     def dropped(self, queue: str, job_id: str | None, job_type: str | None,
-                dropped_at: str | None = None) -> dict[str, Any]:
+                dropped_at: str | None = None) -> None:
         """A ``drop_oldest`` queue dropped a job (section 5.3): ``backpressure.dropped``
         and ``ojs.backpressure.dropped_total``.  Called by the worker that consumes
         the queue's dropped-job tap, once per dropped job."""
-        if self.metrics is not None:
-            self.metrics.backpressure_dropped.add(1, {"queue": queue})
-        return self.emit("backpressure.dropped", queue, job_id=job_id, job_type=job_type,
-                         dropped_at=dropped_at)
+        self.emit("backpressure.dropped", queue, job_id=job_id, job_type=job_type,
+                  dropped_at=dropped_at)
 
     def pressures(self) -> list[tuple[str, float]]:
         """``(queue, depth / bound)`` last sampled, for the ``ojs.backpressure.pressure`` gauge."""
@@ -140,8 +137,7 @@ class BackpressureMonitor:
         depth = self.depth(read_depth, queue)
         if depth is not None:
             state.pressure = bounds.pressure(depth)
-        if self.metrics is not None:
-            self.metrics.backpressure_rejected.add(1, {"queue": queue})
+        self.refused(queue, 1)
         which = "depth" if bounds.max_depth is not None else "size"
         limit = (f"{bounds.max_depth} jobs" if bounds.max_depth is not None
                  else f"{bounds.max_bytes} bytes")

@@ -8,6 +8,7 @@ in one :class:`~ojs_kombu.spec.errors.BatchPublishError`.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -103,10 +104,10 @@ def publish_batch(publisher: JobPublisher, ojs: Binding, connection: Any,
         admission.settle(nacked, connection.queue_depth)
     finally:
         admission.release()  # no answer from the broker: no verdict for the breakers
-    published = ojs.events.metrics.published
-    for pending in outcome:
-        if pending.settled and not pending.nacked and pending.returned is None:
-            published.add(1, {"queue": pending.queue})
+    confirmed = Counter(p.queue for p in outcome
+                        if p.settled and not p.nacked and p.returned is None)
+    for queue, count in confirmed.items():
+        ojs.hook.message_published(queue, count)
     failed = [p for p in outcome if not p.settled or p.nacked or p.returned is not None]
     unsent = [job.job_id for job in jobs[len(outcome):]]
     if failed or unsent:

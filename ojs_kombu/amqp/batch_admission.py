@@ -157,8 +157,8 @@ def _refuse(monitor: BackpressureMonitor, jobs: Sequence[BatchJob], queue: str,
     own = {job.job_id for job in queued}
     rejected = {job.job_id: f"not sent: {cause}" if job.job_id in own
                 else f"not sent: the batch was refused ({cause})" for job in jobs}
-    if monitor.metrics is not None and not circuit_open:
-        monitor.metrics.backpressure_rejected.add(len(queued), {"queue": queue})
+    if not circuit_open:
+        monitor.refused(queue, len(queued))
     _emit_rejected(monitor, queue, queued, bounds, depth, retry_after, circuit_open)
     return BatchQueueFullRefused(
         f"batch of {len(jobs)} job(s) not enqueued: queue {queue!r} cannot take its "
@@ -200,8 +200,8 @@ def nacked_error(monitor: BackpressureMonitor, jobs: Sequence[BatchJob],
         first = monitor.nack_error(queue, refused[0].job_id, read_depth)
         if not isinstance(first, QueueFullNacked):
             continue
-        if monitor.metrics is not None and len(refused) > 1:
-            monitor.metrics.backpressure_rejected.add(len(refused) - 1, {"queue": queue})
+        if len(refused) > 1:
+            monitor.refused(queue, len(refused) - 1)
         bounds = monitor.bounds_for(queue)
         _emit_rejected(monitor, queue, refused, bounds, first.depth, first.retry_after, False)
         for job in refused:

@@ -18,6 +18,9 @@ from typing import Any
 
 from ..events.bus import EventBus
 from ..events.emitter import JobEvents
+from ..events.hook import Hook
+from ..events.metric_observer import MetricsObserver
+from ..events.metrics import OJSMetrics
 from ..spec.backpressure import (
     Bounds,
     QueueConfig,
@@ -49,9 +52,17 @@ class Binding:
     #: Lifecycle events of this process (silent until something subscribes).
     events: JobEvents = field(default_factory=lambda: JobEvents(EventBus(), "ojs://ojs-kombu"),
                               compare=False)
+    #: The instruments of ``ojs_meter_provider`` (the global provider by default).
+    metrics: OJSMetrics = field(default_factory=OJSMetrics, compare=False)
     #: ``Queue.Declare`` extras per OJS queue: ``ojs_queue_arguments`` plus those of
     #: the Celery queue definitions, so every declaration of a queue is the same.
     queue_arguments: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @cached_property
+    def hook(self) -> Hook:
+        """Where the transport and the Celery wiring say what happened: the OJS events,
+        then the metrics, then the observers the app adds."""
+        return Hook(self.events, MetricsObserver(self.metrics))
 
     @classmethod
     def from_settings(cls, settings: OJSSettings, tasks: TaskLookup | None = None,
@@ -60,6 +71,7 @@ class Binding:
         names = TopologyNames(prefix=settings.prefix, queue_aliases=settings.queue_aliases)
         return cls(settings, names, JobTypeRegistry(settings.job_types, tasks), retry_policy_for,
                    events or JobEvents(EventBus(), "ojs://ojs-kombu"),
+                   OJSMetrics(settings.meter_provider),
                    {q: dict(a) for q, a in settings.queue_arguments.items()})
 
     def queue_config(self, queue: str) -> QueueConfig:
@@ -113,8 +125,8 @@ class Binding:
     @cached_property
     def backpressure(self) -> BackpressureMonitor:
         """This process's producer-side backpressure (events, retries, circuit breaker)."""
-        return BackpressureMonitor(self.settings.backpressure, self.bounds,
-                                   source=self.events.source, metrics=self.events.metrics)
+        return BackpressureMonitor(self.settings.backpressure, self.bounds, hook=self.hook,
+                                   metrics=self.metrics)
 
     def warn_unbounded(self, queues: Iterable[str]) -> list[str]:
         """Log a warning for each of ``queues`` without a bound (section 6.3); return them."""

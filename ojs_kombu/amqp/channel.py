@@ -200,7 +200,7 @@ class Channel(pyamqp.Channel):
         self.ojs_acks.settled(delivery_tag, multiple)
         queue = self.ojs_receiver.settled(delivery_tag)
         if queue is not None:
-            self.ojs.events.metrics.nacked.add(1, {"queue": queue})
+            self.ojs.hook.message_nacked(queue)
 
     def basic_ack(self, delivery_tag: int, multiple: bool = False, argsig: str = "Lb") -> None:
         """From the event loop's thread the ack is collected and written with the others of
@@ -210,7 +210,7 @@ class Channel(pyamqp.Channel):
             return super().basic_ack(delivery_tag, multiple, argsig)
         queue = self.ojs_receiver.settled(delivery_tag)
         if queue is not None:
-            self.ojs.events.metrics.acked.add(1, {"queue": queue})
+            self.ojs.hook.message_acked(queue)
         if connection.ojs_loop_acks.collect(self, delivery_tag, multiple):
             return None
         super().basic_ack(delivery_tag, multiple, argsig)

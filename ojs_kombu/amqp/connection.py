@@ -21,7 +21,7 @@ worker's ``broker_connection_retry`` loop and ``apply_async``'s
 * each failed attempt and each re-established connection is counted in
   ``ojs_amqp_reconnections_total`` (``outcome`` ``failed``/``succeeded``); a
   re-established connection is logged and emitted as ``connection.reconnected``
-  (:func:`ojs_kombu.amqp.reconnect.subscribe`), also when kombu closed the lost
+  (through the binding's hook: ``ojs_kombu.subscribe``), also when kombu closed the lost
   connection first (its producer pool does so after a failed publish);
 * a connection error names the broker it came from
   (``kombu.exceptions.OperationalError: ... (broker ojs://guest:**@host:5672//)``):
@@ -50,7 +50,7 @@ from kombu.exceptions import OperationalError
 from kombu.utils.functional import retry_over_time
 
 from .binding import Binding, registered_binding
-from .reconnect import DEFAULT_POLICY, RECONNECTED, ReconnectPolicy, emit
+from .reconnect import DEFAULT_POLICY, ReconnectPolicy
 
 logger = logging.getLogger(__name__)
 
@@ -64,11 +64,9 @@ def report_reconnection(binding: Binding | None, *, role: str, broker: str, atte
                    f"; consuming {', '.join(queues)} with prefetch {prefetch_count}"
                    if queues else "")
     if binding is not None:
-        binding.events.metrics.reconnections.add(1, {"outcome": "succeeded", "role": role})
-    emit(RECONNECTED, worker_id or broker,
-         binding.events.source if binding is not None else "ojs://ojs-kombu",
-         role=role, broker=broker, attempts=attempts, duration_ms=round(duration_s * 1000),
-         worker_id=worker_id, queues=queues, prefetch_count=prefetch_count)
+        binding.hook.connection_reconnected(role, {
+            "broker": broker, "attempts": attempts, "duration_ms": round(duration_s * 1000),
+            "worker_id": worker_id, "queues": queues, "prefetch_count": prefetch_count})
 
 
 class BrokerConnection(kombu.Connection):
@@ -113,8 +111,7 @@ class BrokerConnection(kombu.Connection):
             self._ojs_attempts += 1
             binding = self.ojs_binding
             if binding is not None:
-                binding.events.metrics.reconnections.add(1, {"outcome": "failed",
-                                                             "role": self.role})
+                binding.hook.connection_failed(self.role)
             try:
                 if errback:
                     errback(exc, interval)

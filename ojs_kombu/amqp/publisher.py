@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import amqp
 from amqp.exceptions import MessageNacked, RecoverableConnectionError
 
+from ..events.emitter import JobInfo
 from ..events.tracing import with_current_trace
 from ..spec.delays import check_schedule_delay, schedule_levels, schedule_routing_key
 from ..spec.encode import OutgoingJob, encode_task_message
@@ -143,15 +144,15 @@ class JobPublisher:
                     message, ojs.names.direct_exchange, queue, job_id=job.job_id, queue=queue,
                     timeout=timeout, confirm_timeout=confirm_timeout),
                 connection.queue_depth)
-        ojs.events.metrics.published.add(1, {"queue": queue})
+        ojs.hook.message_published(queue, 1)
 
     def announce(self, job: OutgoingJob) -> None:
         """``job.enqueued``/``job.scheduled``, before the publish: a worker may start the
         job before the confirm arrives, and a job's events come in lifecycle order."""
-        self._channel.ojs.events.enqueued(
-            job.job_id, job.job_type, job.queue, priority=job.properties.get("priority"),
-            delay_s=job.delay_ms / 1000,
-            trace_id=trace_id_of(job.properties["application_headers"].get("x-ojs-trace-id")))
+        self._channel.ojs.hook.job_enqueued(JobInfo(
+            job.job_id, job.job_type, job.queue,
+            trace_id=trace_id_of(job.properties["application_headers"].get("x-ojs-trace-id"))),
+            job.properties.get("priority"), job.delay_ms / 1000)
 
     def route_scheduled(self, properties: dict[str, Any], job_id: str, queue: str,
                         delay_ms: int) -> tuple[str, str, bool]:
@@ -174,7 +175,7 @@ class JobPublisher:
         pending = self.publish_tracked(message, exchange, routing_key, mandatory, timeout,
                                        confirm_timeout, job_id=job_id, queue=queue)
         if measure:
-            ojs.events.metrics.confirm_latency.record(monotonic() - started)
+            ojs.hook.message_confirmed(monotonic() - started)
         if pending.returned is not None:
             channel.connection.forget_topology(queue)  # the next publish re-declares it
             raise UnroutableJobError(
@@ -302,7 +303,7 @@ class JobPublisher:
     def _on_return(self, exc: Exception, exchange: str, routing_key: str,
                    message: amqp.Message) -> None:
         message_id = message.properties.get("message_id")
-        self._channel.ojs.events.metrics.returned.add(1, {"queue": routing_key})
+        self._channel.ojs.hook.message_returned(routing_key)
         if not self.confirms.returned(message_id, str(exc)):
             logger.warning("message %s returned by the broker from exchange %r key %r: %s",
                            message_id, exchange, routing_key, exc)

@@ -30,8 +30,7 @@ from ..spec.strict_input import INVALID_ENVELOPE, INVALID_PAYLOAD
 from ..spec.times import format_time
 from .delivery import JobDelivery, JobMessage
 from .frames import UNDECODABLE_HEADER
-from .reconnect import CONSUMER_CANCELLED, DEFAULT_POLICY
-from .reconnect import emit as emit_connection_event
+from .reconnect import DEFAULT_POLICY
 from .settle import settle
 
 if TYPE_CHECKING:
@@ -122,7 +121,7 @@ class JobReceiver:
         """``Basic.Cancel`` from the broker (section 10.4, AMQP-027): usually the queue was
         deleted under the consumer.
 
-        Logged and emitted as ``consumer.cancelled`` (:func:`ojs_kombu.amqp.reconnect.subscribe`);
+        Logged and handed to the hook (``consumer_cancelled``, the ``consumer.cancelled`` event);
         then, after the first delay of the reconnection schedule,
         :class:`~amqp.exceptions.ConsumerCancelled` (a recoverable connection
         error) hands over to the reconnection path:
@@ -134,9 +133,8 @@ class JobReceiver:
         logger.warning("the broker cancelled consumer %s of queue %r (Basic.Cancel: was the "
                        "queue deleted?); re-declaring it and consuming again in %.1fs",
                        consumer_tag, queue, delay)
-        emit_connection_event(CONSUMER_CANCELLED, queue, self._channel.ojs.events.source,
-                              queue=queue, consumer_tag=consumer_tag,
-                              retry_in_ms=round(delay * 1000))
+        self._channel.ojs.hook.consumer_cancelled(
+            queue, {"consumer_tag": consumer_tag, "retry_in_ms": round(delay * 1000)})
         self._channel.connection.forget_topology(queue)
         sleep(delay)
         raise ConsumerCancelled(f"consumer {consumer_tag} of queue {queue!r} cancelled by the "
@@ -147,11 +145,11 @@ class JobReceiver:
         channel = self._channel
         ojs = channel.ojs
         resolve_task = ojs.job_types.task_for
-        events, labels = ojs.events, {"queue": queue}
+        hook = ojs.hook
 
         def receive_job(raw: amqp.Message) -> Any:
             self._unsettled[raw.delivery_tag] = queue
-            events.metrics.consumed.add(1, labels)  # metrics may be swapped while consuming
+            hook.message_consumed(queue)
             undecodable = (raw.properties.get("application_headers") or {}).get(
                 UNDECODABLE_HEADER)
             if undecodable is not None:
@@ -198,8 +196,8 @@ class JobReceiver:
             failure = JobFailure(EXPIRED, EXPIRED, "job expired at "
                                  f"{format_time(envelope.expires_at)} before it started")
             self._settle_now(delivery, delivery_tag, Delivered(Happened.EXPIRED, failure))
-            self._channel.ojs.events.expired(delivery.info(), envelope.created_at,
-                                             envelope.expires_at)
+            self._channel.ojs.hook.job_expired(delivery.info(), envelope.created_at,
+                                               envelope.expires_at)
             return True
         if envelope.scheduled_at is not None:
             early = (envelope.scheduled_at - now).total_seconds()

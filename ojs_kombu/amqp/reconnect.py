@@ -1,7 +1,7 @@
 """The reconnection schedule of the AMQP binding (section 11.3, AMQP-025).
 
-Pure code, no I/O: the schedule, and the process-wide hook that hands out
-``connection.reconnected`` and ``consumer.cancelled`` events.
+Pure code, no I/O.  What happens on a reconnection reaches the binding's
+hook (``connection_failed``, ``connection_reconnected``, ``consumer_cancelled``).
 
 Attempt ``n`` (1-based) waits ``min(2**(n-1), 60)`` seconds, scaled by a
 random factor in ``[0.75, 1.25]`` so that workers reconnecting after a
@@ -15,9 +15,7 @@ import logging
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
-from ..events.side import SideEventCallback, SideEvents
 from ..spec.backoff import backoff
 
 logger = logging.getLogger(__name__)
@@ -62,21 +60,3 @@ class ReconnectPolicy:
 
 #: The binding's schedule, used by every ojs_kombu connection.
 DEFAULT_POLICY = ReconnectPolicy()
-
-#: Event types of connection resilience (AMQP binding 10.4 and 11.3).  The OJS
-#: event catalog has none (``event.schema.json`` enumerates ``type``), so they
-#: are not sent to the OJS event sinks: :func:`subscribe` receives them.
-RECONNECTED = "connection.reconnected"
-CONSUMER_CANCELLED = "consumer.cancelled"
-CONNECTION_EVENT_TYPES = (RECONNECTED, CONSUMER_CANCELLED)
-
-ConnectionEventCallback = SideEventCallback
-_events = SideEvents("connection event")
-#: ``subscribe(callback)``: every connection event of this process; returns an unsubscriber.
-subscribe = _events.subscribe
-
-
-def emit(event_type: str, subject: str | None, source: str, **data: Any) -> dict[str, Any]:
-    """Hand one connection event to every subscriber; ``None`` values are left out."""
-    return _events.emit(event_type, source, subject,
-                        {k: v for k, v in data.items() if v is not None})

@@ -40,7 +40,6 @@ class OJSScheduler(PersistentScheduler):
     def apply_async(self, entry: Any, producer: Any = None, advance: bool = True,
                     **kwargs: Any) -> Any:
         binding = self.app.amqp.binding
-        events = binding.events
         job_type = binding.job_types.type_for(entry.task)
         cron = {"cron_name": entry.name, "cron_expr": cron_expression(entry.schedule),
                 "job_type": job_type}
@@ -49,16 +48,16 @@ class OJSScheduler(PersistentScheduler):
         if previous and skip_overlapping and self._running(previous):
             if advance:
                 self.reserve(entry)
-            events.emit("cron.skipped", entry.name, **cron,
-                        reason="the previous job of this entry has not finished",
-                        existing_job_id=previous)
+            binding.hook.cron_skipped(entry.name, {
+                **cron, "reason": "the previous job of this entry has not finished",
+                "existing_job_id": previous})
             logger.info("Scheduler: skipped %s: job %s still running", entry.name, previous)
             return None
         result = super().apply_async(entry, producer, advance, **kwargs)
         if result is not None:
             self._ojs_last[entry.name] = result.id
-            events.emit("cron.triggered", entry.name, **cron, job_id=result.id,
-                        scheduled_at=datetime.now(UTC))
+            binding.hook.cron_triggered(entry.name, {**cron, "job_id": result.id,
+                                                     "scheduled_at": datetime.now(UTC)})
         return result
 
     def _running(self, job_id: str) -> bool:

@@ -297,7 +297,7 @@ class ControlQueues(bootsteps.StartStopStep):
                 self._publish_beat(parent, channel, beat, delivery.queue)
             except Exception:
                 logger.exception("could not publish the heartbeat of job %s", delivery.job_id)
-            binding.events.heartbeat(delivery.info(), parent.hostname, visible_until)
+            binding.hook.job_heartbeat(delivery.info(), parent.hostname, visible_until)
 
     @staticmethod
     def _publish_beat(parent: Any, channel: JobChannel, beat: amqp.Message, queue: str

@@ -1,8 +1,9 @@
-"""Celery wiring of OJS events: sinks from config, worker lifecycle, subscriptions.
+"""Celery wiring of observation: sinks from config, worker lifecycle, subscriptions, observers.
 
-Job events come from where the job's fate is decided (the transport on
-publish and consume, :class:`~ojs_kombu.celery.request.JobRequest` in the worker);
-worker events from the :class:`WorkerEvents` consumer bootstep.
+Moments come from where a job's fate is decided (the transport on publish
+and consume, :class:`~ojs_kombu.celery.request.JobRequest` in the worker) and
+reach the binding's hook; worker moments from the :class:`WorkerEvents`
+consumer bootstep.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from celery.worker import state as worker_state
 from ..amqp.entities import JobQueue
 from ..events.bus import EventBus, EventFilter, Subscription
 from ..events.emitter import JobEvents
-from ..events.metrics import OJSMetrics
 from ..events.models import Event, event_source
+from ..events.observer import Observer
 from ..events.sinks import AMQPSink, BackgroundSink, FileSink, WebhookSink
 from ..spec.errors import OJSConfigurationError
 from ..spec.naming import TopologyNames
@@ -84,18 +85,30 @@ def build_events(app: Celery, settings: OJSSettings, names: TopologyNames) -> Jo
         bus.subscribe(sink, flt)
     service = settings.event_service or app.main or "celery"
     instance = f"{socket.gethostname()}-{os.getpid()}"
-    return JobEvents(bus, event_source(service, "producers", instance),
-                     OJSMetrics(settings.meter_provider))
+    return JobEvents(bus, event_source(service, "producers", instance))
 
 
 def subscribe(app: Celery, callback: Sink, **event_filter: Any) -> Subscription:
-    """Call ``callback(event)`` for every OJS event of this process matching the filter.
+    """Call ``callback(event)`` for every event of this process matching the filter.
 
     Filter keys (section 6.1, AND across keys): ``event_types`` (``"job.*"``
-    prefixes), ``queues``, ``job_types``, ``sources``.
+    prefixes), ``queues``, ``job_types``, ``sources``.  OJS events arrive as
+    :class:`~ojs_kombu.events.models.Event`; the out-of-catalog ones
+    (``backpressure.*``, ``connection.reconnected``, ``consumer.cancelled``) as
+    OJS-envelope dicts, and only when ``event_types`` names them.
     """
     flt = EventFilter(**event_filter) if event_filter else None
     return app.amqp.binding.events.bus.subscribe(callback, flt)
+
+
+def add_observer(app: Celery, observer: Observer) -> Observer:
+    """Call ``observer`` at every moment it overrides, after the OJS events and the metrics
+    (see :class:`~ojs_kombu.events.observer.Observer`); ``remove_observer`` undoes it."""
+    return app.amqp.binding.hook.add(observer)
+
+
+def remove_observer(app: Celery, observer: Observer) -> None:
+    app.amqp.binding.hook.remove(observer)
 
 
 def close_sinks(bus: EventBus, timeout: float = 5.0) -> None:
@@ -128,15 +141,15 @@ class WorkerEvents(bootsteps.StartStopStep):
         self._cpu = (time.process_time(), time.monotonic())
 
     def start(self, parent: Any) -> None:
-        events = parent.app.amqp.binding.events
+        binding = parent.app.amqp.binding
         self._observe_queues(parent)
-        service = parent.app.amqp.binding.settings.event_service or parent.app.main or "celery"
-        events.source = event_source(service, "workers", parent.hostname)
+        service = binding.settings.event_service or parent.app.main or "celery"
+        binding.events.source = event_source(service, "workers", parent.hostname)
         if not self._announced:  # the consumer restarts on reconnection: announce once
             self._announced = True
-            events.emit("worker.started", parent.hostname, worker_id=parent.hostname,
-                        queues=self._queues(parent),
-                        concurrency=max(self._concurrency(parent), 1))
+            binding.hook.worker_started(parent.hostname, {
+                "queues": self._queues(parent),
+                "concurrency": max(self._concurrency(parent), 1)})
         interval = parent.app.amqp.binding.settings.worker_heartbeat
         if interval and parent.timer is not None and self._timer is None:
             self._timer = parent.timer.call_repeatedly(interval, self.heartbeat, (parent,),
@@ -146,10 +159,9 @@ class WorkerEvents(bootsteps.StartStopStep):
         cpu, wall = time.process_time(), time.monotonic()
         cpu_percent = 100 * (cpu - self._cpu[0]) / max(wall - self._cpu[1], 1e-6)
         self._cpu = (cpu, wall)
-        parent.app.amqp.binding.events.emit(
-            "worker.heartbeat", parent.hostname, worker_id=parent.hostname,
-            active_jobs=len(worker_state.active_requests), queues=self._queues(parent),
-            memory_mb=_rss_mb(), cpu_percent=round(max(cpu_percent, 0.0), 1))
+        parent.app.amqp.binding.hook.worker_heartbeat(parent.hostname, {
+            "active_jobs": len(worker_state.active_requests), "queues": self._queues(parent),
+            "memory_mb": _rss_mb(), "cpu_percent": round(max(cpu_percent, 0.0), 1)})
 
     _announced = False
 
@@ -159,19 +171,18 @@ class WorkerEvents(bootsteps.StartStopStep):
         Not on a reconnection, which stops and restarts the consumer too."""
         if worker_state.should_stop is None and worker_state.should_terminate is None:
             return
-        parent.app.amqp.binding.events.emit(
-            "worker.quiet", parent.hostname, worker_id=parent.hostname,
-            active_jobs=len(worker_state.active_requests))
+        parent.app.amqp.binding.hook.worker_quiet(
+            parent.hostname, {"active_jobs": len(worker_state.active_requests)})
 
     def shutdown(self, parent: Any) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        events = parent.app.amqp.binding.events
-        events.emit("worker.stopped", parent.hostname, worker_id=parent.hostname,
-                    reason="shutdown", jobs_completed=completed_jobs,
-                    uptime_ms=round((time.monotonic() - self._started) * 1000))
-        close_sinks(events.bus)
+        binding = parent.app.amqp.binding
+        binding.hook.worker_stopped(parent.hostname, {
+            "reason": "shutdown", "jobs_completed": completed_jobs,
+            "uptime_ms": round((time.monotonic() - self._started) * 1000)})
+        close_sinks(binding.events.bus)
 
     _observed = False
 
@@ -192,7 +203,7 @@ class WorkerEvents(bootsteps.StartStopStep):
                     counts[queue] += 1
             return list(counts.items())
 
-        binding.events.metrics.observe_queues(
+        binding.metrics.observe_queues(
             depth=lambda: reader.depths(queues, binding.names.job_queue),
             active=active,
             dead_letters=lambda: reader.depths(queues, binding.names.dead_letter_queue))

@@ -23,7 +23,7 @@ from celery.worker import state as worker_state
 from celery.worker.request import Request
 
 from ..amqp.delivery import JobMessage
-from ..events.emitter import JobEvents
+from ..events.hook import Hook
 from ..spec.envelope import RetryPolicy
 from ..spec.failures import (
     EXPIRED,
@@ -93,14 +93,14 @@ class JobRequest(Request):
         super().__init__(message, *args, **kwargs)
 
     @property
-    def _ojs_events(self) -> JobEvents:
-        return self._app.amqp.binding.events
+    def _ojs_hook(self) -> Hook:
+        return self._app.amqp.binding.hook
 
     def on_accepted(self, pid: Any, time_accepted: float) -> None:
         super().on_accepted(pid, time_accepted)
         message = self._message
         if isinstance(message, JobMessage):
-            self._ojs_events.started(message.ojs.info(), self.hostname)
+            self._ojs_hook.job_started(message.ojs.info(), self.hostname)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         # Celery's worker builds a subclass per task whose on_success does not
@@ -123,8 +123,7 @@ class JobRequest(Request):
         if not failed and isinstance(message, JobMessage):
             count_completed()
             self._remember("completed", message)
-            self._ojs_events.completed(message.ojs.info(), runtime,
-                                       pool_result(retval) if self._ojs_events.active else None)
+            self._ojs_hook.job_completed(message.ojs.info(), runtime, pool_result(retval))
 
     def on_retry(self, exc_info: Any) -> None:
         message = self._message
@@ -203,8 +202,7 @@ class JobRequest(Request):
         if isinstance(message, JobMessage) and not expired:
             self._remember("cancelled", message)
             why, by = cancellations.get(self.id, (None, None))
-            self._ojs_events.cancelled(message.ojs.info(), cancelled_by=by,
-                                       reason=why or f"{reason} by Celery")
+            self._ojs_hook.job_cancelled(message.ojs.info(), by, why or f"{reason} by Celery")
 
     def acknowledge(self) -> None:
         message = self._message
@@ -215,16 +213,15 @@ class JobRequest(Request):
             assert outcome.action is Action.ACK
             self._remember("cancelled", message)
             why, by = cancellations.get(self.id, (None, None))
-            self._ojs_events.cancelled(message.ojs.info(), cancelled_by=by,
-                                       reason=why or "cancelled while running")
+            self._ojs_hook.job_cancelled(message.ojs.info(), by, why or "cancelled while running")
             return super().acknowledge()
         if self._ojs_expired and not self.acknowledged and isinstance(message, JobMessage):
             failure = JobFailure(EXPIRED, EXPIRED, "job expired before it started")
             self._settle(message, self._decide(message, Delivered(Happened.EXPIRED, failure)))
             expires = self.expires
-            self._ojs_events.expired(message.ojs.info(), None,
-                                     expires if isinstance(expires, datetime) else
-                                     datetime.now(UTC))
+            self._ojs_hook.job_expired(message.ojs.info(), None,
+                                       expires if isinstance(expires, datetime) else
+                                       datetime.now(UTC))
             return
         super().acknowledge()
 
@@ -256,18 +253,18 @@ class JobRequest(Request):
         failure = outcome.failure
         if failure is None:
             return
-        events = self._ojs_events
+        hook = self._ojs_hook
         job = message.ojs.info()
         if failure.code == EXPIRED:
             return  # job.expired, not a failed attempt
-        events.failed(job, failure.code, failure.message, retryable=retry,
-                      stack_trace="\n".join(failure.backtrace) or None)
+        hook.job_failed(job, failure.code, failure.message, retry,
+                        "\n".join(failure.backtrace) or None)
         if retry:
             policy = self._ojs_policy
-            events.retrying(job, failure.code, failure.message,
-                            max_attempts=policy.max_attempts, delay_s=outcome.delay_s)
+            hook.job_retrying(job, failure.code, failure.message, policy.max_attempts,
+                              outcome.delay_s)
         else:
-            events.discarded(job, failure.code, failure.message)
+            hook.job_discarded(job, failure.code, failure.message)
 
     def _what_failed(self, requeue: bool) -> Delivered:
         """What Celery's rejection of the attempt means, for :meth:`_decide`.

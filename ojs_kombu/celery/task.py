@@ -72,9 +72,8 @@ class JobContext:
         """Emit ``job.progress`` (0 to 100 percent, and an optional message)."""
         if not 0 <= percent <= 100:
             raise ValueError(f"progress must be between 0 and 100, not {percent}")
-        events = self.task.app.amqp.binding.events
-        if events.active:
-            events.progress(self.info(), self.task.request.hostname or "", percent, message)
+        self.task.app.amqp.binding.hook.job_progress(
+            self.info(), self.task.request.hostname or "", percent, message)
 
 
 class OJSTask(Task):

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, StringConstraints, field_validator
 
 from ..spec.job_ids import new_job_id
 from .models import EVENT_TYPES, Event, EventDraft
+from .side import SIDE_EVENT_TYPES
 
 logger = logging.getLogger("ojs_kombu.events")
 
@@ -53,6 +54,11 @@ class EventFilter(BaseModel):
     ``job_types`` compare exactly with ``data.queue`` / ``data.job_type``; an
     event without that field (``worker.*``, ``workflow.*``) does not match a
     non-empty one.
+
+    Out-of-catalog events (``backpressure.*``, ``connection.reconnected``,
+    ``consumer.cancelled``: plain dicts) reach only a filter whose
+    ``event_types`` names them (``*`` alone does not), so a sink that expects
+    catalog events never gets one.
     """
 
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
@@ -67,7 +73,7 @@ class EventFilter(BaseModel):
     def _known_event_types(cls, value: list[str] | None) -> list[str] | None:
         # A misspelt type would silently match nothing, so refuse it here.
         for pattern in _check_patterns(value, "event_types") or ():
-            if not any(_matches_pattern([pattern], t) for t in EVENT_TYPES):
+            if not any(_matches_pattern([pattern], t) for t in EVENT_TYPES + SIDE_EVENT_TYPES):
                 raise ValueError(f"event_types {pattern!r} matches no OJS event type")
         return value
 
@@ -75,6 +81,20 @@ class EventFilter(BaseModel):
     @classmethod
     def _source_patterns(cls, value: list[str] | None) -> list[str] | None:
         return _check_patterns(value, "sources")
+
+    def names_side(self, event_type: str) -> bool:
+        """Whether out-of-catalog events of ``event_type`` are asked for."""
+        return any(p != "*" and _matches_pattern([p], event_type)
+                   for p in self.event_types or ())
+
+    def matches_side(self, event: dict[str, Any]) -> bool:
+        data = event["data"]
+        return (
+            self.names_side(event["type"])
+            and (not self.queues or data.get("queue") in self.queues)
+            and (not self.job_types or data.get("job_type") in self.job_types)
+            and _matches_pattern(self.sources, event["source"])
+        )
 
     def matches(self, event: Event | EventDraft) -> bool:
         data = event.data
@@ -157,6 +177,29 @@ class EventBus:
         :class:`Event`, built once, synchronously as with :meth:`publish`.
         """
         return self._deliver(None, draft)
+
+    def wants_side(self, event_type: str) -> bool:
+        """Whether a subscriber asked for out-of-catalog events of ``event_type``."""
+        return any(s.filter is not None and s.filter.names_side(event_type)
+                   for s in self._subscriptions)
+
+    def publish_side(self, event: dict[str, Any]) -> int:
+        """Hand an out-of-catalog event (an OJS-envelope dict) to the subscribers whose
+        filter names its type; return how many were called."""
+        called = 0
+        for subscription in self._subscriptions:
+            flt = subscription.filter
+            if not subscription.active or flt is None or not flt.matches_side(event):
+                continue
+            called += 1
+            try:
+                subscription.callback(event)
+            except Exception:
+                with self._lock:
+                    self.failures += 1
+                logger.exception("event subscriber %r failed on %s event %s",
+                                 subscription.callback, event["type"], event["id"])
+        return called
 
     def _deliver(self, event: Event | None, draft: EventDraft | None) -> int:
         called = 0

@@ -1,4 +1,4 @@
-"""Where ojs_kombu's code says "this happened": builds OJS events and hands them to the bus.
+"""The OJS event emitter: the observer of the hook that builds OJS events for the bus.
 
 Nothing is built while nobody subscribes, so events cost nothing when unused.
 An event that does not validate is a bug in ojs_kombu: it is logged and
@@ -17,8 +17,10 @@ from ..spec.errors import InvalidEventData
 from ..spec.times import format_time, parse_time
 from ..spec.trace_context import trace_id_of
 from .bus import EventBus
-from .metrics import OJSMetrics, labels
+from .metrics import labels
 from .models import Event, EventDraft, make_event, trusted_event
+from .observer import Data, Observer
+from .side import side_event
 
 logger = logging.getLogger("ojs_kombu.events")
 
@@ -37,14 +39,18 @@ def json_result(value: Any) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else {"value": value}
 
 
-class JobEvents:
-    """Emits the OJS lifecycle events of one process, and records the metrics that go with
-    them (events spec section 7.4: every metric increment corresponds to an event)."""
+class JobEvents(Observer):
+    """The OJS event emitter: the observer that turns moments into OJS events on its bus.
 
-    def __init__(self, bus: EventBus, source: str, metrics: OJSMetrics | None = None) -> None:
+    Metrics are another observer's (:class:`~ojs_kombu.events.metric_observer.MetricsObserver`).
+    Out-of-catalog moments (``backpressure.*``, ``connection.reconnected``,
+    ``consumer.cancelled``) become OJS-envelope dicts for the subscribers
+    whose filter names them (:meth:`EventBus.publish_side`).
+    """
+
+    def __init__(self, bus: EventBus, source: str) -> None:
         self.bus = bus
         self.source = source
-        self.metrics = metrics or OJSMetrics()
         self.invalid = 0
 
     @property
@@ -87,25 +93,25 @@ class JobEvents:
             self.bus.publish_draft(EventDraft(event_type, payload, source=self.source,
                                               subject=subject))
 
+    def _side(self, event_type: str, subject: str | None, data: Data) -> None:
+        """An out-of-catalog event, for the subscribers that asked for its type."""
+        if self.bus.wants_side(event_type):
+            self.bus.publish_side(side_event(event_type, self.source, subject, data))
+
     # -- job lifecycle (section 4.1) ------------------------------------------
 
-    def enqueued(self, job_id: str, job_type: str, queue: str, *, priority: int | None = None,
-                 delay_s: float = 0.0, trace_id: str | None = None) -> None:
-        self.metrics.jobs_enqueued.add(1, labels(job_type, queue))
+    def job_enqueued(self, job: JobInfo, priority: int | None, delay_s: float) -> None:
         if not self.active:
             return
         if delay_s > 0:
             at = datetime.now(UTC) + timedelta(seconds=delay_s)
-            self.emit("job.scheduled", job_id, job_type=job_type, queue=queue, scheduled_at=at,
-                      trace_id=trace_id)
+            self.emit("job.scheduled", job.job_id, job_type=job.job_type, queue=job.queue,
+                      scheduled_at=at, trace_id=job.trace_id)
         else:
-            self.emit("job.enqueued", job_id, job_type=job_type, queue=queue, priority=priority,
-                      trace_id=trace_id)
+            self.emit("job.enqueued", job.job_id, job_type=job.job_type, queue=job.queue,
+                      priority=priority, trace_id=job.trace_id)
 
-    def started(self, job: JobInfo, worker_id: str) -> None:
-        if job.enqueued_at is not None:
-            waited = (datetime.now(UTC) - job.enqueued_at).total_seconds()
-            self.metrics.wait.record(max(waited * 1000, 0), job.labels())
+    def job_started(self, job: JobInfo, worker_id: str) -> None:
         if not self.active:
             return
         # The two events of every job build their data directly: emit()'s generic
@@ -115,9 +121,7 @@ class JobEvents:
         data["attempt"] = job.attempt
         self._publish_draft("job.started", job.job_id, data)
 
-    def completed(self, job: JobInfo, duration_s: float, result: Any) -> None:
-        self.metrics.jobs_completed.add(1, job.labels())
-        self.metrics.duration.record(duration_s * 1000, job.labels())
+    def job_completed(self, job: JobInfo, duration_s: float, result: Any) -> None:
         if not self.active:
             return
         data = job.data()
@@ -129,46 +133,83 @@ class JobEvents:
                 data["result"] = value
         self._publish_draft("job.completed", job.job_id, data)
 
-    def failed(self, job: JobInfo, code: str, message: str, *, retryable: bool,
-               stack_trace: str | None = None, duration_s: float | None = None) -> None:
-        if duration_s is not None:
-            self.metrics.duration.record(duration_s * 1000, job.labels())
+    def job_failed(self, job: JobInfo, code: str, message: str, retryable: bool,
+                   stack_trace: str | None) -> None:
         error = {"code": code, "message": message, "retryable": retryable,
                  "stack_trace": stack_trace or None}
         self.emit("job.failed", job.job_id, **job.data(), attempt=job.attempt,
-                  error={k: v for k, v in error.items() if v is not None},
-                  duration_ms=_ms(duration_s) if duration_s is not None else None)
+                  error={k: v for k, v in error.items() if v is not None})
 
-    def retrying(self, job: JobInfo, code: str, message: str, *, max_attempts: int,
-                 delay_s: float) -> None:
+    def job_retrying(self, job: JobInfo, code: str, message: str, max_attempts: int,
+                     delay_s: float) -> None:
         self.emit("job.retrying", job.job_id, **job.data(), attempt=job.attempt,
                   max_attempts=max_attempts,
                   next_retry_at=datetime.now(UTC) + timedelta(seconds=delay_s),
                   error={"code": code, "message": message})
 
-    def discarded(self, job: JobInfo, code: str, message: str) -> None:
-        self.metrics.jobs_failed.add(1, job.labels())
+    def job_discarded(self, job: JobInfo, code: str, message: str) -> None:
         self.emit("job.discarded", job.job_id, **job.data(), total_attempts=job.attempt,
                   last_error={"code": code, "message": message})
 
-    def expired(self, job: JobInfo, created_at: datetime | None, expired_at: datetime) -> None:
+    def job_expired(self, job: JobInfo, created_at: datetime | None,
+                    expired_at: datetime) -> None:
         created = created_at or expired_at
         self.emit("job.expired", job.job_id, **job.data(), created_at=created,
                   expired_at=expired_at, ttl_ms=max(_ms((expired_at - created).total_seconds()), 0))
 
-    def progress(self, job: JobInfo, worker_id: str, percent: float,
-                 message: str | None = None) -> None:
+    def job_progress(self, job: JobInfo, worker_id: str, percent: float,
+                     message: str | None) -> None:
         self.emit("job.progress", job.job_id, **job.data(), worker_id=worker_id,
                   attempt=job.attempt, progress_percent=percent, progress_message=message)
 
-    def cancelled(self, job: JobInfo, cancelled_by: str | None = None,
-                  reason: str | None = None) -> None:
+    def job_cancelled(self, job: JobInfo, cancelled_by: str | None, reason: str | None) -> None:
         self.emit("job.cancelled", job.job_id, **job.data(), cancelled_by=cancelled_by,
                   reason=reason)
 
-    def heartbeat(self, job: JobInfo, worker_id: str, visible_until: datetime) -> None:
+    def job_heartbeat(self, job: JobInfo, worker_id: str, visible_until: datetime) -> None:
         self.emit("job.heartbeat", job.job_id, **job.data(), worker_id=worker_id,
                   attempt=job.attempt, visible_until=visible_until)
+
+    # -- connections and backpressure: out of the catalog ---------------------
+
+    def connection_reconnected(self, role: str, data: Data) -> None:
+        subject = data.get("worker_id") or data.get("broker")
+        self._side("connection.reconnected", subject, {"role": role, **data})
+
+    def consumer_cancelled(self, queue: str, data: Data) -> None:
+        self._side("consumer.cancelled", queue, {"queue": queue, **data})
+
+    def backpressure_rejected(self, queue: str, data: Data) -> None:
+        self._side("backpressure.rejected", queue, {"queue": queue, **data})
+
+    def backpressure_warning(self, queue: str, data: Data) -> None:
+        self._side("backpressure.warning", queue, {"queue": queue, **data})
+
+    def backpressure_cleared(self, queue: str, data: Data) -> None:
+        self._side("backpressure.cleared", queue, {"queue": queue, **data})
+
+    def backpressure_dropped(self, queue: str, data: Data) -> None:
+        self._side("backpressure.dropped", queue, {"queue": queue, **data})
+
+    # -- workers and beat (sections 4.3 and 4.5) --------------------------------
+
+    def worker_started(self, worker_id: str, data: Data) -> None:
+        self.emit("worker.started", worker_id, worker_id=worker_id, **data)
+
+    def worker_heartbeat(self, worker_id: str, data: Data) -> None:
+        self.emit("worker.heartbeat", worker_id, worker_id=worker_id, **data)
+
+    def worker_quiet(self, worker_id: str, data: Data) -> None:
+        self.emit("worker.quiet", worker_id, worker_id=worker_id, **data)
+
+    def worker_stopped(self, worker_id: str, data: Data) -> None:
+        self.emit("worker.stopped", worker_id, worker_id=worker_id, **data)
+
+    def cron_triggered(self, cron_name: str, data: Data) -> None:
+        self.emit("cron.triggered", cron_name, **data)
+
+    def cron_skipped(self, cron_name: str, data: Data) -> None:
+        self.emit("cron.skipped", cron_name, **data)
 
 
 class JobInfo:
@@ -176,7 +217,7 @@ class JobInfo:
 
     __slots__ = ("_labels", "attempt", "enqueued_at", "job_id", "job_type", "queue", "trace_id")
 
-    def __init__(self, job_id: str, job_type: str, queue: str, attempt: int,
+    def __init__(self, job_id: str, job_type: str, queue: str, attempt: int = 0,
                  trace_id: str | None = None, enqueued_at: datetime | None = None) -> None:
         self.job_id = job_id
         self.job_type = job_type

@@ -2,11 +2,13 @@
 
 Each job appends its id to ``$OJS_FAULTS_DONE_FILE`` (one ``O_APPEND`` write per
 line, so concurrent pool processes never interleave) before it is acked: the
-file is the ground truth for completed and duplicated jobs.
+file is the ground truth for completed and duplicated jobs.  ``$OJS_FAULTS_CONF``
+(JSON) adds settings, e.g. quorum queues on the cluster.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from typing import Any
@@ -14,6 +16,14 @@ from typing import Any
 from celery import Celery
 
 import ojs_kombu
+
+
+def _done(job_id: str) -> None:
+    fd = os.open(os.environ["OJS_FAULTS_DONE_FILE"], os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    try:
+        os.write(fd, f"{job_id}\n".encode())
+    finally:
+        os.close(fd)
 
 
 def make_app(broker_url: str, **conf: Any) -> Celery:
@@ -26,13 +36,17 @@ def make_app(broker_url: str, **conf: Any) -> Celery:
     def record(self: Any, seconds: float = 0.0) -> None:
         if seconds:
             time.sleep(seconds)
-        fd = os.open(os.environ["OJS_FAULTS_DONE_FILE"], os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-        try:
-            os.write(fd, f"{self.request.id}\n".encode())
-        finally:
-            os.close(fd)
+        _done(self.request.id)
+
+    @app.task(name="faults.retry_once", bind=True, shared=False, max_retries=3)
+    def retry_once(self: Any, countdown: float) -> None:
+        """Fails its first attempt: the job waits ``countdown`` s in a retry queue."""
+        if not self.request.retries:
+            raise self.retry(countdown=countdown)
+        _done(self.request.id)
 
     return app
 
 
-app = make_app(os.environ.get("OJS_FAULTS_BROKER_URL", "ojs://guest:guest@127.0.0.1:5673//"))
+app = make_app(os.environ.get("OJS_FAULTS_BROKER_URL", "ojs://guest:guest@127.0.0.1:5673//"),
+               **json.loads(os.environ.get("OJS_FAULTS_CONF") or "{}"))

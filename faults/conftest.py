@@ -1,14 +1,17 @@
-"""Fixtures of the fault suite: a RabbitMQ node of its own, worker subprocesses, counts.
+"""Fixtures of the fault suite: RabbitMQ nodes of its own, worker subprocesses, counts.
 
 The destructive tests stop, start and cut the connections of a broker: they
 run against a separate node (``ojs-faults@localhost`` on port 5673, data and
-logs in a temporary directory) that this suite starts and always stops, never
-against the shared broker on 5672.
+logs in a temporary directory) or a three-node cluster (:mod:`faults.cluster`,
+ports 5681-5683) that this suite starts and always stops, never against the
+shared broker on 5672.
 """
 
 from __future__ import annotations
 
 import collections
+import itertools
+import json
 import os
 import shutil
 import signal
@@ -16,6 +19,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import suppress
@@ -24,12 +28,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from celery import Celery
+
+from ojs_kombu.spec.job_ids import new_job_id
+
+from .cluster import Cluster
 
 ROOT = Path(__file__).resolve().parents[1]
 NODE = os.environ.get("OJS_FAULTS_NODE", "ojs-faults@localhost")
 PORT = int(os.environ.get("OJS_FAULTS_PORT", "5673"))
 DIST_PORT = int(os.environ.get("OJS_FAULTS_DIST_PORT", "25673"))
 BROKER_URL = f"ojs://guest:guest@127.0.0.1:{PORT}//"
+CLUSTER_PORTS = tuple(int(p) for p in os.environ.get(
+    "OJS_CLUSTER_PORTS", "5681,5682,5683").split(","))
+CLUSTER_DIST_PORTS = tuple(int(p) for p in os.environ.get(
+    "OJS_CLUSTER_DIST_PORTS", "25681,25682,25683").split(","))
 
 
 def rabbitmqctl(*args: str, timeout: float = 120, check: bool = True) -> str:
@@ -105,18 +118,41 @@ def broker_app_running(fault_node: str) -> Iterator[None]:
     await_broker()
 
 
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Cluster]:
+    """The suite's own three-node cluster; stopped and deleted at the end, also on failure."""
+    nodes = Cluster(CLUSTER_PORTS, CLUSTER_DIST_PORTS)  # type: ignore[arg-type]
+    try:
+        nodes.start()
+        yield nodes
+    finally:
+        nodes.stop()
+
+
+@pytest.fixture
+def healed_cluster(cluster: Cluster) -> Iterator[Cluster]:
+    """Whatever a test does to the nodes, every node runs its app afterwards."""
+    try:
+        yield cluster
+    finally:
+        cluster.heal()
+
+
 class Workers:
     """``celery worker`` subprocesses of ``faults.app``, each in its own process group."""
 
-    def __init__(self, broker_url: str, done_file: Path, log: Path) -> None:
+    def __init__(self, broker_url: str, done_file: Path, log: Path,
+                 conf: dict[str, Any] | None = None) -> None:
         self.broker_url = broker_url
         self.done_file = done_file
         self.log = log
+        self.conf = conf or {}
         self.processes: list[subprocess.Popen[bytes]] = []
 
     def start(self, queue: str, *extra: str) -> subprocess.Popen[bytes]:
         env = {**os.environ, "OJS_FAULTS_BROKER_URL": self.broker_url,
-               "OJS_FAULTS_DONE_FILE": str(self.done_file)}
+               "OJS_FAULTS_DONE_FILE": str(self.done_file),
+               "OJS_FAULTS_CONF": json.dumps(self.conf)}
         with self.log.open("ab") as out:
             process = subprocess.Popen(
                 [sys.executable, "-m", "celery", "-A", "faults.app", "worker", "-Q", queue,
@@ -172,6 +208,10 @@ class Counts:
     refused: dict[str, BaseException] = field(default_factory=dict)
     #: job id -> seconds its refused ``apply_async`` took (reported, not checked)
     refused_after: dict[str, float] = field(default_factory=dict)
+    #: ``time.monotonic()`` of each confirm, in order (for the longest stall)
+    confirmed_at: list[float] = field(default_factory=list)
+    #: ``time.monotonic()`` of each refusal, in order
+    refused_at: list[float] = field(default_factory=list)
 
     def completions(self, done_file: Path) -> collections.Counter[str]:
         if not done_file.exists():
@@ -201,3 +241,57 @@ class Counts:
     def wait_completed(self, done_file: Path, timeout: float) -> None:
         wait_until(lambda: all(job in self.completions(done_file) for job in self.confirmed),
                    timeout, "every confirmed job to complete")
+
+
+def publish(app: Celery, counts: Counts, n: int, *, seconds: float = 0.0,
+            queue: str, pause: float = 0.0) -> None:
+    """``n`` jobs one after another (``pause`` s apart), each counted as confirmed or
+    refused."""
+    task = app.tasks["faults.record"]
+    for _ in range(n):
+        if pause:
+            time.sleep(pause)
+        job_id = new_job_id()  # known before the publish: a refused job may still run
+        started = time.monotonic()
+        try:
+            task.apply_async((seconds,), queue=queue, task_id=job_id)
+        except Exception as exc:  # surfaced to the producer: counted, never silent
+            counts.refused[job_id] = exc
+            counts.refused_after[job_id] = time.monotonic() - started
+            counts.refused_at.append(time.monotonic())
+            continue
+        counts.published.append(job_id)
+        counts.confirmed.append(job_id)  # apply_async returns after the confirm
+        counts.confirmed_at.append(time.monotonic())
+
+
+def longest_gap(times: list[float]) -> float:
+    """The longest wait between two consecutive events: how long clients saw an outage."""
+    return max((b - a for a, b in itertools.pairwise(times)), default=0.0)
+
+
+class CompletionClock:
+    """Samples the done file every 0.1 s: when completions grew, for the longest stall."""
+
+    def __init__(self, done_file: Path) -> None:
+        self.done_file = done_file
+        self.times: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> CompletionClock:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        size = 0
+        while not self._stop.wait(0.1):
+            with suppress(OSError):
+                now = self.done_file.stat().st_size
+                if now > size:
+                    size = now
+                    self.times.append(time.monotonic())

@@ -19,10 +19,17 @@ from kombu.exceptions import OperationalError
 
 import ojs_kombu
 from ojs_kombu.spec.errors import JobPublishError
-from ojs_kombu.spec.job_ids import new_job_id
 
 from .app import make_app
-from .conftest import PORT, Counts, Workers, await_broker, rabbitmqctl, wait_until
+from .conftest import (
+    PORT,
+    Counts,
+    Workers,
+    await_broker,
+    publish,
+    rabbitmqctl,
+    wait_until,
+)
 
 #: Celery publishes with retries; give them room to span a broker restart
 #: (1 + 2 + 4 + 8 + 16 s on the reconnection schedule).
@@ -54,22 +61,6 @@ def queue_depth(queue: str) -> int:
         if name == f"ojs.queue.{queue}":
             return int(count)
     return -1
-
-
-def publish(app: Celery, counts: Counts, n: int, *, seconds: float = 0.0,
-            queue: str) -> None:
-    task = app.tasks["faults.record"]
-    for _ in range(n):
-        job_id = new_job_id()  # known before the publish: a refused job may still run
-        started = time.monotonic()
-        try:
-            task.apply_async((seconds,), queue=queue, task_id=job_id)
-        except Exception as exc:  # surfaced to the producer: counted, never silent
-            counts.refused[job_id] = exc
-            counts.refused_after[job_id] = time.monotonic() - started
-            continue
-        counts.published.append(job_id)
-        counts.confirmed.append(job_id)  # apply_async returns after the confirm
 
 
 def test_kill_9_of_a_busy_worker_loses_nothing(fault_broker_url: str, workers: Workers) -> None:

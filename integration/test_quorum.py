@@ -11,6 +11,8 @@ import pytest
 from celery import Celery
 from celery.contrib.testing.worker import start_worker
 
+from ojs_kombu.celery.dead_letters import dead_letter_queue
+
 from .apps import make_app
 from .conftest import body_of, get_message, rabbitmqctl
 
@@ -38,7 +40,8 @@ def queue_types(vhost: str) -> dict[str, str]:
     return {line.split("\t")[0]: line for line in listing.splitlines()}
 
 
-def test_job_queue_and_its_dlq_are_quorum(qq_app: Celery, qq_worker: Any, vhost: str) -> None:
+def test_job_queue_its_dlq_and_its_control_queue_are_quorum(qq_app: Celery, qq_worker: Any,
+                                                           vhost: str) -> None:
     lines = queue_types(vhost)
     job = lines[f"ojs.queue.{QUEUE}"]
     assert "\tquorum\t" in job
@@ -48,7 +51,9 @@ def test_job_queue_and_its_dlq_are_quorum(qq_app: Celery, qq_worker: Any, vhost:
         assert argument in job
     assert "x-max-priority" not in job
     assert "\tquorum\t" in lines[f"ojs.queue.dlx.{QUEUE}"]
-    assert "\tclassic\t" in lines[f"ojs.queue.control.{QUEUE}"]
+    # a durable classic queue whose node is down refuses Queue.Declare: the control
+    # queue is quorum too, so workers find it again on a cluster that lost a node
+    assert "\tquorum\t" in lines[f"ojs.queue.control.{QUEUE}"]
 
 
 def test_retried_job_completes_through_a_quorum_retry_queue(
@@ -85,3 +90,35 @@ def test_failed_job_reaches_the_quorum_dlq(qq_app: Celery, qq_worker: Any,
     headers = dead.properties["application_headers"]
     assert headers["x-ojs-error-code"] == "NON_RETRYABLE_ERROR"
     assert "x-death" not in headers  # republished, not dead-lettered by the broker
+
+
+def test_a_job_redelivered_over_its_delivery_limit_lands_in_the_dlq_with_its_reason(
+        broker_url: str, vhost: str, amqp_channel: amqp.Channel) -> None:
+    """RabbitMQ 4.0+ gives quorum queues ``delivery-limit`` 20 by default; here it is
+    set to 1 (``delivery_limit``), which 3.10 honours: a job returned to its queue
+    more often (say its run kills the worker each time) is dead-lettered into
+    ``ojs.queue.dlx.{q}``, reason ``delivery_limit``, never dropped."""
+    queue = "qq-limit"
+    app = make_app("quorum-limit", broker_url, None,
+                   ojs_queues={queue: {"type": "quorum", "delivery_limit": 1}})
+    result = app.tasks["math.add"].apply_async((1, 2), queue=queue)
+    for _ in range(2):  # delivered and returned twice: one more than the limit
+        message = wait_for(lambda: amqp_channel.basic_get(f"ojs.queue.{queue}"))
+        assert message.properties["message_id"] == result.id
+        amqp_channel.basic_reject(message.delivery_tag, requeue=True)
+    with dead_letter_queue(app, queue) as dlq:
+        dead = wait_for(lambda: next(iter(dlq.list()), None))
+        assert dead.job_id == result.id
+        assert dead.death_reason == "delivery_limit"
+        assert dead.envelope is not None and dead.envelope["id"] == result.id
+    assert amqp_channel.basic_get(f"ojs.queue.{queue}") is None
+
+
+def wait_for(get: Any, timeout: float = 20.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = get()
+        if value is not None:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"nothing after {timeout}s")

@@ -80,7 +80,17 @@ def test_priority_per_queue() -> None:
 
 
 def test_quorum_queues_with_at_least_once_dead_lettering() -> None:
-    assert arguments(queues={"email": {"type": "quorum"}}) == {"x-queue-type": "quorum"}
+    # at-least-once is a quorum queue's default; drop_oldest (drop-head) and an
+    # explicit at-most-once leave it out
+    assert arguments(queues={"email": {"type": "quorum"}}) == {
+        "x-queue-type": "quorum", "x-overflow": "reject-publish",
+        "x-dead-letter-strategy": "at-least-once"}
+    assert arguments(queues={"email": {"type": "quorum",
+                                       "dead_letter_strategy": "at-most-once"}}) == {
+        "x-queue-type": "quorum"}
+    assert arguments(queues={"email": {"type": "quorum", "max_depth": 5,
+                                       "strategy": "drop_oldest"}}) == {
+        "x-queue-type": "quorum", "x-max-length": 5, "x-overflow": "drop-head"}
     assert arguments(queues={"email": {"type": "quorum", "max_depth": 100,
                                        "dead_letter_strategy": "at-least-once"}}) == {
         "x-queue-type": "quorum", "x-max-length": 100, "x-overflow": "reject-publish",

@@ -88,21 +88,39 @@ def declare_queue_topology(
     _exchange(channel, names.dlx_exchange)
     _queue(channel, names.job_queue(queue), job_args)
     _queue(channel, names.dead_letter_queue(queue), dead_letter_queue_arguments(arguments))
-    _queue(channel, names.control_queue(queue), {})
+    _queue(channel, names.control_queue(queue), control_queue_arguments(arguments))
     channel.queue_bind(names.control_queue(queue), names.direct_exchange,
                        routing_key=names.control_queue(queue))
     channel.queue_bind(names.job_queue(queue), names.direct_exchange, routing_key=queue)
     channel.queue_bind(names.dead_letter_queue(queue), names.dlx_exchange, routing_key=queue)
     if drops_head(job_args):
-        _queue(channel, names.dropped_queue(queue), dict(DROPPED_QUEUE_ARGUMENTS))
+        _queue(channel, names.dropped_queue(queue), dropped_queue_arguments(arguments))
         channel.queue_bind(names.dropped_queue(queue), names.dlx_exchange, routing_key=queue)
+
+
+def _same_type(job_arguments: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A queue of ``q``'s topology has the job queue's type: on a cluster with quorum job
+    queues it lives on, and can be declared again, while one node is away (a durable
+    classic queue whose node is down refuses ``Queue.Declare`` with 404)."""
+    kind = (job_arguments or {}).get("x-queue-type")
+    return {"x-queue-type": kind} if kind == "quorum" else {}
 
 
 def dead_letter_queue_arguments(job_arguments: Mapping[str, Any] | None) -> dict[str, Any]:
     """``ojs.queue.dlx.{q}`` has the job queue's type: a quorum job queue's dead letters
     are replicated too.  Never bounded: a dead letter must not be dropped."""
-    kind = (job_arguments or {}).get("x-queue-type")
-    return {"x-queue-type": kind} if kind == "quorum" else {}
+    return _same_type(job_arguments)
+
+
+def control_queue_arguments(job_arguments: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``ojs.queue.control.{q}`` has the job queue's type, so that CANCEL and INFO reach
+    the workers, and the workers find their control queue, while a node is away."""
+    return _same_type(job_arguments)
+
+
+def dropped_queue_arguments(job_arguments: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``ojs.queue.dropped.{q}``: :data:`DROPPED_QUEUE_ARGUMENTS`, of the job queue's type."""
+    return {**DROPPED_QUEUE_ARGUMENTS, **_same_type(job_arguments)}
 
 
 def retry_queue_arguments(names: TopologyNames, queue: str, delay_ms: int,
@@ -281,7 +299,7 @@ class DeclaredTopology:
         declare = via or self._declare
         if not self._ladder:
             declare(declare_schedule_ladder,
-                    self._connection.ojs.settings.schedule_queue_arguments)
+                    self._connection.ojs.settings.schedule_arguments())
             self._ladder = True
         declare(bind_scheduled_delivery, queue)
         self._scheduled.add(queue)

@@ -9,9 +9,10 @@ import click
 from ..amqp.binding import Binding
 from ..amqp.job_channel import JobConnection
 from ..amqp.topology import (
-    DROPPED_QUEUE_ARGUMENTS,
     OWNED_ARGUMENTS,
+    control_queue_arguments,
     dead_letter_queue_arguments,
+    dropped_queue_arguments,
     job_queue_arguments,
 )
 from ..celery.events import events_exchange
@@ -100,7 +101,7 @@ def expected_topology(binding: Binding, queue: str) -> dict[str, Any]:
             {"name": names.job_queue(queue), "role": "job", "arguments": job_arguments},
             {"name": names.dead_letter_queue(queue), "role": "dead letters",
              "arguments": dead_letter_queue_arguments(arguments)},
-            {"name": control, "role": "control", "arguments": {}},
+            {"name": control, "role": "control", "arguments": control_queue_arguments(arguments)},
         ],
         "bindings": [
             {"source": names.direct_exchange, "destination": names.job_queue(queue),
@@ -113,7 +114,7 @@ def expected_topology(binding: Binding, queue: str) -> dict[str, Any]:
     if drops_head(job_arguments):
         tap = names.dropped_queue(queue)
         topology["queues"].append({"name": tap, "role": "dropped jobs",
-                                   "arguments": dict(DROPPED_QUEUE_ARGUMENTS)})
+                                   "arguments": dropped_queue_arguments(arguments)})
         topology["bindings"].append({"source": names.dlx_exchange, "destination": tap,
                                      "routing_key": queue})
     return topology

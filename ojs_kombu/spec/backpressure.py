@@ -47,7 +47,11 @@ class QueueConfig(BaseModel):
     takes ``ojs_max_priority`` on classic queues, ``True``/``False`` switch
     ``x-max-priority`` on/off, an integer is the ``x-max-priority``.
     ``dead_letter_strategy="at-least-once"`` (quorum only) makes RabbitMQ keep a
-    dead-lettered job until its target queue confirmed it.
+    dead-lettered job until its target queue confirmed it; unset, it is the
+    strategy of the queue's type (:attr:`dead_lettering`).  ``delivery_limit``
+    (quorum only) is ``x-delivery-limit``: a job returned to the queue more often
+    is dead-lettered (reason ``delivery_limit``); unset, the broker's default
+    (RabbitMQ 4.0+: 20; 3.x: none).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
@@ -61,11 +65,24 @@ class QueueConfig(BaseModel):
     block_timeout: float = Field(default=30.0, gt=0)
     priority: bool | int | None = None
     type: QueueType = "classic"
-    dead_letter_strategy: DeadLetterStrategy = "at-most-once"
+    dead_letter_strategy: DeadLetterStrategy | None = None
+    delivery_limit: int | None = Field(default=None, ge=1)
 
     @property
     def bounded(self) -> bool:
         return bool(self.max_depth or self.max_size_bytes)
+
+    @property
+    def dead_lettering(self) -> DeadLetterStrategy:
+        """The strategy declared: the one given, else at-least-once on quorum queues
+        (a retry, a scheduled job or a job over its delivery limit is then kept until
+        its target queue confirmed it, also while a cluster node is away) unless they
+        drop their oldest jobs (``drop-head`` dead-letters at most once)."""
+        if self.dead_letter_strategy is not None:
+            return self.dead_letter_strategy
+        if self.type == "quorum" and self.strategy != "drop_oldest":
+            return "at-least-once"
+        return "at-most-once"
 
 
 def merged_config(queue: str, defaults: QueueConfig, own: QueueConfig | None) -> QueueConfig:
@@ -93,6 +110,10 @@ def check_config(queue: str, config: QueueConfig, explicit_priority: bool = True
         raise OJSConfigurationError(
             f"{where}: dead_letter_strategy 'at-least-once' needs type 'quorum' "
             "(classic queues dead-letter at most once)")
+    if config.type == "classic" and config.delivery_limit is not None:
+        raise OJSConfigurationError(
+            f"{where}: delivery_limit needs type 'quorum' (x-delivery-limit is a "
+            "quorum-queue argument)")
     if config.dead_letter_strategy == "at-least-once" and config.strategy == "drop_oldest":
         raise OJSConfigurationError(
             f"{where}: strategy 'drop_oldest' (x-overflow=drop-head) cannot be combined with "
@@ -112,11 +133,13 @@ def queue_arguments(config: QueueConfig, default_max_priority: int | None) -> di
     args: dict[str, Any] = {}
     if config.type == "quorum":
         args["x-queue-type"] = "quorum"
+    if config.delivery_limit is not None:
+        args["x-delivery-limit"] = config.delivery_limit
     if config.max_depth:
         args["x-max-length"] = config.max_depth
     if config.max_size_bytes:
         args["x-max-length-bytes"] = config.max_size_bytes
-    if config.dead_letter_strategy == "at-least-once":
+    if config.dead_lettering == "at-least-once":
         args["x-dead-letter-strategy"] = "at-least-once"
         args["x-overflow"] = "reject-publish"
     elif config.bounded:

@@ -77,8 +77,8 @@ class OJSSettings(BaseModel):
     #: is published to the DLX with its last error in ``x-ojs-error-*`` and its
     #: history, then acked.  Invalid messages are always republished with headers.
     dead_letter_mode: Literal["republish", "nack"] = "nack"
-    #: ``Queue.Declare`` arguments of the scheduling ladder's queues
-    #: (``{"x-queue-type": "quorum"}`` for quorum queues).
+    #: ``Queue.Declare`` arguments of the scheduling ladder's queues; empty: those of
+    #: ``queue_defaults``' type (see :meth:`schedule_arguments`).
     schedule_queue_arguments: dict[str, Any] = Field(default_factory=dict)
     #: Where OJS events go: ``"amqp"``, ``"file:/path.jsonl"``,
     #: ``{"webhook": url, "secret": ...}``, a callable, or a dict of these with a
@@ -100,7 +100,9 @@ class OJSSettings(BaseModel):
     #: (``{"email": {"max_depth": 10000, "strategy": "reject", "warn_at": 0.8}}``,
     #: see :class:`~ojs_kombu.spec.backpressure.QueueConfig`).
     queues: dict[str, QueueConfig] = Field(default_factory=dict)
-    #: Defaults of every queue's ``ojs_queues`` entry (``{"type": "quorum"}``).
+    #: Defaults of every queue's ``ojs_queues`` entry; ``{"type": "quorum"}`` (the
+    #: production setting) makes every job, retry, scheduling and dead-letter queue
+    #: a quorum queue.
     queue_defaults: QueueConfig = Field(default_factory=QueueConfig)
     #: Producer retries, circuit breaker and depth sampling
     #: (:class:`~ojs_kombu.spec.backpressure.ProducerBackpressure`).
@@ -117,6 +119,18 @@ class OJSSettings(BaseModel):
     #: task's Celery options.  A task with an ``ojs_retry`` option, and every job from
     #: another producer (no ``x_celery`` in its envelope), follow ``"ojs"`` either way.
     retry_semantics: Literal["celery", "ojs"] = "celery"
+
+    def schedule_arguments(self) -> dict[str, Any]:
+        """``Queue.Declare`` arguments of the scheduling ladder, which every queue shares:
+        ``schedule_queue_arguments`` as given, else quorum queues with at-least-once
+        dead-lettering when ``queue_defaults`` makes job queues quorum (a scheduled job
+        moving down the ladder is then never dropped while a cluster node is away)."""
+        if self.schedule_queue_arguments:
+            return dict(self.schedule_queue_arguments)
+        if self.queue_defaults.type != "quorum":
+            return {}
+        return {"x-queue-type": "quorum", "x-dead-letter-strategy": "at-least-once",
+                "x-overflow": "reject-publish"}
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any], *, source: str) -> OJSSettings:

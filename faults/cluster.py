@@ -1,0 +1,195 @@
+"""A three-node RabbitMQ cluster on this machine, started and torn down by the fault suite.
+
+Each node has its own name, AMQP port, distribution port and data/log
+directories under a temporary folder; they share the machine's Erlang cookie
+(``rabbitmq-server`` and ``rabbitmqctl`` run as the ``rabbitmq`` user).  Nodes 2
+and 3 join node 1 with ``rabbitmqctl join_cluster``.  The shared broker on 5672
+and its data are never touched.  Every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import suppress
+from pathlib import Path
+from typing import Any
+
+HOST = "localhost"
+#: Small Erlang VMs that do not spin: three nodes share two cores with the tests.
+ERL_ARGS = "+S 2:2 +A 8 +sbwt none +sbwtdcpu none +sbwtdio none"
+
+
+def _port_open(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+def _wait(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+class ClusterNode:
+    """One RabbitMQ node of the cluster: its own name, ports and data directory."""
+
+    def __init__(self, name: str, index: int, port: int, dist_port: int, base: Path) -> None:
+        self.index = index
+        self.name = f"{name}{index}@{HOST}"
+        self.port = port
+        self.dist_port = dist_port
+        self.base = base / f"c{index}"
+        #: The node's ``beam.smp`` process, read once it is up (what ``kill -9`` hits).
+        self.pid: int | None = None
+
+    @property
+    def url(self) -> str:
+        return f"ojs://guest:guest@127.0.0.1:{self.port}//"
+
+    def ctl(self, *args: str, timeout: float = 60, check: bool = True) -> str:
+        result = subprocess.run(["rabbitmqctl", "-q", "-n", self.name, *args],
+                                capture_output=True, text=True, timeout=timeout, check=False)
+        if check and result.returncode != 0:
+            raise RuntimeError(f"rabbitmqctl -n {self.name} {' '.join(args)} failed: "
+                               f"{result.stderr.strip() or result.stdout.strip()}")
+        return result.stdout
+
+    def running(self) -> bool:
+        """The Erlang node answers (its rabbit app may be stopped)."""
+        try:
+            return bool(self.ctl("ping", timeout=20, check=False).strip())
+        except subprocess.TimeoutExpired:
+            return False
+
+    def start(self) -> None:
+        """``rabbitmq-server -detached`` with this node's environment (data kept across
+        restarts, so a restarted node rejoins the cluster by itself)."""
+        self.base.mkdir(parents=True, exist_ok=True)
+        (self.base / "enabled_plugins").write_text("")
+        (self.base / "rabbitmq.conf").write_text(
+            f"listeners.tcp.local = 127.0.0.1:{self.port}\n")
+        for path in [self.base, *self.base.iterdir()]:
+            shutil.chown(path, "rabbitmq", "rabbitmq")
+        env = {**os.environ, "RABBITMQ_NODENAME": self.name,
+               "RABBITMQ_NODE_PORT": str(self.port), "RABBITMQ_DIST_PORT": str(self.dist_port),
+               "RABBITMQ_MNESIA_BASE": str(self.base / "mnesia"),
+               "RABBITMQ_LOG_BASE": str(self.base / "log"),
+               "RABBITMQ_CONFIG_FILE": str(self.base / "rabbitmq.conf"),
+               "RABBITMQ_ENABLED_PLUGINS_FILE": str(self.base / "enabled_plugins"),
+               "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": ERL_ARGS}
+        subprocess.run(["rabbitmq-server", "-detached"], env=env, cwd=self.base, check=True,
+                       timeout=60)
+
+    def await_up(self, timeout: float = 120) -> None:
+        """Until the node runs its rabbit app and answers AMQP."""
+        _wait(self.running, timeout, f"node {self.name} to answer")
+        self.ctl("--timeout", str(int(timeout)), "await_startup", timeout=timeout + 10)
+        _wait(lambda: _port_open(self.port), timeout, f"AMQP on port {self.port}")
+        self.pid = int(self.ctl("eval", "list_to_integer(os:getpid()).").strip())
+
+    def kill9(self) -> None:
+        """``kill -9`` of the node's Erlang VM: no goodbye to its peers or clients."""
+        assert self.pid is not None, f"{self.name} is not up"
+        os.kill(self.pid, signal.SIGKILL)
+        _wait(lambda: not _alive(self.pid), 30, f"{self.name}'s VM to die")
+        self.pid = None
+
+    def stop(self) -> None:
+        with suppress(Exception):
+            self.ctl("stop", timeout=60, check=False)
+        if self.pid is not None and _alive(self.pid):
+            with suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+        self.pid = None
+
+
+def _alive(pid: int | None) -> bool:
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie has no VM left (its parent, the detached launcher, is gone)
+    with suppress(OSError):
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    return False
+
+
+class Cluster:
+    """Three nodes joined into one cluster; ``broker_url`` lists all three (kombu failover)."""
+
+    def __init__(self, ports: tuple[int, int, int] = (5681, 5682, 5683),
+                 dist_ports: tuple[int, int, int] = (25681, 25682, 25683),
+                 name: str = "ojs-c") -> None:
+        self.base = Path(tempfile.mkdtemp(prefix="ojs-cluster-"))
+        shutil.chown(self.base, "rabbitmq", "rabbitmq")
+        self.nodes = [ClusterNode(name, i + 1, port, dist, self.base)
+                      for i, (port, dist) in enumerate(zip(ports, dist_ports, strict=True))]
+
+    @property
+    def broker_url(self) -> str:
+        return ";".join(node.url for node in self.nodes)
+
+    def node(self, name: str) -> ClusterNode:
+        return next(node for node in self.nodes if node.name == name)
+
+    def start(self) -> None:
+        busy = [n.name for n in self.nodes if _port_open(n.port) or n.running()]
+        if busy:
+            raise RuntimeError(f"{', '.join(busy)} (or its port) already in use: the cluster "
+                               "runs only on nodes the fault suite starts itself")
+        with ThreadPoolExecutor(len(self.nodes)) as pool:
+            list(pool.map(lambda n: (n.start(), n.await_up()), self.nodes))
+        first = self.nodes[0]
+        for node in self.nodes[1:]:
+            node.ctl("stop_app")
+            node.ctl("join_cluster", first.name)
+            node.ctl("start_app")
+            node.await_up()
+        _wait(lambda: all(n.name in first.ctl("cluster_status", "--formatter", "json")
+                          for n in self.nodes), 60, "every node in the cluster")
+
+    def leader(self, queue: str) -> ClusterNode:
+        """The node holding the leader of quorum queue ``queue`` (its AMQP name)."""
+        for node in self.nodes:
+            if node.pid is None:
+                continue
+            for line in node.ctl("list_queues", "--no-table-headers", "name", "leader",
+                                 check=False).splitlines():
+                name, _, leader = line.partition("\t")
+                if name == queue and leader.strip():
+                    return self.node(leader.strip())
+            break
+        raise LookupError(f"no leader found for {queue}")
+
+    def heal(self) -> None:
+        """Every node up with its app running (after a test stopped or killed some)."""
+        for node in self.nodes:
+            if node.pid is None or not _alive(node.pid):
+                node.pid = None
+                node.start()
+        for node in self.nodes:
+            node.ctl("start_app", check=False)  # a no-op where it runs
+            node.await_up()
+
+    def stop(self) -> None:
+        """Stop every node and delete the data: the end of the suite, also on failure."""
+        for node in reversed(self.nodes):
+            node.stop()
+        shutil.rmtree(self.base, ignore_errors=True)

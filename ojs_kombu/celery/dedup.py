@@ -64,6 +64,8 @@ logger = logging.getLogger(__name__)
 #: Seconds a delivery waits in the pool for the attempt that holds its key (it
 #: completes: a duplicate; it fails: this one runs), then the broker retries it.
 BUSY_WAIT_S = 30.0
+#: Seconds a duplicate waits for the first run's result to reach the result backend.
+RESULT_WAIT_S = 5.0
 #: Seconds before a delivery that could not be decided is tried again.
 BUSY_RETRY_S = 2.0
 
@@ -286,17 +288,27 @@ def _start_unique(task: Task, request: Any, store: DedupStore, unique: Mapping[s
 
 
 def first_result(task: Task, request: Any, owner: str) -> Any:
-    """The first run's result, where a result backend holds one (``None`` otherwise)."""
+    """The first run's result, where a result backend holds one (``None`` otherwise).
+
+    The key is marked completed as the run returns, a moment before Celery stores
+    its result: wait up to :data:`RESULT_WAIT_S` for it."""
     backend = task.backend
     if isinstance(backend, DisabledBackend) or request.ignore_result:
         return None
-    try:
-        meta = backend.get_task_meta(owner)
-    except Exception:
-        logger.exception("job %s: could not read the first run's result (job %s)",
-                         request.id, owner)
-        return None
-    return meta.get("result") if meta.get("status") == "SUCCESS" else None
+    deadline, pause = time.monotonic() + RESULT_WAIT_S, 0.01
+    while True:
+        try:
+            meta = backend.get_task_meta(owner)
+        except Exception:
+            logger.exception("job %s: could not read the first run's result (job %s)",
+                             request.id, owner)
+            return None
+        if meta.get("status") == "SUCCESS":
+            return meta.get("result")
+        if owner == request.id or time.monotonic() >= deadline:
+            return None
+        time.sleep(pause)
+        pause = min(pause * 2, 0.2)
 
 
 def _degraded(task: Task, request: Any, settings: Any, exc: BaseException,

@@ -180,3 +180,8 @@ def test_a_batch_refuses_unique_jobs(app: Celery) -> None:
     app.conf.ojs_dedup_url = "redis://127.0.0.1:1/0"
     with pytest.raises(JobEncodeError, match="apply_async"):
         ojs_kombu.enqueue_many(app, [("math.add", (1,), {}, {"ojs_unique": {}})])
+
+
+def test_send_task_by_name_is_refused_without_a_store_too(app: Celery) -> None:
+    with pytest.raises(DedupNotConfigured, match="ojs_dedup_url"):
+        app.send_task("math.add", (1,), ojs_idempotency_key="k")

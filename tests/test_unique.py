@@ -185,3 +185,41 @@ def test_a_batch_refuses_unique_jobs(app: Celery) -> None:
 def test_send_task_by_name_is_refused_without_a_store_too(app: Celery) -> None:
     with pytest.raises(DedupNotConfigured, match="ojs_dedup_url"):
         app.send_task("math.add", (1,), ojs_idempotency_key="k")
+
+
+@pytest.mark.parametrize("when_down", ["run", "retry"])
+def test_with_the_store_down_a_keyed_job_is_never_a_duplicate(
+        when_down: str, caplog: pytest.LogCaptureFixture) -> None:
+    from types import SimpleNamespace
+
+    from celery.exceptions import Retry
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from ojs_kombu.celery.dedup import guard
+
+    reader = InMemoryMetricReader()
+    app = Celery("down", broker="ojs://guest:guest@127.0.0.1:1//", set_as_current=False)
+    ojs_kombu.install(app)
+    app.conf.update(ojs_dedup_url="redis://127.0.0.1:1/0", ojs_dedup_when_down=when_down,
+                    ojs_meter_provider=MeterProvider(metric_readers=[reader]))
+
+    @app.task(name="math.add", shared=False)
+    def add(x: int) -> int:
+        return x
+
+    request = SimpleNamespace(id=new_job_id(), delivery_info={"routing_key": "default"},
+                              ignore_result=True, **{"x-ojs-idempotency-key": "k",
+                                                     "x-ojs-attempt": 1})
+    ran: list[int] = []
+    with caplog.at_level("WARNING"):
+        if when_down == "run":
+            assert guard(add, request, lambda: ran.append(1) or 7) == 7
+        else:
+            with pytest.raises(Retry):
+                guard(add, request, lambda: ran.append(1))
+    assert ran == ([1] if when_down == "run" else [])
+    assert "dedup degraded" in caplog.text and request.id in caplog.text
+    points = {m.name: m.data.data_points for rm in reader.get_metrics_data().resource_metrics
+              for sm in rm.scope_metrics for m in sm.metrics}
+    assert [p.value for p in points["ojs.dedup.degraded"]] == [1]

@@ -4,7 +4,7 @@ publish, events, scheduling and a poison storm.
 Run from the repository root::
 
     python benchmarks/run.py [--jobs N] [--json PATH]
-                             [--only throughput|traced_publish|events|schedule|storm|green]
+                             [--only throughput|traced_publish|events|schedule|storm|green|dedup]
 
 The throughput part publishes with plain Celery (without and with
 ``confirm_publish``), ojs_kombu (``apply_async`` and batch ``enqueue_many``)
@@ -65,6 +65,7 @@ import ojs_kombu
 from ojs_kombu.celery.events import events_exchange
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # also when imported, not run
+import dedup_drain
 import events_scenario
 import green_drain
 import poison_storm
@@ -84,7 +85,7 @@ POOL = "threads"
 CONCURRENCY = 4
 #: Jobs per batch of ``enqueue_many`` (``--batch-size``).
 BATCH_SIZE = 1000
-PARTS = ("throughput", "traced_publish", "events", "schedule", "storm", "green")
+PARTS = ("throughput", "traced_publish", "events", "schedule", "storm", "green", "dedup")
 
 
 # -- broker administration (plain py-amqp, outside both Celery apps) -------
@@ -486,6 +487,8 @@ def render(results: dict[str, dict[str, Any]]) -> str:
         tables.append(poison_storm.render(results["storm"]))
     if "green" in results:
         tables.append(green_drain.render(results["green"]))
+    if "dedup" in results:
+        tables.append(dedup_drain.render(results["dedup"]))
     return "\n\n".join("\n".join(table) for table in tables)
 
 
@@ -628,6 +631,11 @@ def run(broker: Broker, args: argparse.Namespace) -> dict[str, Any]:
         green = green_drain.Settings(jobs=args.green_jobs, rounds=args.rounds,
                                      timeout_s=args.timeout)
         results["green"] = green_drain.run(broker, args.broker, _ojs_url(args.broker), green,
+                                           log=_progress)
+    if "dedup" in args.parts:
+        dedup = dedup_drain.Settings(jobs=args.dedup_jobs, rounds=max(args.rounds, 3),
+                                     timeout_s=args.timeout)
+        results["dedup"] = dedup_drain.run(broker, args.broker, _ojs_url(args.broker), dedup,
                                            log=_progress)
     return results
 
@@ -844,7 +852,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "(single apply_async with OpenTelemetry's Celery instrumentation on and "
                         "off), events (ojs_kombu "
                         "with events off vs on), schedule, storm (poison messages) or green "
-                        "(gevent and eventlet drains)")
+                        "(gevent and eventlet drains) or dedup (drain with idempotency keys on "
+                        "and off)")
     parser.add_argument("--skip-traced-publish", action="store_true",
                         help="leave out the traced publish part")
     parser.add_argument("--skip-events", action="store_true", help="leave out the events part")
@@ -863,6 +872,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="storm: seconds a side may take to dead-letter its storm")
     parser.add_argument("--skip-green", action="store_true",
                         help="leave out the gevent and eventlet drains")
+    parser.add_argument("--skip-dedup", action="store_true",
+                        help="leave out the drain with idempotency keys on and off")
+    parser.add_argument("--dedup-jobs", type=int, default=5000,
+                        help="dedup: no-op jobs per drain (each side, each round)")
     parser.add_argument("--green-jobs", type=int, default=3000,
                         help="green: I/O-bound jobs (a 10 ms green sleep each) per drain")
     parser.add_argument("--schedule-jobs", type=int, default=10_000,
@@ -892,14 +905,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.green_jobs < 1:
         parser.error("--green-jobs must be at least 1")
     if args.only and (args.skip_traced_publish or args.skip_events or args.skip_schedule
-                      or args.skip_storm or args.skip_green):
+                      or args.skip_storm or args.skip_green or args.skip_dedup):
         parser.error("--only cannot be combined with --skip-traced-publish, --skip-events, "
-                     "--skip-schedule, --skip-storm or --skip-green")
+                     "--skip-schedule, --skip-storm, --skip-green or --skip-dedup")
     skipped = {"traced_publish"} if args.skip_traced_publish else set()
     skipped |= {"events"} if args.skip_events else set()
     skipped |= {"schedule"} if args.skip_schedule else set()
     skipped |= {"storm"} if args.skip_storm else set()
     skipped |= {"green"} if args.skip_green else set()
+    skipped |= {"dedup"} if args.skip_dedup else set()
     args.parts = (args.only,) if args.only else tuple(p for p in PARTS if p not in skipped)
     return args
 

@@ -3,7 +3,8 @@
 Each job appends its id to ``$OJS_FAULTS_DONE_FILE`` (one ``O_APPEND`` write per
 line, so concurrent pool processes never interleave) before it is acked: the
 file is the ground truth for completed and duplicated jobs.  ``$OJS_FAULTS_CONF``
-(JSON) adds settings, e.g. quorum queues on the cluster.
+(JSON) adds settings, e.g. quorum queues on the cluster.  ``faults.record_keyed``
+does the same with an idempotency key (its job id) on the Redis store.
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ def make_app(broker_url: str, **conf: Any) -> Celery:
     app = Celery("faults", broker=broker_url, set_as_current=False)
     ojs_kombu.install(app)
     app.conf.update(broker_connection_retry_on_startup=True, worker_hijack_root_logger=False,
-                    task_ignore_result=True, **conf)
+                    task_ignore_result=True,
+                    ojs_dedup_url=os.environ.get("OJS_FAULTS_DEDUP_URL",
+                                                 "redis://127.0.0.1:6379/3"), **conf)
 
     @app.task(name="faults.record", bind=True, shared=False)
     def record(self: Any, seconds: float = 0.0) -> None:
@@ -43,6 +46,12 @@ def make_app(broker_url: str, **conf: Any) -> Celery:
         """Fails its first attempt: the job waits ``countdown`` s in a retry queue."""
         if not self.request.retries:
             raise self.retry(countdown=countdown)
+        _done(self.request.id)
+
+    @app.task(name="faults.record_keyed", bind=True, shared=False, ojs_idempotency_key=True)
+    def record_keyed(self: Any, seconds: float = 0.0) -> None:
+        if seconds:
+            time.sleep(seconds)
         _done(self.request.id)
 
     return app

@@ -244,10 +244,10 @@ class Counts:
 
 
 def publish(app: Celery, counts: Counts, n: int, *, seconds: float = 0.0,
-            queue: str, pause: float = 0.0) -> None:
-    """``n`` jobs one after another (``pause`` s apart), each counted as confirmed or
-    refused."""
-    task = app.tasks["faults.record"]
+            queue: str, pause: float = 0.0, task_name: str = "faults.record") -> None:
+    """``n`` jobs of ``task_name`` one after another (``pause`` s apart), each counted as
+    confirmed or refused."""
+    task = app.tasks[task_name]
     for _ in range(n):
         if pause:
             time.sleep(pause)

@@ -86,6 +86,29 @@ def test_kill_9_of_a_busy_worker_loses_nothing(fault_broker_url: str, workers: W
     assert numbers["duplicated"] <= kills * concurrency
 
 
+def test_kill_9_of_a_busy_worker_with_keyed_jobs_runs_each_once(
+        fault_broker_url: str, workers: Workers) -> None:
+    """(a) again with an idempotency key on every job (the job id, on the Redis store):
+    what a killed worker held is redelivered, and what already ran is acked unrun."""
+    queue, kills, concurrency = "kill9keyed", 3, 2
+    app = producer(fault_broker_url)
+    counts = Counts()
+    publish(app, counts, 60, seconds=0.1, queue=queue, task_name="faults.record_keyed")
+    args = ("--pool", "prefork", "-c", str(concurrency), "--prefetch-multiplier", "1")
+    for _ in range(kills):
+        worker = workers.start(queue, *args)
+        before = len(counts.completions(workers.done_file))
+        wait_until(lambda b=before: len(counts.completions(workers.done_file)) >= b + 3, 60,
+                   "the worker to get busy")
+        workers.kill9(worker)
+    workers.start(queue, *args)
+    counts.wait_completed(workers.done_file, timeout=90)
+    numbers = counts.report("kill -9 x3, keyed jobs", workers.done_file)
+    assert numbers["lost"] == 0
+    assert numbers["refused"] == 0
+    assert numbers["duplicated"] == 0
+
+
 def _stream(app: Celery, workers: Workers, queue: str, total: int,
             disrupt: Callable[[Counts], Any], name: str
             ) -> tuple[dict[str, int], list[dict[str, Any]]]:

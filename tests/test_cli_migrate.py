@@ -229,3 +229,46 @@ def test_acks_late_false_blocks_in_an_installed_app() -> None:
     with pytest.raises(OJSConfigurationError, match="acks_late=False"):
         ojs_kombu.check_app(app)  # what the worker runs at start
 
+
+
+def test_tasks_wrapped_in_a_lock_library_get_the_ojs_options_that_replace_it() -> None:
+    import functools
+
+    from celery import Task
+
+    app = make_app()
+    # what celery-once and celery-singleton give (their classes' modules), and a
+    # hand-made decorator
+    queue_once = type("QueueOnce", (Task,), {"__module__": "celery_once.tasks",
+                                              "abstract": True})
+    singleton = type("Singleton", (Task,), {"__module__": "celery_singleton.singleton",
+                                             "abstract": True})
+
+    def acquire_lock(func):  # type: ignore[no-untyped-def]
+        @functools.wraps(func)
+        def with_lock(*args, **kwargs):  # type: ignore[no-untyped-def]
+            return func(*args, **kwargs)
+        return with_lock
+
+    @app.task(name="proj.once", base=queue_once, shared=False)
+    def once() -> None: ...
+
+    @app.task(name="proj.single", base=singleton, shared=False)
+    def single() -> None: ...
+
+    @app.task(name="proj.locked", shared=False)
+    @acquire_lock
+    def locked() -> None: ...
+
+    @app.task(name="proj.plain", shared=False)
+    def plain() -> None: ...
+
+    report = build_report(app)
+    hints = {f.subject: f.message for f in report.findings if "wrapped in a lock" in f.message}
+    assert "celery-once" in hints["task proj.once"]
+    assert "'on_conflict': 'reject'" in hints["task proj.once"]
+    assert "celery-singleton" in hints["task proj.single"]
+    assert "'on_conflict': 'ignore'" in hints["task proj.single"]
+    assert "acquire_lock.<locals>.with_lock" in hints["task proj.locked"]
+    assert "task proj.plain" not in hints
+    assert report.blockers == []

@@ -24,6 +24,8 @@ from ..spec.encode import CELERY_JSON, MAX_JOB_BYTES_PROPERTY
 from ..spec.envelope import RetryPolicy
 from ..spec.errors import NonJSONArgumentError
 from ..spec.settings import BINDING_OPTION, OJSSettings
+from ..spec.unique import IDEMPOTENCY_OPTION, UNIQUE_OPTION
+from .dedup_store import store_for
 from .events import build_events
 from .publish import SendSettings
 from .queues import OJSQueues
@@ -92,6 +94,8 @@ class OJSAMQP(AMQP):
                               declare: Any = None, **options: Any) -> Any:
             # The transport reads the size bound from the message's properties.
             options[MAX_JOB_BYTES_PROPERTY] = max_job_bytes
+            if options.get(UNIQUE_OPTION) or options.get(IDEMPOTENCY_OPTION):
+                store_for(self.binding.settings)  # DedupNotConfigured without ojs_dedup_url
             try:
                 return send(producer, name, message,
                             declare=[] if declare is None else declare, **options)

@@ -13,8 +13,9 @@ options set by ``.set(...)``), groups of them, and ``(task, args, kwargs,
 options)`` tuples (``task`` a task or a task name; ``kwargs`` and ``options``
 optional).  Options: ``queue``, ``priority``, ``countdown``, ``eta``,
 ``expires``, ``task_id``, ``time_limit``, ``soft_time_limit``,
-``ignore_result``, ``ojs_meta``, ``ojs_retry``.  Chains, chords and
-``link``/``link_error`` callbacks are refused (send those with
+``ignore_result``, ``ojs_meta``, ``ojs_retry``, ``ojs_idempotency_key``.
+Chains, chords, ``link``/``link_error`` callbacks and unique jobs
+(``ojs_unique``: each needs its own claim first) are refused (send those with
 ``apply_async``).  Not sent per job: Celery's ``before_task_publish`` /
 ``after_task_publish`` signals and ``task-sent`` monitoring events.
 """
@@ -42,12 +43,14 @@ from ..spec.job_ids import new_job_id
 from ..spec.job_options import META_OPTION, RETRY_OPTION, check_time_limits, time_option
 from ..spec.naming import is_job_id
 from ..spec.times import format_time
+from ..spec.unique import IDEMPOTENCY_OPTION, UNIQUE_OPTION, idempotency_key
 from ..spec.x_celery import x_celery_of
+from .dedup_store import store_for
 
 #: Options a batch job may carry; everything else is refused by name.
 BATCH_OPTIONS = frozenset({
     "queue", "priority", "countdown", "eta", "expires", "task_id", "time_limit",
-    "soft_time_limit", "ignore_result", META_OPTION, RETRY_OPTION,
+    "soft_time_limit", "ignore_result", META_OPTION, RETRY_OPTION, IDEMPOTENCY_OPTION,
 })
 #: Task execution defaults that carry nothing for an OJS job when unset or default.
 _INERT_DEFAULTS = {"serializer": "json", "routing_key": None, "exchange": None,
@@ -186,6 +189,9 @@ class JobEncoder:
         """One job from ``options`` that :data:`BATCH_OPTIONS` (or inert values) only."""
         defaults, policy, ignore_default = self._defaults_for(name)
         opts = {**defaults, **options} if defaults else options
+        if opts.get(UNIQUE_OPTION) not in (None, False):
+            raise JobEncodeError(f"task {name!r} is unique ({UNIQUE_OPTION}): send it with "
+                                 "apply_async, which claims its fingerprint first")
         job_id = opts.get("task_id") or new_job_id()
         queue = self._queue_for(name, opts.get("queue"), args, kwargs)
         if not isinstance(job_id, str) or not is_job_id(job_id):
@@ -197,6 +203,10 @@ class JobEncoder:
         self.wants_result.append(not ignore_result)
         hard, soft = opts.get("time_limit"), opts.get("soft_time_limit")
         check_time_limits(hard, soft, task_name=name, job_id=job_id, queue=queue)
+        key = idempotency_key(opts.get(IDEMPOTENCY_OPTION), task_name=name, job_id=job_id,
+                              args=args or (), kwargs=kwargs or {})
+        if key is not None and not self.binding.settings.dedup_url:
+            store_for(self.binding.settings)  # DedupNotConfigured, naming the setting
         root_id, parent_id = self.parent_ids or (None, None)
         # The Celery headers apply_async would send, in its order; ignore_result as
         # apply_async states it (False too).
@@ -213,7 +223,7 @@ class JobEncoder:
             timeout=hard, retry_policy=policy, per_call_retry=opts.get(RETRY_OPTION),
             scheduled_at=self._due(opts, job_id), expires_at=self._expires(opts, job_id),
             x_celery=x_celery, reply_to=self.reply_to,
-            max_job_bytes=self.binding.settings.max_job_bytes,
+            max_job_bytes=self.binding.settings.max_job_bytes, idempotency_key=key,
         )
 
     def _defaults_for(self, name: str) -> tuple[Mapping[str, Any], Any, bool]:
@@ -225,6 +235,9 @@ class JobEncoder:
             if task is not None:
                 defaults = {k: v for k, v in task._get_exec_options().items()
                             if v is not None and not inert_option(k, v)}
+                for option in (IDEMPOTENCY_OPTION, UNIQUE_OPTION):  # the task's own
+                    if getattr(task, option, None) is not None:
+                        defaults = {**defaults, option: getattr(task, option)}
                 ignore = bool(task.ignore_result)
             policy = self.binding.retry_policy_for(name) if self.binding.retry_policy_for \
                 else None

@@ -7,6 +7,7 @@ dead-letter queue, never acked and lost); the pool reads envelopes, so the
 ``accept_content`` and ``result_accept_content``, and a ``pickle`` result or
 event serializer becomes ``json`` (with a warning each);
 :func:`~ojs_kombu.celery.preflight.check_app` refuses an app that sets it again.
+An ``ojs_dedup_url`` without the ``redis`` package is refused at once.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from celery import Celery
 
 from ..spec.encode import CELERY_JSON
 from ..spec.envelope import CONTENT_TYPE
+from .dedup_store import require_redis
 from .serialization import SERIALIZER_NAME
 
 logger = logging.getLogger(__name__)
@@ -41,6 +43,8 @@ def _configure(sender: Celery, **_: Any) -> None:
         conf.beat_scheduler = "ojs_kombu.celery.beat:OJSScheduler"
     conf.task_acks_late = True
     conf.task_acks_on_failure_or_timeout = False
+    if conf.get("ojs_dedup_url"):
+        require_redis()  # a clear error now, not at the first unique job
     _remove_pickle(conf)
     accept = list(conf.accept_content or [])
     if SERIALIZER_NAME not in accept and CONTENT_TYPE not in accept:

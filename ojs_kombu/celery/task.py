@@ -24,7 +24,9 @@ from celery.worker import state as worker_state
 
 from ..events.emitter import JobInfo
 from ..spec.retry import Backoff
+from ..spec.unique import IDEMPOTENCY_HEADER, UNIQUE_HEADER
 from .control import cancel_requested
+from .dedup import check_unique, guard
 from .publish import apply_async_direct, direct_refusal
 from .retries import failure_retryable, follows_celery_retries, job_retry_policy
 
@@ -33,6 +35,7 @@ logger = logging.getLogger(__name__)
 #: ``Retry.message`` of a retry whose new message Celery already published.
 REPUBLISHED = "ojs_kombu: published by Celery's retry"
 _ATTEMPT_HEADER = "x-ojs-attempt"
+_KEY_HEADER = IDEMPOTENCY_HEADER
 
 
 class JobCancelled(Ignore):
@@ -83,6 +86,13 @@ class OJSTask(Task):
     #: Task option: an OJS retry-policy object merged over the Celery-derived one;
     #: giving it (``{}`` too) puts the task under OJS retry semantics.
     ojs_retry: Mapping[str, Any] | None = None
+    #: Task option: an OJS unique policy (``{"keys": ["type", "args"], "period":
+    #: "PT1H"}``) for every job of the task (``apply_async(ojs_unique=...)`` per call).
+    ojs_unique: Mapping[str, Any] | None = None
+    #: Task option: ``True`` (the job id is the key) or ``staticmethod(lambda args,
+    #: kwargs: ...)``; a job with a key runs at most once per key
+    #: (``apply_async(ojs_idempotency_key="...")`` per call).
+    ojs_idempotency_key: Any = None
 
     @property
     def ojs(self) -> JobContext:
@@ -99,6 +109,12 @@ class OJSTask(Task):
         cancel_requested.clear()
         if not _delivered_by_ojs(request):
             return super().__call__(*args, **kwargs)
+        if getattr(request, _KEY_HEADER, None) is not None or \
+                getattr(request, UNIQUE_HEADER, None) is not None:
+            return guard(self, request, lambda: self._run_job(request, args, kwargs))
+        return self._run_job(request, args, kwargs)
+
+    def _run_job(self, request: Any, args: Any, kwargs: Any) -> Any:
         try:
             result = self.run(*args, **kwargs)
         except (Retry, Ignore, Reject):
@@ -132,7 +148,23 @@ class OJSTask(Task):
                     producer: Any = None, link: Any = None, link_error: Any = None,
                     shadow: str | None = None, **options: Any) -> Any:
         """Celery's ``apply_async``; a plain call goes straight to the OJS channel
-        (:mod:`ojs_kombu.celery.publish`: the same job, a third less CPU)."""
+        (:mod:`ojs_kombu.celery.publish`: the same job, a third less CPU).  A unique or
+        keyed call is checked against the dedup store first
+        (:func:`~ojs_kombu.celery.dedup.check_unique`)."""
+        unique = check_unique(self, args, kwargs, task_id, options)
+        if unique is not None:
+            if unique.existing is not None:
+                return self.AsyncResult(unique.existing)
+            try:
+                return self._send(args, kwargs, unique.job_id, producer, link, link_error,
+                                  shadow, unique.options)
+            except BaseException:
+                unique.release()
+                raise
+        return self._send(args, kwargs, task_id, producer, link, link_error, shadow, options)
+
+    def _send(self, args: Any, kwargs: Any, task_id: str | None, producer: Any, link: Any,
+              link_error: Any, shadow: str | None, options: dict[str, Any]) -> Any:
         if producer is None and link is None and link_error is None and shadow is None \
                 and direct_refusal(self, self._get_app(), task_id, options) is None:
             if self.soft_time_limit and self.time_limit and \

@@ -23,6 +23,7 @@ from ..spec.naming import DEFAULT_QUEUE_ALIASES
 from ..spec.settings import OJSSettings
 from .common import EXIT_FAILED, OJSGroup, emit, options, store_option
 from .config import load_app
+from .migrate_locks import lock_hint
 from .migrate_report import (
     JSON_SERIALIZERS,
     MigrationReport,
@@ -278,6 +279,9 @@ def _check_task_options(app: Any, name: str, task: Any, report: MigrationReport,
     for option, why in CELERY_ONLY_OPTIONS.items():
         if task_sets(task, option) and getattr(task, option, None):
             report.add("info", subject, f"{option}: {why}")
+    lock = lock_hint(task)
+    if lock is not None:
+        report.add("info", subject, lock)
 
 
 @click.group(cls=OJSGroup)

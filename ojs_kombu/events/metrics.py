@@ -104,6 +104,9 @@ class OJSMetrics:
         self.backpressure_dropped = Tally(meter,
             "ojs.backpressure.dropped_total", unit="{job}",
             description="Jobs a drop_oldest queue dropped (counted by its workers)")
+        self.dedup_degraded = Tally(meter,
+            "ojs.dedup.degraded", unit="{job}",
+            description="Keyed or unique jobs run or retried without the dedup store")
         self._pressure_observed = self._queues_observed = False
         histograms = (self.duration, self.wait, self.confirm_latency)
         # Reports nothing itself: its callback runs on every collection, before the

@@ -24,6 +24,7 @@ from .errors import JobRejected
 from .job_types import JobTypeRegistry
 from .strict_input import INVALID_ENVELOPE, check_content_type, parse_envelope
 from .times import celery_time
+from .unique import UNIQUE_HEADER, fingerprint
 from .x_celery import EMBED_KEYS, HEADER_DEFAULTS, X_CELERY, check_x_celery
 
 UNKNOWN_JOB_TYPE = "UNKNOWN_JOB_TYPE"
@@ -147,6 +148,14 @@ def decode_job_message(
         headers[RETRY_HEADER] = own_retry
     if celery_job:
         headers[CELERY_JOB_HEADER] = True
+    unique = envelope.unique
+    if unique is not None:  # what the pool needs to keep the job's unique record current
+        headers[UNIQUE_HEADER] = {
+            "fingerprint": fingerprint(unique, job_type=envelope.type, queue=envelope.queue,
+                                       args=envelope.args, kwargs=kwargs, meta=envelope.meta),
+            "policy": unique.model_dump(mode="json", exclude_unset=True),
+            "scheduled_at": celery_time(envelope.scheduled_at),
+        }
     if "traceparent" not in headers:  # continue a producer's trace (AMQP-023)
         meta = envelope.meta or {}
         traceparent = (amqp_headers.get("x-ojs-trace-id") or amqp_headers.get("x-ojs-traceparent")

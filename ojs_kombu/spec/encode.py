@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from .envelope import CONTENT_TYPE, SPEC_VERSION, RetryPolicy
+from .envelope import CONTENT_TYPE, SPEC_VERSION, RetryPolicy, UniquePolicy
 from .errors import (
     InvalidJobIdError,
     JobEncodeError,
@@ -44,6 +44,7 @@ from .job_options import (
 from .naming import is_job_id
 from .times import format_time
 from .trace_context import trace_id_of
+from .unique import IDEMPOTENCY_OPTION, UNIQUE_OPTION, idempotency_key, unique_policy
 from .x_celery import X_CELERY, x_celery_of
 
 CELERY_JSON = "application/json"
@@ -165,6 +166,10 @@ def encode_task_message(
     eta = headers.get("eta")
     expires = headers.get("expires")
     x_celery = x_celery_of(headers, job_id=job_id, kwargs=kwargs, embed=embed)
+    unique = unique_policy(properties.get(UNIQUE_OPTION), task_name=task_name, job_id=job_id,
+                           queue=queue)
+    key = idempotency_key(properties.get(IDEMPOTENCY_OPTION), task_name=task_name,
+                          job_id=job_id, args=args, kwargs=kwargs or {})
     return build_job(
         job_id=job_id, job_type=job_type, queue=queue, args=args, task_name=task_name,
         now=now, created=format_time(now), meta=meta,
@@ -176,6 +181,7 @@ def encode_task_message(
         expires_at=time_option(expires, "expires") if expires else None,
         attempt=int(headers.get("retries") or 0) + 1, x_celery=x_celery,
         reply_to=properties.get("reply_to"), max_job_bytes=max_job_bytes,
+        unique=unique, idempotency_key=key,
     )
 
 
@@ -201,11 +207,15 @@ def build_job(
     x_celery: dict[str, Any] | None = None,
     reply_to: str | None = None,
     max_job_bytes: int | None = None,
+    unique: UniquePolicy | None = None,
+    idempotency_key: str | None = None,
 ) -> OutgoingJob:
     """The OJS job message for already parsed values: the one place envelopes,
     properties and ``x-ojs-*`` headers are built, for single and batch publishes.
 
     ``created`` is ``format_time(now)``, passed in so that a batch formats it once.
+    ``unique`` is written as the envelope's policy; ``idempotency_key`` goes into
+    ``meta.idempotency_key`` and the ``x-ojs-idempotency-key`` header.
     A ``priority`` outside -100..100 (or not an integer) raises :class:`JobOptionError`;
     a body over ``max_job_bytes`` (``None``: no limit) raises :class:`JobTooLargeError`.
     """
@@ -219,6 +229,8 @@ def build_job(
             job_id=job_id, queue=queue,
         )
     meta = dict(meta) if meta else {}
+    if idempotency_key is not None:
+        meta["idempotency_key"] = idempotency_key
     if traceparent is not None and "traceparent" not in meta:
         meta["traceparent"] = traceparent
         trace_id = trace_id_of(traceparent)
@@ -250,6 +262,8 @@ def build_job(
         job["expires_at"] = format_time(expires_at)
     job["created_at"] = created
     job["enqueued_at"] = created
+    if unique is not None:
+        job["unique"] = unique.model_dump(mode="json", exclude_unset=True)
     if x_celery:
         job[X_CELERY] = x_celery
 

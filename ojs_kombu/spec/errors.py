@@ -9,7 +9,7 @@ The tree, rooted at :class:`OJSError` (a second base where callers catch the
 builtin: ``LookupError``, ``TimeoutError``, ``ValueError``)::
 
     OJSConfigurationError    JobTypeError, QueueNameError, TopologyConflictError,
-                             RetryPolicyError
+                             RetryPolicyError, DedupNotConfigured
     JobPublishError
       JobEncodeError         nothing was sent: NonJSONArgumentError, InvalidJobIdError,
                              UnsupportedSerializerError, JobRoutingError,
@@ -18,6 +18,7 @@ builtin: ``LookupError``, ``TimeoutError``, ``ValueError``)::
       JobNackedError         the broker nacked it
       PublishConfirmTimeout  no answer: the outcome is unknown
       BatchPublishError      some jobs of a batch were not accepted
+      DuplicateJobError      a unique job conflicts (``on_conflict: reject``)
       QueueFullError         a bounded queue cannot take it (the 429):
         QueueFullNacked        the broker nacked it (a JobNackedError too)
         QueueFullRefused       the producer sent nothing (circuit breaker open)
@@ -25,6 +26,7 @@ builtin: ``LookupError``, ``TimeoutError``, ``ValueError``)::
           BatchQueueFullNacked   the broker nacked part of it
           BatchQueueFullRefused  refused whole, nothing sent
     JobRejected              a consumed message is no runnable job
+    DedupUnavailable         the unique/idempotency store did not answer
     DeadLetterNotFound       (LookupError)
     ControlError             ControlTimeout (TimeoutError)
     InvalidEventData, InvalidEventMessage   (ValueError)
@@ -89,6 +91,15 @@ class RetryPolicyError(OJSConfigurationError):
     """A retry policy does not validate against ``retry-policy.schema.json``."""
 
 
+class DedupNotConfigured(OJSConfigurationError):
+    """A job asks for ``unique`` or an idempotency key and the app has no ``ojs_dedup_url``:
+    refused rather than published without the guarantee it asked for."""
+
+
+class DedupUnavailable(OJSError):
+    """The store of unique records and idempotency keys did not answer."""
+
+
 class JobPublishError(OJSError):
     """A job could not be published; nothing, or an uncertain outcome, reached the broker."""
 
@@ -151,6 +162,18 @@ class JobNackedError(JobPublishError):
 
 class PublishConfirmTimeout(JobPublishError):
     """No confirm arrived in time: the job may or may not be enqueued."""
+
+
+class DuplicateJobError(JobPublishError):
+    """A unique job (``on_conflict: reject``) conflicts with a job already enqueued or
+    running within the policy's period and states; nothing was sent.
+    ``existing_job_id`` names that job."""
+
+    def __init__(self, message: str, *, existing_job_id: str, fingerprint: str,
+                 job_id: str | None = None, queue: str | None = None) -> None:
+        self.existing_job_id = existing_job_id
+        self.fingerprint = fingerprint
+        super().__init__(message, job_id=job_id, queue=queue)
 
 
 class BatchPublishError(JobPublishError):

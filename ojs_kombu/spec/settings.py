@@ -119,6 +119,17 @@ class OJSSettings(BaseModel):
     #: task's Celery options.  A task with an ``ojs_retry`` option, and every job from
     #: another producer (no ``x_celery`` in its envelope), follow ``"ojs"`` either way.
     retry_semantics: Literal["celery", "ojs"] = "celery"
+    #: The store of unique jobs and idempotency keys (``redis://127.0.0.1:6379/0``; needs
+    #: ``pip install ojs-kombu[dedup]``).  ``None``: a job that asks for ``ojs_unique`` or
+    #: ``ojs_idempotency_key`` is refused at publish (``DedupNotConfigured``).
+    dedup_url: str | None = None
+    #: Seconds a completed idempotency key, and a unique record without ``period``,
+    #: are kept (every record expires; a key seen again later runs again).
+    dedup_retention: float = Field(default=86_400.0, gt=0)
+    #: A keyed job while the store is unreachable: ``"run"`` it (at least once, as
+    #: without a key) or ``"retry"`` it later through the broker.  Never acked as a
+    #: duplicate; either way ``ojs.dedup.degraded`` counts it and a warning says so.
+    dedup_when_down: Literal["run", "retry"] = "run"
 
     def schedule_arguments(self) -> dict[str, Any]:
         """``Queue.Declare`` arguments of the scheduling ladder, which every queue shares:

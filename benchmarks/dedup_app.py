@@ -1,0 +1,48 @@
+"""Celery app of the dedup drain, for ``python -m celery -A dedup_app worker``.
+
+``dedup_drain.py`` fills the queue, then starts a worker from this module with the
+``BENCH_DEDUP_*`` environment variables read at the bottom.  Every side shares
+``drain_app.common_conf`` and one no-op task, ``bench.dedup``, which appends
+``"<start> <end>\\n"`` to the record file in one ``O_APPEND`` write.  The
+ojs_kombu sides have ``ojs_dedup_url`` set; only the jobs of the keys-on side
+carry an idempotency key.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from celery import Celery
+from drain_app import common_conf
+
+import ojs_kombu
+
+TASK_NAME = "bench.dedup"
+
+
+def make_app(broker: str, queue: str, record_path: str | None, ojs_prefix: str | None,
+             dedup_url: str | None, *, set_as_current: bool = False) -> Celery:
+    app = Celery("bench_dedup", broker=broker, set_as_current=set_as_current)
+    if ojs_prefix:
+        ojs_kombu.install(app)
+        app.conf.update(ojs_prefix=ojs_prefix, ojs_dedup_url=dedup_url,
+                        ojs_dedup_retention=900.0)
+    common_conf(app, queue)
+    record = (os.open(record_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+              if record_path else None)
+
+    @app.task(name=TASK_NAME, ignore_result=True, shared=False)
+    def noop(*_args: Any) -> None:
+        started = time.time()
+        if record is not None:
+            os.write(record, f"{started:.6f} {time.time():.6f}\n".encode())
+
+    return app
+
+
+app = (make_app(os.environ["BENCH_DEDUP_BROKER"], os.environ["BENCH_DEDUP_QUEUE"],
+                os.environ["BENCH_DEDUP_RECORD"], os.environ.get("BENCH_DEDUP_OJS_PREFIX"),
+                os.environ.get("BENCH_DEDUP_URL"), set_as_current=True)
+       if "BENCH_DEDUP_BROKER" in os.environ else None)

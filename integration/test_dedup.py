@@ -1,0 +1,285 @@
+"""Unique jobs and idempotency keys on the real Redis and RabbitMQ, with counts (issue 29).
+
+Workers are ``celery worker`` subprocesses of :mod:`integration.dedupapp`; every run
+adds one to a Redis hash, so "ran once" is counted, not inferred.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import amqp
+import pytest
+import redis
+from celery import Celery
+
+from ojs_kombu.celery.dedup_store import store_for
+from ojs_kombu.spec.envelope import UniquePolicy
+from ojs_kombu.spec.errors import DuplicateJobError
+from ojs_kombu.spec.job_ids import new_job_id
+from ojs_kombu.spec.unique import fingerprint
+
+from .conftest import queue_depth, rabbitmqctl, stop_worker, wait_until
+from .dedupapp import REDIS, make_dedup_app, runs_key
+
+ROOT = Path(__file__).resolve().parents[1]
+COUNTER = redis.Redis.from_url(f"{REDIS}/2")
+
+
+def start_worker(broker_url: str, queue: str, log: Path, *extra: str,
+                 **env: str) -> subprocess.Popen[bytes]:
+    environment = {**os.environ, "OJS_TEST_BROKER_URL": broker_url, **env}
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "integration.dedupapp", "worker", "-Q",
+             queue, "-n", f"{queue}-{uuid.uuid4().hex[:4]}@%h", "--loglevel", "INFO",
+             "--without-mingle", "--without-gossip", "--without-heartbeat", *extra],
+            cwd=ROOT, env=environment, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True)
+
+
+@pytest.fixture(scope="module")
+def producer(broker_url: str) -> Celery:
+    return make_dedup_app(broker_url)
+
+
+@pytest.fixture
+def tag() -> Iterator[str]:
+    name = uuid.uuid4().hex
+    yield name
+    COUNTER.delete(runs_key(name))
+
+
+def runs(tag: str) -> dict[str, int]:
+    return {k.decode(): int(v) for k, v in COUNTER.hgetall(runs_key(tag)).items()}
+
+
+def test_1000_jobs_each_published_twice_run_1000_times(
+        producer: Celery, broker_url: str, tag: str, tmp_path: Path) -> None:
+    count = producer.tasks["dedup.count"]
+    pairs = []
+    for n in range(1000):
+        key = f"{tag}:{n}"
+        pairs.append((count.apply_async((tag, n), queue="dedup-pairs", ojs_idempotency_key=key),
+                      count.apply_async((tag, n), queue="dedup-pairs",
+                                        ojs_idempotency_key=key)))
+    worker = start_worker(broker_url, "dedup-pairs", tmp_path / "worker.log", "-c", "2")
+    try:
+        for first, second in pairs:
+            assert first.get(timeout=120) == second.get(timeout=120)
+    finally:
+        stop_worker(worker)
+    counted = runs(tag)
+    print(f"\n[published twice] published=2000 keys=1000 runs={sum(counted.values())} "
+          f"duplicated={sum(v - 1 for v in counted.values())} lost={1000 - len(counted)}")
+    assert len(counted) == 1000 and set(counted.values()) == {1}
+
+
+def test_a_foreign_producers_keyed_job_sent_twice_runs_once(
+        broker_url: str, amqp_channel: amqp.Channel, tag: str, tmp_path: Path) -> None:
+    """Raw py-amqp, the same job id published twice with ``x-ojs-idempotency-key``."""
+    job_id = new_job_id()
+    for _ in range(2):
+        publish_foreign(amqp_channel, "dedup-foreign-key", job_id, [tag, 3],
+                        headers={"x-ojs-idempotency-key": f"{tag}:foreign"})
+    worker = start_worker(broker_url, "dedup-foreign-key", tmp_path / "worker.log")
+    try:
+        wait_until(lambda: queue_depth(amqp_channel, "ojs.queue.dedup-foreign-key") == 0
+                   and sum(runs(tag).values()) >= 1, 60, "both copies consumed")
+        store = store_for(settings_of(broker_url))
+        wait_until(lambda: (store.show("key", f"{tag}:foreign") or {}).get("s")
+                   == "completed", 20, "the key completed")
+        wait_until(lambda: log_of(tmp_path).count(f"[{job_id}] succeeded") == 2, 20,
+                   "both deliveries acked")
+    finally:
+        stop_worker(worker)
+    assert runs(tag) == {f"{tag}:foreign": 1}
+
+
+def log_of(tmp_path: Path) -> str:
+    return (tmp_path / "worker.log").read_text()
+
+
+def settings_of(broker_url: str) -> object:
+    return make_dedup_app(broker_url).amqp.binding.settings
+
+
+def publish_foreign(channel: amqp.Channel, queue: str, job_id: str, args: list[object], *,
+                    headers: dict[str, object] | None = None,
+                    unique: dict[str, object] | None = None) -> None:
+    """What a producer without ojs_kombu sends (binding sections 5.1, 6)."""
+    channel.queue_declare(f"ojs.queue.{queue}", durable=True, auto_delete=False,
+                          arguments={"x-dead-letter-exchange": "ojs.exchange.dlx",
+                                     "x-dead-letter-routing-key": queue,
+                                     "x-max-priority": 10})
+    channel.exchange_declare("ojs.exchange.direct", "direct", durable=True, auto_delete=False)
+    channel.queue_bind(f"ojs.queue.{queue}", "ojs.exchange.direct", queue)
+    envelope: dict[str, object] = {"specversion": "1.0", "id": job_id, "type": "dedup.count",
+                                   "queue": queue, "args": args}
+    if unique is not None:
+        envelope["unique"] = unique
+    channel.basic_publish(
+        amqp.Message(json.dumps(envelope), content_type="application/openjobspec+json",
+                     message_id=job_id, delivery_mode=2,
+                     application_headers={"x-ojs-attempt": 1, **(headers or {})}),
+        exchange="ojs.exchange.direct", routing_key=queue)
+
+
+def unique_fingerprint(policy: dict[str, object], queue: str, args: list[object]) -> str:
+    return fingerprint(UniquePolicy.model_validate(policy), job_type="dedup.count",
+                       queue=queue, args=args, kwargs={})
+
+
+def test_reject_names_the_existing_job(producer: Celery, tag: str) -> None:
+    policy = {"keys": ["type", "args"], "period": "PT1M"}
+    count = producer.tasks["dedup.count"]
+    first = count.apply_async((tag, 1), queue="dedup-idle", ojs_unique=policy)
+    with pytest.raises(DuplicateJobError) as caught:
+        count.apply_async((tag, 1), queue="dedup-idle", ojs_unique=policy)
+    assert caught.value.existing_job_id == first.id
+    assert first.id in str(caught.value)
+    # other arguments are another job
+    count.apply_async((tag, 2), queue="dedup-idle", ojs_unique=policy)
+
+
+def test_ignore_returns_the_existing_job_and_publishes_nothing(
+        producer: Celery, amqp_channel: amqp.Channel, tag: str) -> None:
+    policy = {"keys": ["type", "queue", "args"], "on_conflict": "ignore", "period": "PT1M"}
+    count = producer.tasks["dedup.count"]
+    first = count.apply_async((tag, 1), queue="dedup-ignore", ojs_unique=policy)
+    before = queue_depth(amqp_channel, "ojs.queue.dedup-ignore")
+    second = count.apply_async((tag, 1), queue="dedup-ignore", ojs_unique=policy)
+    assert second.id == first.id
+    assert queue_depth(amqp_channel, "ojs.queue.dedup-ignore") == before
+
+
+def test_replace_cancels_the_existing_job_and_runs_the_new_one(
+        producer: Celery, broker_url: str, tag: str, tmp_path: Path) -> None:
+    policy = {"keys": ["type", "args"], "on_conflict": "replace", "period": "PT1M"}
+    count = producer.tasks["dedup.count"]
+    first = count.apply_async((tag, 1), queue="dedup-replace", ojs_unique=policy)
+    second = count.apply_async((tag, 1), queue="dedup-replace", ojs_unique=policy)
+    assert second.id != first.id
+    worker = start_worker(broker_url, "dedup-replace", tmp_path / "worker.log")
+    try:
+        assert second.get(timeout=60) == 2
+        wait_until(lambda: first.state in ("REVOKED", "SUCCESS") or
+                   f"[{first.id}]" in (tmp_path / "worker.log").read_text(), 30,
+                   "the replaced job settled")
+    finally:
+        stop_worker(worker)
+    assert runs(tag) == {second.id: 1}
+
+
+def test_replace_except_schedule_keeps_the_existing_schedule(producer: Celery,
+                                                             tag: str) -> None:
+    policy = {"keys": ["type", "args"], "on_conflict": "replace_except_schedule",
+              "period": "PT5M"}
+    count = producer.tasks["dedup.count"]
+    first = count.apply_async((tag, 1), queue="dedup-idle", ojs_unique=policy, countdown=120)
+    second = count.apply_async((tag, 1), queue="dedup-idle", ojs_unique=policy)
+    store = store_for(producer.amqp.binding.settings)
+    record = store.show("unique", unique_fingerprint(policy, "dedup-idle", [tag, 1]))
+    assert record is not None
+    assert record["j"] == second.id != first.id
+    assert record["s"] == "scheduled" and record["t"]
+
+
+def test_a_completed_job_stops_blocking_unless_completed_is_checked(
+        producer: Celery, broker_url: str, tag: str, tmp_path: Path) -> None:
+    count = producer.tasks["dedup.count"]
+    plain = {"keys": ["type", "args"], "period": "PT1M"}
+    strict = {**plain, "states": ["available", "active", "completed"]}
+    worker = start_worker(broker_url, "dedup-done", tmp_path / "worker.log")
+    try:
+        assert count.apply_async((tag, 1), queue="dedup-done", ojs_unique=plain).get(60) == 2
+        fp = unique_fingerprint(plain, "dedup-done", [tag, 1])
+        wait_until(lambda: store_for(producer.amqp.binding.settings).show("unique", fp)
+                   is None, 20, "the completed job's record to go")
+        assert count.apply_async((tag, 1), queue="dedup-done", ojs_unique=plain).get(60) == 2
+        done = count.apply_async((tag, 2), queue="dedup-done", ojs_unique=strict)
+        assert done.get(60) == 4
+        with pytest.raises(DuplicateJobError) as caught:
+            wait_until(lambda: count.apply_async((tag, 2), queue="dedup-done",
+                                                 ojs_unique=strict) and False, 10,
+                       "a refusal")
+        assert caught.value.existing_job_id == done.id
+    finally:
+        stop_worker(worker)
+
+
+@pytest.mark.parametrize("mode", ["ignore", "reject", "replace"])
+def test_a_foreign_producers_unique_job(broker_url: str, amqp_channel: amqp.Channel,
+                                        tag: str, tmp_path: Path, mode: str) -> None:
+    """Two jobs of another producer with one fingerprint, the first still running when
+    the second arrives: ``on_conflict`` settles it on the worker."""
+    queue = f"dedup-foreign-{mode}-{tag[:6]}"
+    policy = {"keys": ["type", "queue"], "on_conflict": mode, "period": "PT1M"}
+    first, second = new_job_id(), new_job_id()
+    worker = start_worker(broker_url, queue, tmp_path / "worker.log", "-c", "2")
+    try:
+        publish_foreign(amqp_channel, queue, first, [tag, 1, 3.0], unique=policy)
+        store = store_for(settings_of(broker_url))
+        fp = unique_fingerprint(policy, queue, [])
+        wait_until(lambda: (store.show("unique", fp) or {}).get("s") == "active", 60,
+                   "the first job running")
+        publish_foreign(amqp_channel, queue, second, [tag, 1, 0.0], unique=policy)
+        wait_until(lambda: f"[{second}]" in (tmp_path / "worker.log").read_text()
+                   and queue_depth(amqp_channel, f"ojs.queue.{queue}") == 0, 60,
+                   "the second job settled")
+        wait_until(lambda: first in runs(tag) or mode == "replace", 30, "the first job ran")
+    finally:
+        stop_worker(worker)
+    counted = runs(tag)
+    if mode == "replace":
+        assert counted.get(second) == 1
+    else:
+        assert counted == {first: 1}
+    if mode == "reject":
+        wait_until(lambda: queue_depth(amqp_channel, f"ojs.queue.dlx.{queue}") == 1, 20,
+                   "the rejected job dead-lettered")
+
+
+def test_with_the_store_down_a_keyed_job_runs_and_says_dedup_is_degraded(
+        producer: Celery, broker_url: str, tag: str, tmp_path: Path) -> None:
+    count = producer.tasks["dedup.count"]
+    result = count.apply_async((tag, 5), queue="dedup-down", ojs_idempotency_key=f"{tag}:d")
+    log = tmp_path / "worker.log"
+    worker = start_worker(broker_url, "dedup-down", log,
+                          OJS_TEST_DEDUP_URL="redis://127.0.0.1:6399/0")
+    try:
+        assert result.get(timeout=60) == 10
+    finally:
+        stop_worker(worker)
+    assert runs(tag) == {f"{tag}:d": 1}
+    assert "dedup degraded" in log.read_text()
+
+
+def test_with_the_store_down_retry_leaves_the_job_for_later(
+        producer: Celery, broker_url: str, tag: str, tmp_path: Path, vhost: str) -> None:
+    count = producer.tasks["dedup.count"]
+    count.apply_async((tag, 5), queue="dedup-down-retry", ojs_idempotency_key=f"{tag}:r",
+                      ojs_retry={"max_attempts": 50, "initial_interval": "PT1S",
+                                 "jitter": False, "backoff_coefficient": 1.0})
+    log = tmp_path / "worker.log"
+    worker = start_worker(broker_url, "dedup-down-retry", log,
+                          OJS_TEST_DEDUP_URL="redis://127.0.0.1:6399/0",
+                          OJS_TEST_DEDUP_WHEN_DOWN="retry")
+    try:
+        wait_until(lambda: log.read_text().count("retried later") >= 2, 60,
+                   "two deliveries left for later")
+    finally:
+        stop_worker(worker)
+    assert runs(tag) == {}
+    # still held by the broker for its retry: nothing acked as a duplicate, nothing lost
+    held = rabbitmqctl("list_queues", "-p", vhost, "--no-table-headers", "name", "messages")
+    waiting = sum(int(count) for name, _, count in
+                  (line.partition("\t") for line in held.splitlines())
+                  if "dedup-down-retry" in name and ".dlx." not in name)
+    assert waiting == 1, held

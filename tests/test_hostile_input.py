@@ -7,7 +7,6 @@ import json
 import logging
 from pathlib import Path
 from typing import Any
-from unittest.mock import MagicMock
 
 import pytest
 from celery import Celery
@@ -17,7 +16,7 @@ from kombu.serialization import dumps
 import ojs_kombu
 from ojs_kombu.cli.main import cli
 from ojs_kombu.spec.decode import UNKNOWN_JOB_TYPE, decode_job_message
-from ojs_kombu.spec.encode import MAX_JOB_BYTES_PROPERTY, encode_task_message
+from ojs_kombu.spec.encode import encode_task_message
 from ojs_kombu.spec.envelope import CONTENT_TYPE
 from ojs_kombu.spec.errors import (
     JobOptionError,
@@ -260,9 +259,6 @@ def test_a_job_over_the_limit_raises_naming_job_size_and_limit() -> None:
     error = info.value
     assert error.size > 5000 and error.limit == 4096 and error.job_id
     assert error.job_id in str(error) and "4096" in str(error) and str(error.size) in str(error)
-    # the limit the Celery wiring puts on every task message
-    with pytest.raises(JobTooLargeError):
-        celery_encode(args=big, properties={MAX_JOB_BYTES_PROPERTY: 4096})
     assert celery_encode(args=big, max_job_bytes=10_000).body
 
 
@@ -344,10 +340,9 @@ def test_bytes_raise_non_json_argument_error_on_celerys_path() -> None:
         celery_encode(args=(b"raw",))
 
 
-def test_celerys_send_path_carries_the_size_limit(app: Celery) -> None:
-    producer = MagicMock()
-    app.send_task("math.add", (1,), producer=producer)
-    assert producer.publish.call_args.kwargs[MAX_JOB_BYTES_PROPERTY] == 4096
+def test_send_task_refuses_a_job_over_the_limit_before_connecting(app: Celery) -> None:
+    with pytest.raises(JobTooLargeError, match="4096"):
+        app.send_task("math.add", ("x" * 5000,))
 
 
 # -- 6. pickle stays off --------------------------------------------------------------------

@@ -25,7 +25,6 @@ from celery.worker import state as worker_state
 from ..events.emitter import JobInfo
 from ..spec.retry import Backoff
 from .control import cancel_requested
-from .publish import apply_async_direct, direct_refusal
 from .retries import failure_retryable, follows_celery_retries, job_retry_policy
 
 logger = logging.getLogger(__name__)
@@ -128,24 +127,6 @@ class OJSTask(Task):
             except Exception:
                 logger.exception("job %s: could not record its cancellation", request.id)
         return JobCancelled(f"job {request.id} stopped on a CANCEL")
-
-    def apply_async(self, args: Any = None, kwargs: Any = None, task_id: str | None = None,
-                    producer: Any = None, link: Any = None, link_error: Any = None,
-                    shadow: str | None = None, **options: Any) -> Any:
-        """Celery's ``apply_async``; a plain call goes straight to the OJS channel
-        (:mod:`ojs_kombu.celery.publish`: the same job, a third less CPU)."""
-        if producer is None and link is None and link_error is None and shadow is None \
-                and direct_refusal(self, self._get_app(), task_id, options) is None:
-            if self.soft_time_limit and self.time_limit and \
-                    self.soft_time_limit > self.time_limit:
-                raise ValueError("soft_time_limit must be less than or equal to time_limit")
-            if self.typing and hasattr(self, "__header__"):
-                self.__header__(*(args or ()), **(kwargs or {}))
-            result = apply_async_direct(self, args, kwargs, task_id, options)
-            if result is not None:
-                return result
-        return super().apply_async(args, kwargs, task_id, producer, link, link_error, shadow,
-                                   **options)
 
     def retry(self, args: Any = None, kwargs: Any = None, exc: BaseException | None = None,
               throw: bool = True, eta: datetime | None = None, countdown: float | None = None,

@@ -309,7 +309,7 @@ def test_enqueue_many_refuses_before_connecting(app: Celery, options: dict[str, 
     assert info.value.option == option and "batch job #1 (math.add)" in str(info.value)
 
 
-def test_too_large_jobs_are_refused_on_the_direct_and_batch_paths(app: Celery) -> None:
+def test_too_large_jobs_are_refused_by_apply_async_and_enqueue_many(app: Celery) -> None:
     with pytest.raises(JobTooLargeError, match="4096"):
         app.tasks["math.add"].apply_async(("x" * 5000,))
     with pytest.raises(JobTooLargeError, match="batch job #0"):
@@ -326,16 +326,16 @@ def test_non_json_arguments_raise_the_documented_error_on_every_path(app: Celery
                                                                      value: Any) -> None:
     add = app.tasks["math.add"]
     with pytest.raises(NonJSONArgumentError, match="'math.add'"):
-        add.apply_async((value,))  # the direct path falls back to Celery's, which refuses
+        add.apply_async((value,))
     with pytest.raises(NonJSONArgumentError, match="'math.add'"):
-        add.apply_async((1,), {"y": value}, headers={"h": 1})  # Celery's path
+        add.apply_async((1,), {"y": value}, headers={"h": 1})
     with pytest.raises(NonJSONArgumentError, match="'math.add'"):
         app.send_task("math.add", (value,))
     with pytest.raises(NonJSONArgumentError):
         ojs_kombu.enqueue_many(app, [("math.add", (value,))])
 
 
-def test_bytes_raise_non_json_argument_error_on_celerys_path() -> None:
+def test_bytes_in_a_json_body_raise_non_json_argument_error() -> None:
     with pytest.raises(NonJSONArgumentError, match="bytes"):
         celery_encode(args=(b"raw",))
 

@@ -1,12 +1,12 @@
 """Celery task protocol v2 -> OJS job message: the publish side.
 
-Pure code: Python values in, bytes and dicts out.  The transport calls
-:func:`encode_task_message` with the task message Celery sends: its body is
+Pure code: Python values in, bytes and dicts out.  Celery's task sender
+(:mod:`ojs_kombu.celery.task_sender`) calls :func:`encode_task_message` with
 Celery's ``(args, kwargs, embed)`` as Python values (content type
-:data:`CELERY_CALL`, the pass-through serializer ``install()`` registers), so
-the envelope is the one JSON encoding of the call; a body another producer
-serialised as JSON is parsed first.  Batches and the command line build their
-jobs with :func:`build_job`, the one place an envelope is written.
+:data:`CELERY_CALL`), so the envelope is the one JSON encoding of the call; a
+task message another kombu producer serialised as JSON reaches it through the
+transport and is parsed first.  Batches and the command line build their jobs
+with :func:`build_job`, the one place an envelope is written.
 
 Mapped onto OJS attributes: ``id`` (UUIDv7), ``task`` -> ``type``, ``eta`` ->
 ``scheduled_at``, ``expires`` -> ``expires_at``, the hard time limit ->
@@ -53,8 +53,8 @@ from .trace_context import trace_id_of
 from .x_celery import X_CELERY, x_celery_of
 
 CELERY_JSON = "application/json"
-#: Content type of a task message whose body is Celery's ``(args, kwargs, embed)`` as
-#: Python values, never serialised before the envelope is (the ``ojs-call`` serializer).
+#: Stands for the content type of a task message whose body is Celery's ``(args,
+#: kwargs, embed)`` as Python values, never serialised before the envelope is.
 CELERY_CALL = "application/x-ojs-celery-call"
 DEFAULT_MAX_ATTEMPTS = 3
 

@@ -149,7 +149,7 @@ BAD_CALLS = [
 ]
 
 
-@pytest.mark.parametrize("path", ["direct", "celery", "send_task"])
+@pytest.mark.parametrize("path", ["apply_async", "headers", "send_task"])
 @pytest.mark.parametrize("args, options, error, option", [c[1:] for c in BAD_CALLS],
                          ids=[c[0] for c in BAD_CALLS])
 def test_bad_calls_raise_typed_errors_and_send_nothing(
@@ -157,9 +157,9 @@ def test_bad_calls_raise_typed_errors_and_send_nothing(
         options: dict[str, Any], error: type, option: str | None) -> None:
     add = app.tasks["math.add"]
     with pytest.raises(error) as info:
-        if path == "direct":
+        if path == "apply_async":
             add.apply_async(args, queue=caller_queue, **options)
-        elif path == "celery":  # headers= takes Celery's own send path
+        elif path == "headers":  # a custom header travels in x_celery
             add.apply_async(args, queue=caller_queue, headers={"h": 1}, **options)
         else:
             app.send_task("math.add", args, queue=caller_queue, **options)
@@ -168,7 +168,7 @@ def test_bad_calls_raise_typed_errors_and_send_nothing(
         assert info.value.option == option
     assert queue_depth(amqp_channel, f"ojs.queue.{caller_queue}") == 0
     # the same call without the bad value goes through
-    add.apply_async((1, 2), queue=caller_queue, headers={"h": 1} if path == "celery" else None)
+    add.apply_async((1, 2), queue=caller_queue, headers={"h": 1} if path == "headers" else None)
     assert queue_depth(amqp_channel, f"ojs.queue.{caller_queue}") == 1
 
 

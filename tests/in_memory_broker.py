@@ -11,7 +11,8 @@ them:
 * ``Basic.Get`` hands out messages in order; unacknowledged ones go back to
   the head of their queue, in order and marked redelivered, when the channel
   closes; ``Basic.Ack`` removes them for good;
-* a publish is routed by exchange and routing key; a confirmed publish to a
+* a publish is routed by exchange and routing key (an encoded job, through
+  ``ojs.exchange.direct`` to its queue); a confirmed publish to a
   broker told to refuse (:attr:`Broker.nack_publishes`) raises py-amqp's
   ``MessageNacked`` and enqueues nothing;
 * a control message reaching a control queue is answered by
@@ -36,6 +37,7 @@ from amqp.protocol import queue_declare_ok_t
 
 from ojs_kombu.amqp.binding import Binding
 from ojs_kombu.cli.config import Options
+from ojs_kombu.spec.encode import OutgoingJob
 from ojs_kombu.transport import Transport
 
 #: ``(control message type, body) -> answer``; ``None``: the worker does not answer.
@@ -165,6 +167,20 @@ class BrokerChannel:
     def basic_publish(self, msg: amqp.Message, exchange: str = "", routing_key: str = "",
                       mandatory: bool = False, **_: Any) -> None:
         self.broker.route(msg, exchange, routing_key)
+
+    def publish_job(self, job: OutgoingJob, *, timeout: float | None = None,
+                    confirm_timeout: float | None = None) -> None:
+        """A job due now goes to its queue through ``ojs.exchange.direct``; one due later
+        is only recorded in :attr:`Broker.published` (the schedule is not modelled)."""
+        self.connection.ensure_topology(job.queue)
+        message = amqp.Message(job.body, **job.properties)
+        exchange = self.connection.ojs.names.direct_exchange
+        if job.delay_ms > 0:
+            self.broker.published.append(Stored(job.body, dict(message.properties), exchange,
+                                                job.queue))
+            return
+        self.publish_confirmed(message, exchange, job.queue, job_id=job.job_id,
+                               queue=job.queue)
 
     def publish_confirmed(self, message: amqp.Message, exchange: str, routing_key: str, *,
                           job_id: str, queue: str, **_: Any) -> None:

@@ -228,28 +228,41 @@ def test_reprs_are_left_to_the_consumer_unless_given_or_shown_in_sent_events() -
     assert shown.sent_event["kwargs"] == "{'k': 2}"
 
 
-class _RecordingProducer:
-    """Stands in for kombu's Producer: records what Celery asks it to publish."""
+class _RecordingChannel:
+    """Stands in for the ``ojs`` transport's channel: records the jobs published."""
 
     def __init__(self) -> None:
-        self.published: list[dict[str, Any]] = []
+        self.jobs: list[Any] = []
+
+    def publish_job(self, job: Any, **_: Any) -> None:
+        self.jobs.append(job)
+
+
+class _RecordingProducer:
+    """Stands in for kombu's Producer on an ``ojs`` connection: records what it declares."""
+
+    def __init__(self, connection: Any) -> None:
+        self.connection = connection
+        self.channel = _RecordingChannel()
+        self.declared: list[Any] = []
         self.serializer = self.exchange = None
 
-    def publish(self, body: Any, **options: Any) -> None:
-        self.published.append(options)
+    def maybe_declare(self, entity: Any) -> None:
+        self.declared.append(entity)
 
 
 def test_task_queues_are_left_to_the_transport_to_declare() -> None:
     """kombu would re-check the queue's declaration on every publish; the ojs
     transport declares a job queue's topology itself on first use."""
     app = make_app()
-    producer = _RecordingProducer()
+    producer = _RecordingProducer(app.connection_for_write())
     send = app.amqp.send_task_message
-    send(producer, "tasks.add", _task_message(app), queue="email")
+    send(producer, "tasks.add", _task_message(app), queue="email", retry=False)
     explicit = Queue("audit")
-    send(producer, "tasks.add", _task_message(app), queue="email", declare=[explicit])
-    assert [options["declare"] for options in producer.published] == [[], [explicit]]
-    assert producer.published[0]["routing_key"] == "email"
+    send(producer, "tasks.add", _task_message(app), queue="email", declare=[explicit],
+         retry=False)
+    assert producer.declared == [explicit]
+    assert [job.queue for job in producer.channel.jobs] == ["email", "email"]
 
 
 def test_a_cancel_request_of_the_previous_job_does_not_reach_the_next_one() -> None:

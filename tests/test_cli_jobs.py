@@ -59,14 +59,16 @@ def test_enqueue_publishes_one_job_and_prints_its_new_id(broker: Broker) -> None
     assert uuid.UUID(job_id).version == 7
     message = published(broker)
     assert (message.exchange, message.routing_key) == ("ojs.exchange.direct", "email")
-    headers = message.properties["application_headers"]
-    assert (headers["task"], headers["id"], headers["eta"], headers["retries"]) == (
-        "email.send", job_id, None, 0)
-    assert message.properties["content_type"] == "application/json"
-    args, kwargs, embed = json.loads(message.body)
-    assert (args, kwargs) == (["a@b.c", "welcome"], {})
-    assert embed == {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
-    assert not {"priority", "ojs_meta", "ojs_retry"} & set(message.properties)
+    properties = message.properties
+    assert (properties["message_id"], properties["type"], properties["content_type"]) == (
+        job_id, "email.send", "application/openjobspec+json")
+    headers = properties["application_headers"]
+    assert (headers["x-ojs-queue"], headers["x-ojs-attempt"]) == ("email", 1)
+    body = json.loads(message.body)
+    assert (body["id"], body["type"], body["queue"], body["args"]) == (
+        job_id, "email.send", "email", ["a@b.c", "welcome"])
+    assert not {"priority", "meta", "retry", "scheduled_at", "x_celery"} & set(body)
+    assert "priority" not in properties
 
 
 def test_enqueue_carries_the_id_priority_meta_and_retry_policy(broker: Broker) -> None:
@@ -75,11 +77,13 @@ def test_enqueue_carries_the_id_priority_meta_and_retry_policy(broker: Broker) -
                           "--retry", '{"max_attempts": 3}')
     assert (code, data) == (0, {"id": JOB_ID, "type": "report.build", "queue": "email",
                                 "scheduled_at": None, "priority": 5, "delay_ms": 0})
-    properties = published(broker).properties
-    assert properties["application_headers"]["id"] == JOB_ID
-    assert json.loads(published(broker).body)[0] == []
-    assert (properties["priority"], properties["ojs_meta"], properties["ojs_retry"]) == (
-        5, {"tenant": "acme"}, {"max_attempts": 3})
+    message = published(broker)
+    body = json.loads(message.body)
+    assert (body["id"], body["args"], body["priority"], body["meta"]) == (
+        JOB_ID, [], 5, {"tenant": "acme"})
+    assert body["retry"]["max_attempts"] == 3
+    assert message.properties["priority"] == 5
+    assert message.properties["application_headers"]["x-ojs-max-attempts"] == 3
 
 
 def test_enqueue_with_a_delay_sets_the_eta_that_far_ahead(broker: Broker) -> None:
@@ -87,9 +91,12 @@ def test_enqueue_with_a_delay_sets_the_eta_that_far_ahead(broker: Broker) -> Non
     code, data = run_json(broker, "enqueue", "email.send", "-q", "email", "--delay", "60")
     after = datetime.now(UTC)
     assert code == 0
-    eta = datetime.fromisoformat(published(broker).properties["application_headers"]["eta"])
+    scheduled = json.loads(published(broker).body)["scheduled_at"]
+    eta = datetime.fromisoformat(scheduled)
     assert before + timedelta(seconds=60) <= eta <= after + timedelta(seconds=60)
     assert datetime.fromisoformat(data["scheduled_at"]) == eta
+    assert published(broker).properties["application_headers"]["x-ojs-scheduled-at"] \
+        == scheduled
     assert 59_000 <= data["delay_ms"] <= 60_000
 
 
@@ -98,11 +105,13 @@ def test_enqueue_at_a_time_takes_a_naive_time_as_utc(broker: Broker) -> None:
                           "--scheduled-at", "2099-01-02T03:04:05")
     expected = datetime(2099, 1, 2, 3, 4, 5, tzinfo=UTC)
     assert code == 0 and datetime.fromisoformat(data["scheduled_at"]) == expected
-    headers = published(broker).properties["application_headers"]
-    assert datetime.fromisoformat(headers["eta"]) == expected
+    body = json.loads(published(broker).body)
+    assert datetime.fromisoformat(body["scheduled_at"]) == expected
+    broker.published.clear()
     code, data = run_json(broker, "enqueue", "email.send", "-q", "email",
                           "--scheduled-at", "2001-01-01T00:00:00Z")
     assert (code, data["delay_ms"]) == (0, 0)  # in the past: due now
+    assert published(broker).routing_key == "email"
 
 
 def test_enqueue_names_the_queue_through_the_aliases(broker: Broker) -> None:

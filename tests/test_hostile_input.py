@@ -7,7 +7,6 @@ import json
 import logging
 from pathlib import Path
 from typing import Any
-from unittest.mock import MagicMock
 
 import pytest
 from celery import Celery
@@ -17,7 +16,7 @@ from kombu.serialization import dumps
 import ojs_kombu
 from ojs_kombu.cli.main import cli
 from ojs_kombu.spec.decode import UNKNOWN_JOB_TYPE, decode_job_message
-from ojs_kombu.spec.encode import MAX_JOB_BYTES_PROPERTY, encode_task_message
+from ojs_kombu.spec.encode import encode_task_message
 from ojs_kombu.spec.envelope import CONTENT_TYPE
 from ojs_kombu.spec.errors import (
     JobOptionError,
@@ -260,9 +259,6 @@ def test_a_job_over_the_limit_raises_naming_job_size_and_limit() -> None:
     error = info.value
     assert error.size > 5000 and error.limit == 4096 and error.job_id
     assert error.job_id in str(error) and "4096" in str(error) and str(error.size) in str(error)
-    # the limit the Celery wiring puts on every task message
-    with pytest.raises(JobTooLargeError):
-        celery_encode(args=big, properties={MAX_JOB_BYTES_PROPERTY: 4096})
     assert celery_encode(args=big, max_job_bytes=10_000).body
 
 
@@ -313,7 +309,7 @@ def test_enqueue_many_refuses_before_connecting(app: Celery, options: dict[str, 
     assert info.value.option == option and "batch job #1 (math.add)" in str(info.value)
 
 
-def test_too_large_jobs_are_refused_on_the_direct_and_batch_paths(app: Celery) -> None:
+def test_too_large_jobs_are_refused_by_apply_async_and_enqueue_many(app: Celery) -> None:
     with pytest.raises(JobTooLargeError, match="4096"):
         app.tasks["math.add"].apply_async(("x" * 5000,))
     with pytest.raises(JobTooLargeError, match="batch job #0"):
@@ -330,24 +326,23 @@ def test_non_json_arguments_raise_the_documented_error_on_every_path(app: Celery
                                                                      value: Any) -> None:
     add = app.tasks["math.add"]
     with pytest.raises(NonJSONArgumentError, match="'math.add'"):
-        add.apply_async((value,))  # the direct path falls back to Celery's, which refuses
+        add.apply_async((value,))
     with pytest.raises(NonJSONArgumentError, match="'math.add'"):
-        add.apply_async((1,), {"y": value}, headers={"h": 1})  # Celery's path
+        add.apply_async((1,), {"y": value}, headers={"h": 1})
     with pytest.raises(NonJSONArgumentError, match="'math.add'"):
         app.send_task("math.add", (value,))
     with pytest.raises(NonJSONArgumentError):
         ojs_kombu.enqueue_many(app, [("math.add", (value,))])
 
 
-def test_bytes_raise_non_json_argument_error_on_celerys_path() -> None:
+def test_bytes_in_a_json_body_raise_non_json_argument_error() -> None:
     with pytest.raises(NonJSONArgumentError, match="bytes"):
         celery_encode(args=(b"raw",))
 
 
-def test_celerys_send_path_carries_the_size_limit(app: Celery) -> None:
-    producer = MagicMock()
-    app.send_task("math.add", (1,), producer=producer)
-    assert producer.publish.call_args.kwargs[MAX_JOB_BYTES_PROPERTY] == 4096
+def test_send_task_refuses_a_job_over_the_limit_before_connecting(app: Celery) -> None:
+    with pytest.raises(JobTooLargeError, match="4096"):
+        app.send_task("math.add", ("x" * 5000,))
 
 
 # -- 6. pickle stays off --------------------------------------------------------------------

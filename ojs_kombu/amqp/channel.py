@@ -1,9 +1,11 @@
 """The ``ojs`` transport's channel: py-amqp's channel hooks, handing OJS work to its rooms.
 
-* publish (:meth:`Channel.basic_publish`): a message carrying a Celery
-  ``task`` header becomes an OJS job, published with confirms
-  (:class:`~ojs_kombu.amqp.publisher.JobPublisher`, batches
-  :mod:`ojs_kombu.amqp.batch`); other messages pass through untouched;
+* publish: an encoded job (:meth:`Channel.publish_job`, what Celery's task
+  sender :mod:`ojs_kombu.celery.task_sender` and ``ojs-kombu enqueue`` call;
+  batches :meth:`Channel.publish_jobs`), or a message another producer sent
+  with a Celery ``task`` header (:meth:`Channel.basic_publish`), is published
+  as an OJS job with confirms (:class:`~ojs_kombu.amqp.publisher.JobPublisher`);
+  other messages pass through untouched;
 * consume (:meth:`Channel.basic_consume`): deliveries of ``ojs.queue.{q}`` are
   validated before kombu sees them (:class:`~ojs_kombu.amqp.receiver.JobReceiver`)
   and their outcomes carried out (:mod:`ojs_kombu.amqp.settle`);
@@ -101,8 +103,8 @@ class Channel(pyamqp.Channel):
     def publish_job(self, job: OutgoingJob, *, timeout: float | None = None,
                     confirm_timeout: float | None = None) -> None:
         """Publish one encoded job, confirmed and ``mandatory``, and return once the
-        broker took it: ``apply_async`` through kombu's producer and its direct path
-        (:mod:`ojs_kombu.celery.publish`) both end here."""
+        broker took it: every ``apply_async`` and ``send_task`` (through
+        :meth:`basic_publish`) and ``ojs-kombu enqueue`` end here."""
         self.ojs_publisher.publish_job(job, timeout=timeout, confirm_timeout=confirm_timeout)
 
     def publish_jobs(self, jobs: Sequence[OutgoingJob], *, confirm_timeout: float | None = None,

@@ -11,7 +11,7 @@ typed exception naming job and queue.  Frames are encoded by
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from time import monotonic
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +32,7 @@ from ..spec.errors import (
 )
 from ..spec.naming import TopologyNames
 from ..spec.trace_context import trace_id_of
+from .binding import Binding
 from .confirms import ConfirmTracker, PendingPublish
 from .job_channel import JobConnection
 from .publish_frames import PublishFrames
@@ -60,6 +61,24 @@ def job_queue_for(names: TopologyNames, task: str, exchange: str, routing_key: s
         return names.ojs_queue(routing_key)
     except QueueNameError as exc:
         raise JobRoutingError(f"task {task!r}: {exc}") from None
+
+
+def encode_task(binding: Binding, body: Any, content_type: str | None,
+                properties: Mapping[str, Any], headers: Mapping[str, Any], exchange: str,
+                routing_key: str) -> OutgoingJob:
+    """The OJS job of a Celery task message published to ``exchange`` with ``routing_key``
+    (:func:`~ojs_kombu.spec.encode.encode_task_message`, the job's type, queue and retry
+    policy from ``binding``, the current trace context when the headers carry none)."""
+    task = headers["task"]
+    if "traceparent" not in headers:
+        headers = with_current_trace(headers)
+    return encode_task_message(
+        body=body, content_type=content_type, properties=properties, headers=headers,
+        job_type=binding.job_types.type_for(task),
+        queue=job_queue_for(binding.names, task, exchange, routing_key),
+        retry_policy=binding.retry_policy_for(task) if binding.retry_policy_for else None,
+        max_job_bytes=binding.settings.max_job_bytes,
+    )
 
 
 def schedule_route(connection: JobConnection, properties: dict[str, Any], job_id: str,
@@ -105,22 +124,11 @@ class JobPublisher:
     def publish_task(self, message: amqp.Message, headers: dict[str, Any], exchange: str,
                      routing_key: str, timeout: float | None,
                      confirm_timeout: float | None) -> None:
-        """A Celery task message from kombu's producer, published as an OJS job."""
-        task = headers["task"]
-        ojs = self._channel.ojs
-        queue = job_queue_for(ojs.names, task, exchange, routing_key)
-        if "traceparent" not in headers:
-            headers = with_current_trace(headers)
-        job = encode_task_message(
-            body=message.body,
-            content_type=message.properties.get("content_type"),
-            properties=message.properties,
-            headers=headers,
-            job_type=ojs.job_types.type_for(task),
-            queue=queue,
-            retry_policy=ojs.retry_policy_for(task) if ojs.retry_policy_for else None,
-            max_job_bytes=ojs.settings.max_job_bytes,
-        )
+        """A Celery task message another kombu producer serialised, published as an OJS
+        job (Celery's own sender hands the transport the job: :meth:`publish_job`)."""
+        properties = message.properties
+        job = encode_task(self._channel.ojs, message.body, properties.get("content_type"),
+                          properties, headers, exchange, routing_key)
         self.publish_job(job, timeout=timeout, confirm_timeout=confirm_timeout)
 
     def publish_job(self, job: OutgoingJob, *, timeout: float | None = None,

@@ -2,9 +2,8 @@
 
 Every broker connection carries the key of the app's OJS
 :class:`~ojs_kombu.amqp.binding.Binding` to the ``ojs`` transport (a string:
-Celery reports transport options as JSON); the task sender raises
-``NonJSONArgumentError`` for arguments kombu's JSON encoder refuses and hands
-``ojs_max_job_bytes`` to the transport.
+Celery reports transport options as JSON).  The task sender is Celery's own,
+publishing OJS jobs (:mod:`ojs_kombu.celery.task_sender`).
 """
 
 from __future__ import annotations
@@ -15,21 +14,16 @@ from typing import Any
 
 import kombu
 from celery.app.amqp import AMQP
-from kombu.exceptions import EncodeError
 from kombu.utils.objects import cached_property
 
 from ..amqp.binding import Binding, register_binding
 from ..amqp.connection import BrokerConnection as ReconnectingConnection
-from ..spec.encode import CELERY_JSON, MAX_JOB_BYTES_PROPERTY
 from ..spec.envelope import RetryPolicy
-from ..spec.errors import NonJSONArgumentError
 from ..spec.settings import BINDING_OPTION, OJSSettings
-from ..spec.unique import IDEMPOTENCY_OPTION, UNIQUE_OPTION
-from .dedup_store import store_for
 from .events import build_events
-from .publish import SendSettings
 from .queues import OJSQueues
 from .retries import task_retry_policy
+from .task_sender import job_task_sender
 
 #: Stands for a repr a consumer computes (compared by identity, never sent).
 _DEFERRED_REPR = "".join(("<deferred", ">"))
@@ -46,11 +40,6 @@ class OJSAMQP(AMQP):
         binding = Binding.from_settings(settings, tasks=lambda: self.app.tasks,
                                         retry_policy_for=self._retry_policy_for)
         return replace(binding, events=build_events(self.app, settings, binding.names))
-
-    @cached_property
-    def ojs_send_settings(self) -> SendSettings:
-        """Read once, as Celery's task sender reads the same settings once."""
-        return SendSettings.from_conf(self.app.conf)
 
     def _retry_policy_for(self, task_name: str) -> RetryPolicy | None:
         """The policy a job of ``task_name`` states in its envelope, under the app's
@@ -78,39 +67,8 @@ class OJSAMQP(AMQP):
     BrokerConnection = Connection
 
     def _create_task_sender(self) -> Any:
-        """Celery's task sender, without kombu's per-publish declare of the queue.
-
-        The ``ojs`` transport declares a job queue's whole OJS topology on the
-        first publish to it (once per connection) and again after a return, so
-        kombu's ``maybe_declare`` of the queue object on every ``apply_async``
-        only repeated that check, through a fresh retry wrapper each time.  An
-        explicit ``declare=[...]`` option is still honoured.
-        """
-        send = super()._create_task_sender()
-        conf = self.app.conf
-        max_job_bytes = self.binding.settings.max_job_bytes
-
-        def send_task_message(producer: Any, name: str, message: Any, *,
-                              declare: Any = None, **options: Any) -> Any:
-            # The transport reads the size bound from the message's properties.
-            options[MAX_JOB_BYTES_PROPERTY] = max_job_bytes
-            if options.get(UNIQUE_OPTION) or options.get(IDEMPOTENCY_OPTION):
-                store_for(self.binding.settings)  # DedupNotConfigured without ojs_dedup_url
-            try:
-                return send(producer, name, message,
-                            declare=[] if declare is None else declare, **options)
-            except EncodeError as exc:
-                serializer = options.get("serializer") or conf.task_serializer
-                if serializer not in ("json", CELERY_JSON):
-                    raise
-                headers = getattr(message, "headers", None) or {}
-                raise NonJSONArgumentError(
-                    f"task {name!r}: an argument is not a JSON-native value ({exc}); OJS "
-                    "args/kwargs carry only strings, numbers, booleans, null, arrays and "
-                    "objects", job_id=headers.get("id"),
-                ) from exc
-
-        return send_task_message
+        """Celery's task sender, publishing OJS jobs (:mod:`ojs_kombu.celery.task_sender`)."""
+        return job_task_sender(super()._create_task_sender(), self.binding, self.app.conf)
 
     def as_task_v2(self, task_id: str, name: str, *args: Any, **kwargs: Any) -> Any:
         """Celery's task message, without the ``argsrepr``/``kwargsrepr`` it would compute.

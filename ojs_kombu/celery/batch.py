@@ -152,9 +152,9 @@ def _origin_of(pid: int) -> str:  # the pid keys it: a forked child gets its own
 
 
 class JobEncoder:
-    """The OJS jobs of a batch, or of one direct ``apply_async``
-    (:mod:`ojs_kombu.celery.publish`): one clock reading, one trace context,
-    cached routes and types."""
+    """The OJS jobs of a batch: one clock reading, one trace context, cached routes
+    and types; each job is written by :func:`~ojs_kombu.spec.encode.build_job`, as
+    every ``apply_async`` is."""
 
     def __init__(self, app: Celery) -> None:
         self.app = app

@@ -27,7 +27,6 @@ from ..spec.retry import Backoff
 from ..spec.unique import IDEMPOTENCY_HEADER, UNIQUE_HEADER
 from .control import cancel_requested
 from .dedup import check_unique, guard
-from .publish import apply_async_direct, direct_refusal
 from .retries import failure_retryable, follows_celery_retries, job_retry_policy
 
 logger = logging.getLogger(__name__)
@@ -147,36 +146,20 @@ class OJSTask(Task):
     def apply_async(self, args: Any = None, kwargs: Any = None, task_id: str | None = None,
                     producer: Any = None, link: Any = None, link_error: Any = None,
                     shadow: str | None = None, **options: Any) -> Any:
-        """Celery's ``apply_async``; a plain call goes straight to the OJS channel
-        (:mod:`ojs_kombu.celery.publish`: the same job, a third less CPU).  A unique or
-        keyed call is checked against the dedup store first
-        (:func:`~ojs_kombu.celery.dedup.check_unique`)."""
+        """Celery's ``apply_async``; a unique or keyed call is checked against the dedup
+        store first (:func:`~ojs_kombu.celery.dedup.check_unique`)."""
         unique = check_unique(self, args, kwargs, task_id, options)
-        if unique is not None:
-            if unique.existing is not None:
-                return self.AsyncResult(unique.existing)
-            try:
-                return self._send(args, kwargs, unique.job_id, producer, link, link_error,
-                                  shadow, unique.options)
-            except BaseException:
-                unique.release()
-                raise
-        return self._send(args, kwargs, task_id, producer, link, link_error, shadow, options)
-
-    def _send(self, args: Any, kwargs: Any, task_id: str | None, producer: Any, link: Any,
-              link_error: Any, shadow: str | None, options: dict[str, Any]) -> Any:
-        if producer is None and link is None and link_error is None and shadow is None \
-                and direct_refusal(self, self._get_app(), task_id, options) is None:
-            if self.soft_time_limit and self.time_limit and \
-                    self.soft_time_limit > self.time_limit:
-                raise ValueError("soft_time_limit must be less than or equal to time_limit")
-            if self.typing and hasattr(self, "__header__"):
-                self.__header__(*(args or ()), **(kwargs or {}))
-            result = apply_async_direct(self, args, kwargs, task_id, options)
-            if result is not None:
-                return result
-        return super().apply_async(args, kwargs, task_id, producer, link, link_error, shadow,
-                                   **options)
+        if unique is None:
+            return super().apply_async(args, kwargs, task_id, producer, link, link_error,
+                                       shadow, **options)
+        if unique.existing is not None:
+            return self.AsyncResult(unique.existing)
+        try:
+            return super().apply_async(args, kwargs, unique.job_id, producer, link, link_error,
+                                       shadow, **unique.options)
+        except BaseException:
+            unique.release()
+            raise
 
     def retry(self, args: Any = None, kwargs: Any = None, exc: BaseException | None = None,
               throw: bool = True, eta: datetime | None = None, countdown: float | None = None,

@@ -26,7 +26,7 @@ from ..spec.failures import JobFailure
 from ..spec.job_ids import new_job_id
 from .broker import delete_queues, queue_state
 from .conformance_report import Results
-from .jobs import job_message
+from .jobs import build_cli_job, publish_cli_job
 
 
 class Probe:
@@ -48,17 +48,11 @@ class Probe:
         delete_queues(self.amqp, doomed)
 
     def publish(self, *, eta: datetime | None = None, queue: str | None = None,
-                headers: dict[str, Any] | None = None) -> str:
+                traceparent: str | None = None) -> str:
         job_id = new_job_id()
-        message = job_message("ojs.conformance.probe", job_id, [1, "probe"], eta=eta,
-                              priority=None, meta=None, retry=None, headers=headers)
-        channel = self.amqp.channel()
-        try:
-            channel.basic_publish(message, exchange=self.names.direct_exchange,
-                                  routing_key=queue or self.queue)
-        finally:
-            if channel.is_open:
-                channel.close()
+        publish_cli_job(self.amqp, build_cli_job(
+            self.binding, "ojs.conformance.probe", job_id, queue or self.queue, [1, "probe"],
+            eta=eta, priority=None, meta=None, retry=None, traceparent=traceparent))
         return job_id
 
     def get(self, channel: Any, queue: str, job_id: str, timeout: float = 10.0
@@ -115,7 +109,7 @@ def check_probes(results: Results, amqp_connection: Any, binding: Binding,
 def _publish_probe(results: Results, probe: Probe) -> None:
     names = probe.names
     traceparent = f"00-{uuid.uuid4().hex}-{uuid.uuid4().hex[:16]}-01"
-    job_id = probe.publish(headers={"traceparent": traceparent})
+    job_id = probe.publish(traceparent=traceparent)
     results.set("AMQP-014", "pass", "the probe was published in confirm mode and the broker "
                 "acked it before the publish returned")
     channel = probe.amqp.channel()

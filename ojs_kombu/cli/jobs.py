@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import json
-import math
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import amqp
 import click
 
+from ..amqp.binding import Binding
 from ..amqp.control import ControlClient
+from ..amqp.job_channel import JobChannel, JobConnection
+from ..events.tracing import with_current_trace
+from ..spec.encode import OutgoingJob, build_job
 from ..spec.job_ids import new_job_id
 from ..spec.job_options import time_option
 from ..spec.naming import is_job_id, is_job_type
-from ..spec.times import celery_time, format_time
+from ..spec.times import format_time
 from .broker import binding_of, connect, queue_name, require_queue
 from .common import (
     EXIT_FAILED,
@@ -26,9 +28,6 @@ from .common import (
     fail,
     options,
 )
-
-#: The Celery protocol v2 "embed" part of a job with no canvas.
-_NO_CANVAS = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
 
 
 def _reject_constant(name: str) -> Any:
@@ -48,25 +47,33 @@ def parse_json(value: str, what: str, kind: type) -> Any:
     return parsed
 
 
-def job_message(job_type: str, job_id: str, args: list[Any], *, eta: datetime | None,
-                priority: int | None, meta: dict[str, Any] | None,
-                retry: dict[str, Any] | None, headers: dict[str, Any] | None = None
-                ) -> amqp.Message:
-    """The job as a Celery task message, so it takes the transport's own publish path
-    (type and envelope checks, OJS properties and headers, lazy topology, confirms)."""
-    celery_headers = {"lang": "py", "task": job_type, "id": job_id,
-                      "eta": celery_time(eta), "retries": 0, **(headers or {})}
-    properties: dict[str, Any] = {"content_type": "application/json",
-                                  "content_encoding": "utf-8",
-                                  "application_headers": celery_headers}
-    if priority is not None:
-        properties["priority"] = priority
-    if meta:
-        properties["ojs_meta"] = meta
-    if retry is not None:
-        properties["ojs_retry"] = retry
-    body = json.dumps([args, {}, _NO_CANVAS], separators=(",", ":"), allow_nan=False)
-    return amqp.Message(body.encode(), **properties)
+def build_cli_job(binding: Binding, job_type: str, job_id: str, queue: str,
+                  args: list[Any], *, eta: datetime | None, priority: int | None,
+                  meta: dict[str, Any] | None, retry: dict[str, Any] | None,
+                  traceparent: str | None = None) -> OutgoingJob:
+    """The job, written by the encoder every publish uses (the same envelope, properties
+    and ``x-ojs-*`` headers, type and size checks), for :meth:`JobChannel.publish_job`."""
+    now = datetime.now(UTC)
+    trace = {"traceparent": traceparent} if traceparent else with_current_trace({})
+    return build_job(
+        job_id=job_id, job_type=job_type, queue=queue, args=args, task_name=job_type,
+        now=now, created=format_time(now), meta=meta,
+        traceparent=trace.get("traceparent"), tracestate=trace.get("tracestate"),
+        priority=priority, retry_policy=None, per_call_retry=retry, scheduled_at=eta,
+        max_job_bytes=binding.settings.max_job_bytes,
+    )
+
+
+def publish_cli_job(amqp_connection: JobConnection, job: OutgoingJob) -> None:
+    """Publish ``job`` on a channel of its own, confirmed (the queue's topology declared
+    if needed), and close the channel."""
+    channel = amqp_connection.channel()
+    try:
+        job_channel: JobChannel = channel
+        job_channel.publish_job(job)
+    finally:
+        if channel.is_open:
+            channel.close()
 
 
 @click.command(cls=OJSCommand)
@@ -111,16 +118,13 @@ def enqueue(ctx: click.Context, job_type: str, args: str, queue: str, delay: flo
                                  "of [a-z][a-z0-9_]*, at most 255 characters)",
                                  param_hint="TYPE")
     ojs_queue = queue_name(queue)
-    delay_ms = math.ceil((eta - datetime.now(UTC)).total_seconds() * 1000) if eta else 0
-    message = job_message(job_type, job_id, job_args, eta=eta, priority=priority,
-                          meta=job_meta, retry=job_retry)
     with connect(options(ctx)) as connection:
-        channel = connection.connection.channel()
-        channel.basic_publish(message, exchange=binding_of(connection).names.direct_exchange,
-                              routing_key=ojs_queue)
+        job = build_cli_job(binding_of(connection), job_type, job_id, ojs_queue, job_args,
+                            eta=eta, priority=priority, meta=job_meta, retry=job_retry)
+        publish_cli_job(connection.connection, job)
     result = {"id": job_id, "type": job_type, "queue": ojs_queue,
               "scheduled_at": format_time(eta) if eta else None, "priority": priority,
-              "delay_ms": max(0, delay_ms)}
+              "delay_ms": job.delay_ms}
     emit(ctx, result, job_id)
 
 

@@ -1,8 +1,12 @@
 """Celery task protocol v2 -> OJS job message: the publish side.
 
-Pure code: bytes and dicts in, bytes and dicts out.  The transport calls
-:func:`encode_task_message` with the task message Celery serialised; the
-direct and batch publish paths build their jobs with :func:`build_job`.
+Pure code: Python values in, bytes and dicts out.  Celery's task sender
+(:mod:`ojs_kombu.celery.task_sender`) calls :func:`encode_task_message` with
+Celery's ``(args, kwargs, embed)`` as Python values (content type
+:data:`CELERY_CALL`), so the envelope is the one JSON encoding of the call; a
+task message another kombu producer serialised as JSON reaches it through the
+transport and is parsed first.  Batches and the command line build their jobs
+with :func:`build_job`, the one place an envelope is written.
 
 Mapped onto OJS attributes: ``id`` (UUIDv7), ``task`` -> ``type``, ``eta`` ->
 ``scheduled_at``, ``expires`` -> ``expires_at``, the hard time limit ->
@@ -20,8 +24,10 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime, time
+from decimal import Decimal
 from typing import Any
+from uuid import UUID
 
 from .envelope import CONTENT_TYPE, SPEC_VERSION, RetryPolicy, UniquePolicy
 from .errors import (
@@ -48,23 +54,43 @@ from .unique import IDEMPOTENCY_OPTION, UNIQUE_OPTION, idempotency_key, unique_p
 from .x_celery import X_CELERY, x_celery_of
 
 CELERY_JSON = "application/json"
+#: Stands for the content type of a task message whose body is Celery's ``(args,
+#: kwargs, embed)`` as Python values, never serialised before the envelope is.
+CELERY_CALL = "application/x-ojs-celery-call"
 DEFAULT_MAX_ATTEMPTS = 3
-#: Message property through which the Celery wiring hands the app's ``ojs_max_job_bytes``
-#: to :func:`encode_task_message` (set on every task message Celery publishes).
-MAX_JOB_BYTES_PROPERTY = "ojs_max_job_bytes"
 
 _DEFAULT_POLICY = RetryPolicy()
 
 
+#: What kombu's JSON encoder writes as a tagged object (``{"__type__": ...}``) that only
+#: a Python/kombu consumer can read back, by its tag.
+_KOMBU_TAGGED = ((datetime, "datetime"), (date, "date"), (time, "time"),
+                 (Decimal, "decimal"), (UUID, "uuid"), (bytes, "bytes"))
+
+
+def _not_json_native(kind: str) -> NonJSONArgumentError:
+    return NonJSONArgumentError(
+        f"a task argument of type {kind!r} is not a JSON-native value; OJS args/kwargs "
+        "carry only strings, numbers, booleans, null, arrays and objects (pass an ISO "
+        "8601 string or a number instead)")
+
+
+def _json_value(obj: Any) -> Any:
+    """What kombu's JSON encoder writes for ``obj`` when it is JSON (a ``__json__``
+    reducer, as Celery's signatures have); refused when kombu would tag it."""
+    reducer = getattr(obj, "__json__", None)
+    if reducer is not None:
+        return reducer()
+    for kind, tag in _KOMBU_TAGGED:
+        if isinstance(obj, kind):
+            raise _not_json_native(tag)
+    raise TypeError(f"Object of type {type(obj).__name__} is not JSON serializable")
+
+
 def _reject_kombu_type(obj: dict[str, Any]) -> dict[str, Any]:
-    # kombu's JSON encoder writes datetime, Decimal, UUID and bytes as tagged
-    # objects that only a Python/kombu consumer can read back.
+    # A body kombu serialised: its tagged objects are the values refused above.
     if "__type__" in obj and "__value__" in obj and len(obj) == 2:
-        raise NonJSONArgumentError(
-            f"a task argument of type {obj['__type__']!r} is not a JSON-native value; "
-            "OJS args/kwargs carry only strings, numbers, booleans, null, arrays and "
-            "objects (pass an ISO 8601 string or a number instead)"
-        )
+        raise _not_json_native(obj["__type__"])
     return obj
 
 
@@ -77,8 +103,12 @@ _CHECKING_DECODER = json.JSONDecoder(object_hook=_reject_kombu_type,
                                      parse_constant=_reject_constant)
 
 
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False,
+                            default=_json_value)
+
+
 def _dumps(value: Any) -> bytes:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+    return _ENCODER.encode(value).encode()
 
 
 @dataclass(slots=True)
@@ -96,7 +126,7 @@ class OutgoingJob:
 
 def encode_task_message(
     *,
-    body: bytes | str,
+    body: Any,
     content_type: str | None,
     properties: Mapping[str, Any],
     headers: Mapping[str, Any],
@@ -106,13 +136,15 @@ def encode_task_message(
     now: datetime | None = None,
     max_job_bytes: int | None = None,
 ) -> OutgoingJob:
-    """Turn a serialised Celery protocol v2 task message into an OJS job message.
+    """Turn a Celery protocol v2 task message into an OJS job message.
+
+    ``body`` is Celery's ``(args, kwargs, embed)``: Python values when
+    ``content_type`` is :data:`CELERY_CALL`, JSON when it is ``application/json``.
 
     ``retry_policy`` is the task's effective policy; an ``ojs_retry`` option of
     the call merges over it.  The envelope carries the policy when it is not
     the OJS default, and ``x-ojs-max-attempts`` always does.  ``max_job_bytes``
-    bounds the body (:class:`JobTooLargeError`); when it is ``None`` the
-    ``ojs_max_job_bytes`` message property the Celery wiring sets gives it.
+    bounds the body (:class:`JobTooLargeError`; ``None``: no limit).
     A time limit, priority or argument no OJS envelope can carry raises a
     :class:`JobEncodeError` subclass naming the option and the task.
     """
@@ -125,7 +157,7 @@ def encode_task_message(
             "Celery mint UUIDv7 ids) or pass ojs_kombu.new_job_id()",
             job_id=job_id if isinstance(job_id, str) else None, queue=queue,
         )
-    if content_type != CELERY_JSON:
+    if content_type != CELERY_JSON and content_type != CELERY_CALL:
         raise UnsupportedSerializerError(
             f"task {task_name!r} was serialized as {content_type!r}; OJS jobs are JSON: "
             "set serializer='json' (task_serializer) for tasks sent through ojs_kombu",
@@ -137,18 +169,21 @@ def encode_task_message(
             "plain JSON: drop the compression option", job_id=job_id, queue=queue,
         )
     try:
-        # kombu tags non-JSON values as {"__type__": ..., "__value__": ...}; only a
-        # body that mentions the tag needs the (slower) per-object check.
-        text = body.decode() if isinstance(body, bytes) else body
-        payload = (_CHECKING_DECODER if '"__type__"' in text else _DECODER).decode(text)
-        args, kwargs, embed = payload
+        if content_type == CELERY_CALL:
+            args, kwargs, embed = body
+        else:
+            # kombu tags non-JSON values as {"__type__": ..., "__value__": ...}; only a
+            # body that mentions the tag needs the (slower) per-object check.
+            text = body.decode() if isinstance(body, bytes) else body
+            payload = (_CHECKING_DECODER if '"__type__"' in text else _DECODER).decode(text)
+            args, kwargs, embed = payload
     except NonJSONArgumentError as exc:
         exc.job_id, exc.queue = job_id, queue
         exc.args = (f"task {task_name!r}: {exc}",)
         raise exc.with_traceback(None) from None
     except (ValueError, TypeError) as exc:
         raise JobEncodeError(
-            f"task {task_name!r}: body is not Celery protocol v2 JSON ({exc})",
+            f"task {task_name!r}: body is not Celery protocol v2 ({exc})",
             job_id=job_id, queue=queue,
         ) from None
 
@@ -161,8 +196,6 @@ def encode_task_message(
                              "[time_limit, soft_time_limit]", option="timelimit",
                              task_name=task_name, job_id=job_id, queue=queue)
     check_time_limits(*timelimit, task_name=task_name, job_id=job_id, queue=queue)
-    if max_job_bytes is None:
-        max_job_bytes = properties.get(MAX_JOB_BYTES_PROPERTY)
     eta = headers.get("eta")
     expires = headers.get("expires")
     x_celery = x_celery_of(headers, job_id=job_id, kwargs=kwargs, embed=embed)
@@ -252,8 +285,10 @@ def build_job(
         except OJSConfigurationError as exc:
             raise JobEncodeError(str(exc), job_id=job_id, queue=queue) from None
         policy = merge(policy or RetryPolicy(), override)
-    if policy is not None and (per_call_retry is not None or policy != _DEFAULT_POLICY):
-        job["retry"] = policy.model_dump(mode="json")
+    if policy is not None:
+        stated = _stated_policy(policy)
+        if stated is not None or per_call_retry is not None:
+            job["retry"] = stated or policy.model_dump(mode="json")
     delay_ms = 0
     if scheduled_at is not None:
         job["scheduled_at"] = format_time(scheduled_at)
@@ -269,9 +304,15 @@ def build_job(
 
     try:
         encoded = _dumps(job)
+    except NonJSONArgumentError as exc:
+        exc.job_id, exc.queue = job_id, queue
+        exc.args = (f"task {task_name!r}: {exc}",)
+        raise exc.with_traceback(None) from None
     except (TypeError, ValueError) as exc:
+        reason = ("a task argument is NaN or Infinity, which JSON cannot carry"
+                  if isinstance(exc, ValueError) else str(exc))
         raise NonJSONArgumentError(
-            f"task {task_name!r}: {exc}; OJS jobs carry JSON-native values only",
+            f"task {task_name!r}: {reason}; OJS jobs carry JSON-native values only",
             job_id=job_id, queue=queue,
         ) from None
     if max_job_bytes is not None and len(encoded) > max_job_bytes:
@@ -313,6 +354,22 @@ def build_job(
         props["reply_to"] = reply_to
     return OutgoingJob(job_id=job_id, job_type=job_type, queue=queue, body=encoded,
                        properties=props, delay_ms=delay_ms)
+
+
+#: A task's policy is one object for all its jobs: what its envelopes state, by id.
+_STATED: dict[int, tuple[RetryPolicy, dict[str, Any] | None]] = {}
+
+
+def _stated_policy(policy: RetryPolicy) -> dict[str, Any] | None:
+    """``policy`` as envelopes state it (``None``: the OJS default, not stated), computed
+    once per policy object."""
+    known = _STATED.get(id(policy))
+    if known is None or known[0] is not policy:
+        if len(_STATED) > 1024:
+            _STATED.clear()
+        stated = None if policy == _DEFAULT_POLICY else policy.model_dump(mode="json")
+        known = _STATED[id(policy)] = (policy, stated)
+    return known[1]
 
 
 def _meta_headers(meta: Mapping[str, Any], headers: dict[str, Any]) -> None:

@@ -1,0 +1,118 @@
+"""Celery's task sender under ojs_kombu: the one way a task message becomes an OJS job.
+
+``apply_async``, ``send_task``, canvas, ``Task.retry`` with new arguments and
+beat all publish through Celery's ``send_task_message``: its
+``before_task_publish``/``after_task_publish`` signals (tracing instrumentation
+connects them), ``task-sent`` events and publish retry policy are Celery's.
+On an ``ojs`` connection the producer it publishes through is a
+:class:`JobProducer`: when Celery publishes a task message (after
+``before_task_publish``, before any connection is used) it writes the OJS job
+from Celery's ``(args, kwargs, embed)`` and headers as they are, in one JSON
+encoding (:func:`ojs_kombu.amqp.publisher.encode_task`, which raises the
+``JobEncodeError`` family), and publishes it on the producer's channel
+(:meth:`ojs_kombu.amqp.channel.Channel.publish_job`, confirmed) under the
+call's retry policy, through ``Connection.ensure`` as kombu's
+``Producer.publish`` does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from kombu import Producer
+from kombu.exceptions import EncodeError
+
+from ..amqp.binding import Binding
+from ..amqp.job_channel import JobChannel
+from ..amqp.publisher import encode_task
+from ..amqp.transport import Transport
+from ..spec.encode import CELERY_CALL, CELERY_JSON
+from ..spec.errors import NonJSONArgumentError
+from ..spec.unique import IDEMPOTENCY_OPTION, UNIQUE_OPTION
+from .dedup_store import store_for
+
+#: Celery's ``send_task_message(producer, name, message, **options)``.
+SendTaskMessage = Callable[..., Any]
+_JSON = ("json", CELERY_JSON)
+
+
+class JobProducer:
+    """kombu's producer as Celery's task sender sees it on an ``ojs`` connection.
+
+    A JSON task message (no compression) is published as its OJS job; every
+    other publish (``task-sent`` events, other serializers) and every other
+    attribute is the producer's own.
+    """
+
+    __slots__ = ("binding", "producer")
+
+    def __init__(self, producer: Producer, binding: Binding) -> None:
+        self.producer = producer
+        self.binding = binding
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.producer, name)
+
+    def publish(self, body: Any, *, headers: dict[str, Any] | None = None,
+                serializer: str | None = None, compression: str | None = None,
+                exchange: Any = None, routing_key: str | None = None, retry: bool = False,
+                retry_policy: dict[str, Any] | None = None, declare: Any = None,
+                timeout: float | None = None, confirm_timeout: float | None = None,
+                **properties: Any) -> Any:
+        if not headers or "task" not in headers or serializer not in _JSON or compression:
+            return self.producer.publish(
+                body, headers=headers, serializer=serializer, compression=compression,
+                exchange=exchange, routing_key=routing_key, retry=retry,
+                retry_policy=retry_policy, declare=declare, timeout=timeout,
+                confirm_timeout=confirm_timeout, **properties)
+        job = encode_task(self.binding, body, CELERY_CALL, properties, headers,
+                          getattr(exchange, "name", exchange) or "", routing_key or "")
+        producer = self.producer
+
+        def publish_job() -> None:
+            channel: JobChannel = producer.channel  # a new one after a reconnection
+            for entity in declare or ():
+                producer.maybe_declare(entity)
+            channel.publish_job(job, timeout=timeout, confirm_timeout=confirm_timeout)
+
+        if retry:  # as kombu's Producer.publish: the policy also bounds the reconnects
+            connection = producer.connection
+            connection.transport_options.update(retry_policy or {})
+            connection.ensure(producer, publish_job, **(retry_policy or {}))()
+        else:
+            publish_job()
+
+
+def job_task_sender(send: SendTaskMessage, binding: Binding, conf: Any) -> SendTaskMessage:
+    """Celery's ``send`` publishing through a :class:`JobProducer` on ``ojs`` connections,
+    without kombu's per-publish declare of the queue.
+
+    The ``ojs`` transport declares a job queue's whole OJS topology on the
+    first publish to it (once per connection) and again after a return, so
+    kombu's ``maybe_declare`` of the queue object on every ``apply_async``
+    only repeated that check, through a fresh retry wrapper each time.  An
+    explicit ``declare=[...]`` option is still honoured.
+    """
+    default_serializer = conf.task_serializer
+
+    def send_task_message(producer: Any, name: str, message: Any, *,
+                          declare: Any = None, **options: Any) -> Any:
+        if isinstance(producer.connection.transport, Transport):
+            producer = JobProducer(producer, binding)
+        if options.get(UNIQUE_OPTION) or options.get(IDEMPOTENCY_OPTION):
+            store_for(binding.settings)  # DedupNotConfigured without ojs_dedup_url
+        try:
+            return send(producer, name, message,
+                        declare=[] if declare is None else declare, **options)
+        except EncodeError as exc:  # Celery's JSON of a message another transport takes
+            if (options.get("serializer") or default_serializer) not in _JSON:
+                raise
+            headers = getattr(message, "headers", None) or {}
+            raise NonJSONArgumentError(
+                f"task {name!r}: an argument is not a JSON-native value ({exc}); OJS "
+                "args/kwargs carry only strings, numbers, booleans, null, arrays and "
+                "objects", job_id=headers.get("id"),
+            ) from exc
+
+    return send_task_message

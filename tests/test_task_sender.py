@@ -1,0 +1,178 @@
+"""Every way of sending a task is Celery's send path ending in one OJS job (no broker).
+
+The app's broker is the in-memory one (``tests/in_memory_broker.py``): what
+reaches it is the job the ``ojs`` transport would put on the wire.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from celery import Celery, chain
+from celery.signals import after_task_publish, before_task_publish
+
+import ojs_kombu
+from ojs_kombu.spec.errors import InvalidJobIdError, JobOptionError, NonJSONArgumentError
+
+from .in_memory_broker import Broker, InMemoryTransport
+
+#: Attributes that differ between any two publishes (ids, clocks).
+PER_PUBLISH = {"id", "created_at", "enqueued_at"}
+
+
+@pytest.fixture
+def broker() -> Broker:
+    broker = Broker()
+    broker.declare("ojs.queue.default")
+    return broker
+
+
+@pytest.fixture
+def app(broker: Broker) -> Celery:
+    app = Celery("sender", broker="ojs://guest:guest@in-memory//", set_as_current=False)
+    ojs_kombu.install(app)
+    app.conf.broker_transport = type("Transport", (InMemoryTransport,), {"broker": broker})
+
+    @app.task(name="math.add", shared=False)
+    def add(x: Any, y: int = 0) -> Any:
+        return x
+
+    return app
+
+
+@pytest.fixture
+def signals() -> Iterator[list[str]]:
+    """The publish signals Celery sent, in order, with the task id."""
+    seen: list[str] = []
+
+    def before(headers: dict[str, Any], **_: Any) -> None:
+        seen.append(f"before {headers['id']}")
+
+    def after(headers: dict[str, Any], **_: Any) -> None:
+        seen.append(f"after {headers['id']}")
+
+    before_task_publish.connect(before, weak=False)
+    after_task_publish.connect(after, weak=False)
+    yield seen
+    before_task_publish.disconnect(before)
+    after_task_publish.disconnect(after)
+
+
+def jobs(broker: Broker) -> list[dict[str, Any]]:
+    return [json.loads(stored.body) for stored in broker.published]
+
+
+def same_job(job: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in job.items() if k not in PER_PUBLISH}
+
+
+def test_every_way_of_sending_sends_the_same_job_through_celerys_signals(
+        app: Celery, broker: Broker, signals: list[str]) -> None:
+    add = app.tasks["math.add"]
+    results = [add.delay(1, y=2), add.apply_async((1,), {"y": 2}),
+               app.send_task("math.add", (1,), {"y": 2}), add.s(1, y=2).apply_async()]
+    sent = jobs(broker)
+    assert [job["id"] for job in sent] == [result.id for result in results]
+    # send_task leaves ignore_result to the task, as in Celery; apply_async states it.
+    assert "ignore_result" not in sent[2]["x_celery"]
+    assert sent[0]["x_celery"].pop("ignore_result") is False
+    assert all(same_job(job) == same_job(sent[2]) for job in sent if
+               job["x_celery"].pop("ignore_result", False) is False)
+    assert sent[0]["args"] == [1] and sent[0]["x_celery"]["kwargs"] == {"y": 2}
+    assert signals == [f"{when} {result.id}" for result in results
+                       for when in ("before", "after")]
+    stored = broker.published[0]
+    assert (stored.exchange, stored.routing_key) == ("ojs.exchange.direct", "default")
+    assert stored.properties["content_type"] == "application/openjobspec+json"
+
+
+def test_a_chain_travels_in_the_first_job(app: Celery, broker: Broker) -> None:
+    add = app.tasks["math.add"]
+    chain(add.s(1), add.s(2), add.s(3)).apply_async()
+    [first] = jobs(broker)
+    assert first["args"] == [1]
+    assert [link["args"] for link in first["x_celery"]["chain"]] == [[3], [2]]
+
+
+def test_celerys_headers_and_options_become_the_envelope(app: Celery, broker: Broker) -> None:
+    app.tasks["math.add"].apply_async(
+        (1,), priority=7, expires=60, time_limit=30, soft_time_limit=20, shadow="math.alias",
+        headers={"tenant": "acme"}, ojs_meta={"tags": ["a"]}, ojs_retry={"max_attempts": 5})
+    [job] = jobs(broker)
+    assert (job["priority"], job["timeout"], job["meta"], job["retry"]["max_attempts"]) == (
+        7, 30, {"tags": ["a"]}, 5)
+    assert "expires_at" in job
+    assert job["x_celery"]["shadow"] == "math.alias" and job["x_celery"]["tenant"] == "acme"
+    headers = broker.published[0].properties["application_headers"]
+    assert (headers["x-ojs-max-attempts"], headers["x-ojs-tags"]) == (5, "a")
+
+
+def test_arguments_are_written_as_kombus_json_encoder_writes_them_or_refused(
+        app: Celery, broker: Broker) -> None:
+    class Point:
+        def __json__(self) -> list[int]:
+            return [1, 2]
+
+    add = app.tasks["math.add"]
+    add.apply_async(((1, 2), Point()))
+    assert jobs(broker)[0]["args"] == [[1, 2], [1, 2]]
+    for value, kind in [(datetime.now(UTC), "datetime"), (b"raw", "bytes"),
+                        (float("nan"), "NaN"), ({1}, "set")]:
+        with pytest.raises(NonJSONArgumentError, match=kind) as info:
+            add.apply_async((value,))
+        assert "'math.add'" in str(info.value) and info.value.job_id
+    assert len(broker.published) == 1
+
+
+def test_typed_errors_are_raised_before_the_broker_is_reached(app: Celery,
+                                                              broker: Broker) -> None:
+    add = app.tasks["math.add"]
+    with pytest.raises(JobOptionError, match="priority"):
+        add.apply_async((1,), priority=1000)
+    with pytest.raises(InvalidJobIdError):
+        add.apply_async((1,), task_id="3f2b8c1e-4c4a-4b6e-9a51-2f7b7c1d2e3f")
+    assert broker.published == [] and broker.connections_opened == 0
+
+
+def test_eager_mode_publishes_nothing(app: Celery, broker: Broker) -> None:
+    app.conf.task_always_eager = True
+    assert app.tasks["math.add"].delay(5).get() == 5
+    assert broker.published == []
+
+
+def test_with_celerys_tracing_the_publish_has_its_span_and_the_same_job(
+        app: Celery, broker: Broker) -> None:
+    from opentelemetry.instrumentation.celery import CeleryInstrumentor
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.trace import SpanKind
+
+    add = app.tasks["math.add"]
+    add.apply_async((1,), {"y": 2})
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    instrumentor = CeleryInstrumentor()
+    instrumentor.instrument(tracer_provider=provider)
+    try:
+        traced = add.apply_async((1,), {"y": 2})
+    finally:
+        instrumentor.uninstrument()
+    [span] = [s for s in exporter.get_finished_spans() if s.kind is SpanKind.PRODUCER]
+    assert span.name == "apply_async/math.add"
+    untraced_job, traced_job = jobs(broker)
+    assert traced_job["id"] == traced.id
+    trace_id = format(span.context.trace_id, "032x")
+    assert traced_job["meta"]["trace_id"] == trace_id
+    assert trace_id in traced_job["meta"]["traceparent"]
+    headers = broker.published[1].properties["application_headers"]
+    assert headers["x-ojs-trace-id"] == traced_job["meta"]["traceparent"]
+    # Apart from the trace context, the job is the one an untraced publish sends.
+    traced_job.pop("meta")
+    traced_job["x_celery"].pop("traceparent", None)
+    assert same_job(traced_job) == same_job(untraced_job)

@@ -6,6 +6,7 @@ from collections.abc import Iterable
 
 from celery import Celery
 
+from ..amqp.connection import connect_on_demand
 from ..amqp.entities import JobQueue
 
 
@@ -20,7 +21,7 @@ def declare_topology(app: Celery, queues: Iterable[str] | None = None) -> list[s
     selected = [table[name] for name in queues] if queues is not None else list(table.values())
     ojs_names = [q.ojs_queue for q in selected if isinstance(q, JobQueue)]
     with app.connection_for_write() as connection:
-        connection.ensure_connection(max_retries=1)
+        connect_on_demand(connection, "declaring the topology")
         for name in ojs_names:
             connection.connection.ensure_topology(name)
     return ojs_names

@@ -567,21 +567,29 @@ def _probe_queues(vhost: str) -> list[str]:
     return [n for n in names if "ojs-conformance" in n]
 
 
-def test_conformance_of_a_good_setup(worker: Any, broker_url: str, vhost: str) -> None:
+def test_conformance_of_a_good_setup(worker: Any, broker_url: str, vhost: str,
+                                     amqp_channel: amqp.Channel) -> None:
+    dead_before = queue_depth(amqp_channel, "ojs.queue.dlx.email")
     code, report = run_json(broker_url, "conformance", "-q", "email", "--schedule")
     checks = {c["id"]: c for c in report["checks"]}
     assert len(checks) == 32 and all(c["reason"] for c in checks.values())
     failed = {i: c["reason"] for i, c in checks.items() if c["status"] == "fail"}
-    assert code == 0 and failed == {}
+    assert failed == {} and code == 0
     for check_id in ("AMQP-004", "AMQP-009", "AMQP-014", "AMQP-015", "AMQP-017", "AMQP-019",
-                     "AMQP-021", "AMQP-022", "AMQP-023"):
+                     "AMQP-020", "AMQP-021", "AMQP-022", "AMQP-023", "AMQP-025", "AMQP-028"):
         assert checks[check_id]["status"] == "pass", checks[check_id]
-    assert checks["AMQP-025"]["status"] == "n/a"
+    # what the worker did, not the checker
+    assert "a worker of email nacked" in checks["AMQP-009"]["reason"]
+    assert "running conformance.sleep job was CANCELled" in checks["AMQP-019"]["reason"]
+    # opt-in checks say how to run them
+    assert checks["AMQP-024"]["status"] == "n/a" and "--metrics-url" in checks["AMQP-024"]["reason"]
+    assert checks["AMQP-026"]["status"] == "n/a" and "--recovery" in checks["AMQP-026"]["reason"]
     assert _probe_queues(vhost) == []  # probes cleaned up
+    assert queue_depth(amqp_channel, "ojs.queue.dlx.email") == dead_before  # the probe's too
 
-    human = run(broker_url, "conformance", "-q", "email")
+    human = run(broker_url, "conformance", "-q", "email", "--recovery")
     assert human.returncode == 0
-    assert "AMQP-004  PASS" in human.stdout and "AMQP-025  N/A" in human.stdout
+    assert "AMQP-004  PASS" in human.stdout and "AMQP-027  PASS" in human.stdout
     assert " 0 fail" in human.stdout
 
 

@@ -204,7 +204,7 @@ def _reconnect(results: Results, connection: kombu.Connection) -> None:
         started = proxy.cut()
         client.collect()
         with suppress(Exception):
-            client.ensure_connection(max_retries=3)
+            client.ensure_connection(max_retries=3, errback=lambda *_: None)  # no log
         client.release()
         attempts = proxy.attempts_since(started)
     gaps = [round(b - a, 1) for a, b in itertools.pairwise(attempts)]

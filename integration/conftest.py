@@ -18,6 +18,8 @@ import pytest
 from celery import Celery
 from celery.contrib.testing.worker import start_worker
 
+import ojs_kombu
+
 from .apps import WORKER_QUEUES, make_app
 
 
@@ -101,10 +103,12 @@ def events_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def app(broker_url: str, events_file: Path) -> Celery:
-    return make_app("integration", broker_url, "cache+memory://",
-                    ojs_queue_arguments={"full": {"x-max-length": 0,
-                                                  "x-overflow": "reject-publish"}},
-                    ojs_event_sinks=["amqp", f"file:{events_file}"])
+    session_app = make_app("integration", broker_url, "cache+memory://",
+                           ojs_queue_arguments={"full": {"x-max-length": 0,
+                                                         "x-overflow": "reject-publish"}},
+                           ojs_event_sinks=["amqp", f"file:{events_file}"])
+    ojs_kombu.register_conformance_probes(session_app)  # what ojs-kombu conformance sends
+    return session_app
 
 
 @pytest.fixture(scope="session")

@@ -57,6 +57,7 @@ from .celery.batch import enqueue_many  # noqa: E402
 from .celery.dead_letters import dead_letter_queue  # noqa: E402
 from .celery.events import add_observer, remove_observer, subscribe  # noqa: E402
 from .celery.preflight import check_app  # noqa: E402
+from .celery.probes import register_conformance_probes  # noqa: E402
 from .celery.task import OJSTask  # noqa: E402
 from .celery.topology import declare_topology  # noqa: E402
 
@@ -106,6 +107,7 @@ __all__ = [
     "enqueue_many",
     "install",
     "new_job_id",
+    "register_conformance_probes",
     "remove_observer",
     "subscribe",
 ]

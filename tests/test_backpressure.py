@@ -661,6 +661,62 @@ class RecordingChannel:
                    routing_key: str = "", **kwargs: Any) -> None:
         self.bindings.append((queue, exchange, routing_key))
 
+    def queue_unbind(self, queue: str, exchange: str = "", *args: Any,
+                     routing_key: str = "", **kwargs: Any) -> None:
+        self.bindings = [b for b in self.bindings if b != (queue, exchange, routing_key)]
+
+
+@pytest.mark.parametrize("config", [{"max_depth": 2}, {"max_size_bytes": 1024, "strategy": "block"},
+                                    {"type": "quorum", "max_depth": 2,
+                                     "dead_letter_strategy": "at-least-once"}])
+def test_a_rejecting_queue_takes_its_waited_jobs_back_through_its_ready_queue(
+        config: dict[str, Any]) -> None:
+    """RabbitMQ drops a dead-lettered job a full ``reject-publish`` queue refuses: retries
+    and scheduled jobs of such a queue come back through ``ojs.queue.ready.{q}``, an
+    unbounded quorum queue that dead-letters at least once into the job queue."""
+    from ojs_kombu.amqp.topology import bind_scheduled_delivery, declare_delayed_exchange
+    from ojs_kombu.spec.delays import delivery_binding_key
+
+    binding = Binding.from_settings(settings(queues={"email": config}))
+    names, job_args = binding.names, binding.declare_arguments("email")
+    channel = RecordingChannel()
+    declare_queue_topology(channel, names, "email", job_args)
+    assert channel.queues["ojs.queue.ready.email"] == {
+        "x-queue-type": "quorum", "x-message-ttl": 0,
+        "x-dead-letter-exchange": "ojs.exchange.direct", "x-dead-letter-routing-key": "email",
+        "x-dead-letter-strategy": "at-least-once", "x-overflow": "reject-publish"}
+    assert ("ojs.queue.ready.email", "ojs.exchange.direct",
+            "ojs.queue.ready.email") in channel.bindings
+    retry = retry_queue_arguments(names, "email", 1000, job_args)
+    assert retry["x-dead-letter-exchange"] == "ojs.exchange.direct"
+    assert retry["x-dead-letter-routing-key"] == "ojs.queue.ready.email"
+    key = delivery_binding_key("email")
+    channel.bindings.append(("ojs.queue.email", "ojs.exchange.schedule.ready", key))  # older
+    bind_scheduled_delivery(channel, names, "email", job_args)
+    ladder_exits = [b for b in channel.bindings if b[1] == "ojs.exchange.schedule.ready"]
+    assert ladder_exits == [("ojs.queue.ready.email", "ojs.exchange.schedule.ready", key)]
+    declare_delayed_exchange(channel, names, "email", job_args)
+    assert ("ojs.queue.ready.email", "ojs.exchange.delayed", "email") in channel.bindings
+
+
+@pytest.mark.parametrize("config", [{}, {"max_depth": 2, "strategy": "drop_oldest"},
+                                    {"type": "quorum", "dead_letter_strategy": "at-least-once"}])
+def test_other_queues_take_their_waited_jobs_straight_back(config: dict[str, Any]) -> None:
+    """Unbounded queues refuse nothing; a ``drop_oldest`` queue dead-letters its oldest job
+    into the DLQ (nothing is lost either way)."""
+    from ojs_kombu.amqp.topology import bind_scheduled_delivery
+
+    binding = Binding.from_settings(settings(queues={"email": config}))
+    names, job_args = binding.names, binding.declare_arguments("email")
+    channel = RecordingChannel()
+    declare_queue_topology(channel, names, "email", job_args)
+    bind_scheduled_delivery(channel, names, "email", job_args)
+    assert "ojs.queue.ready.email" not in channel.queues
+    assert retry_queue_arguments(names, "email", 1000, job_args)[
+        "x-dead-letter-routing-key"] == "email"
+    assert [b[0] for b in channel.bindings if b[1] == "ojs.exchange.schedule.ready"] == [
+        "ojs.queue.email"]
+
 
 def test_only_drop_oldest_queues_get_a_bounded_dropped_job_tap_on_the_dlx() -> None:
     binding = Binding.from_settings(settings(prefix="t1", queues={

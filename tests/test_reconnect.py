@@ -7,8 +7,17 @@ import socket
 import pytest
 from kombu.exceptions import OperationalError
 
-from ojs_kombu.amqp.connection import BrokerConnection, PooledBrokerConnection
-from ojs_kombu.amqp.reconnect import DEFAULT_POLICY, ReconnectPolicy
+from ojs_kombu.amqp.connection import (
+    BrokerConnection,
+    PooledBrokerConnection,
+    connect_on_demand,
+)
+from ojs_kombu.amqp.reconnect import (
+    DEFAULT_POLICY,
+    ConnectBackoff,
+    ReconnectPolicy,
+)
+from ojs_kombu.spec.errors import BrokerBackingOff
 
 
 def fixed(value: float) -> ReconnectPolicy:
@@ -187,3 +196,36 @@ def test_connection_events_reach_subscribers_that_name_them() -> None:
     assert event["subject"] == "w1@host" and event["source"] == "ojs://app/workers/w1"
     assert event["data"] == {"role": "worker", "worker_id": "w1@host", "attempts": 2}
     assert str(event["id"]).startswith("evt_") and str(event["time"]).endswith("Z")
+
+
+def test_an_on_demand_connection_backs_off_between_failed_attempts() -> None:
+    """Gauges, the event sink and control connect when used: during an outage their
+    attempts follow 1, 2, 4 ... s, not one per use."""
+    now = [100.0]
+    backoff = ConnectBackoff(fixed(0.5), clock=lambda: now[0])
+    assert backoff.wait() == 0
+    assert [backoff.failed() for _ in range(8)] == [1, 2, 4, 8, 16, 32, 60, 60]
+    assert backoff.wait() == 60
+    now[0] += 59.5
+    assert backoff.wait() == pytest.approx(0.5)
+    backoff.succeeded()
+    assert backoff.wait() == 0 and backoff.failed() == 1
+
+
+def test_on_demand_connections_to_a_dead_broker_share_one_schedule() -> None:
+    url = f"ojs://guest:guest@127.0.0.1:{_closed_port()}//"
+    tries = 0
+
+    class Counting(BrokerConnection):
+        def _connection_factory(self) -> object:
+            nonlocal tries
+            tries += 1
+            return super()._connection_factory()
+
+    with pytest.raises(OperationalError):
+        connect_on_demand(Counting(url, connect_timeout=1), "queue-depth gauges")
+    for purpose in ("queue-depth gauges", "the AMQP event sink", "control"):
+        with pytest.raises(BrokerBackingOff) as refused:
+            connect_on_demand(Counting(url, connect_timeout=1), purpose)
+        assert 0.5 < refused.value.retry_in <= 1.25 and purpose in str(refused.value)
+    assert tries == 1

@@ -29,6 +29,8 @@ app = Celery(
     include=["proj.tasks"],
 )
 ojs_kombu.install(app)
+# the probe jobs ``ojs-kombu conformance`` watches a worker with (conformance.fail/.sleep)
+ojs_kombu.register_conformance_probes(app)
 
 app.conf.update(
     ojs_prefix=os.environ.get("OJS_EXAMPLE_PREFIX", "example"),

@@ -5,6 +5,8 @@
   so producers in any language enqueue ``email.send``.  It runs on queue ``email``.
 * ``billing.charge``, ``report.fetch`` and ``report.render`` are named after
   their OJS type directly and run on queue ``default``.
+* ``conformance.fail`` and ``conformance.sleep`` (registered in ``celery.py``)
+  are the probe jobs ``ojs-kombu conformance`` sends to a worker's queue.
 """
 
 from __future__ import annotations
@@ -56,3 +58,4 @@ def render_report(report: dict[str, Any]) -> str:
     """Second step of the report chain: render what ``report.fetch`` returned."""
     rows = report["rows"]
     return f"{report['quarter'].upper()}: {len(rows)} rows, total {sum(rows)}"
+

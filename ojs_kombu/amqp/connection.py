@@ -49,8 +49,9 @@ from kombu.connection import PooledConnection
 from kombu.exceptions import OperationalError
 from kombu.utils.functional import retry_over_time
 
+from ..spec.errors import BrokerBackingOff
 from .binding import Binding, registered_binding
-from .reconnect import DEFAULT_POLICY, ReconnectPolicy
+from .reconnect import DEFAULT_POLICY, ReconnectPolicy, connect_backoff
 
 logger = logging.getLogger(__name__)
 
@@ -195,3 +196,34 @@ class ConnectionPool(KombuConnectionPool):
         member = PooledBrokerConnection(self, **dict(self.connection._info(resolve=False)))
         member.reconnect_policy = self.connection.reconnect_policy
         return member
+
+
+def connect_on_demand(connection: kombu.Connection, purpose: str) -> kombu.Connection:
+    """Connect ``connection`` (one attempt per broker URL) unless its broker's backoff
+    says to wait, which raises :class:`BrokerBackingOff` without touching the network.
+
+    For connections opened when something needs them (``purpose``: "queue-depth
+    gauges", "the AMQP event sink", "control", ...): each failure is logged,
+    counted in ``ojs_amqp_reconnections_total`` and pushes the next attempt out
+    along section 11.3's schedule, shared by every such connection to the broker.
+    """
+    broker = connection.as_uri()
+    backoff = connect_backoff(broker)
+    wait = backoff.wait()
+    if wait > 0:
+        connection.release()
+        raise BrokerBackingOff(broker, purpose, wait)
+    try:
+        # each URL of a failover list once; the backoff is the wait between rounds
+        connection.ensure_connection(max_retries=max(len(connection.alt) - 1, 0))
+    except Exception as exc:
+        delay = backoff.failed()
+        logger.warning("cannot connect to %s for %s: %s; next attempt in %.1fs", broker,
+                       purpose, exc, delay)
+        binding = registered_binding(connection.transport_options)
+        if binding is not None:
+            binding.hook.connection_failed("client")
+        connection.release()
+        raise
+    backoff.succeeded()
+    return connection

@@ -17,10 +17,11 @@ from typing import Any
 import amqp
 from kombu import Connection
 
-from ..spec.errors import ControlError, ControlTimeout
+from ..spec.errors import BrokerBackingOff, ControlError, ControlTimeout
 from ..spec.job_ids import new_job_id
 from ..spec.naming import is_job_id
 from .binding import Binding
+from .connection import connect_on_demand
 from .drain import drain_until
 from .job_channel import JobChannel, JobConnection
 
@@ -71,7 +72,9 @@ class ControlClient:
         else:
             self._connection = app_or_url.connection_for_write()
         try:
-            self._connection.ensure_connection(max_retries=1)
+            connect_on_demand(self._connection, "control")
+        except BrokerBackingOff as exc:
+            raise ControlError(str(exc)) from None
         except Exception as exc:
             where = self._connection.as_uri()
             raise ControlError(f"cannot reach the broker at {where}: {exc}") from None

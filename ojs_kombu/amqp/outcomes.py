@@ -116,6 +116,9 @@ class _NoWait:
     def queue_bind(self, *args: Any, **kwargs: Any) -> None:
         self._channel.queue_bind(*args, nowait=True, **kwargs)
 
+    def queue_unbind(self, *args: Any, **kwargs: Any) -> None:
+        self._channel.queue_unbind(*args, nowait=True, **kwargs)
+
 
 class DeadLetterLog:
     """One error line per dead letter, at most :data:`DEAD_LETTER_LOG_RATE` a second;

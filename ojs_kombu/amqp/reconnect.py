@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from time import monotonic
 
 from ..spec.backoff import backoff
 
@@ -60,3 +62,53 @@ class ReconnectPolicy:
 
 #: The binding's schedule, used by every ojs_kombu connection.
 DEFAULT_POLICY = ReconnectPolicy()
+
+
+class ConnectBackoff:
+    """When a connection opened on demand may try its broker again.
+
+    Such a connection (queue-depth gauges, the AMQP event sink, control, dead
+    letters) makes one attempt per use; without memory of past failures every
+    use during an outage would knock at once.  After the ``n``-th failure in a
+    row the next attempt waits ``policy.delay(n)`` (1, 2, 4 ... s, jittered,
+    capped); a success starts over.
+    """
+
+    def __init__(self, policy: ReconnectPolicy = DEFAULT_POLICY,
+                 clock: Callable[[], float] = monotonic) -> None:
+        self.policy = policy
+        self.clock = clock
+        self.failures = 0
+        self._next_attempt = 0.0
+        self._lock = threading.Lock()
+
+    def wait(self) -> float:
+        """Seconds left before the next attempt may be made (0: now)."""
+        return max(0.0, self._next_attempt - self.clock())
+
+    def failed(self) -> float:
+        """Record a failed attempt; returns the wait before the next one."""
+        with self._lock:
+            self.failures += 1
+            delay = self.policy.delay(self.failures)
+            self._next_attempt = self.clock() + delay
+            return delay
+
+    def succeeded(self) -> None:
+        with self._lock:
+            self.failures = 0
+            self._next_attempt = 0.0
+
+
+_backoffs: dict[str, ConnectBackoff] = {}
+_backoffs_lock = threading.Lock()
+
+
+def connect_backoff(broker: str) -> ConnectBackoff:
+    """The one :class:`ConnectBackoff` of this process for ``broker`` (a URL): every
+    on-demand connection to a broker shares its schedule."""
+    with _backoffs_lock:
+        backoff = _backoffs.get(broker)
+        if backoff is None:
+            backoff = _backoffs[broker] = ConnectBackoff()
+        return backoff

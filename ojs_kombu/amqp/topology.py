@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 from amqp.exceptions import PreconditionFailed
 
-from ..spec.backpressure import drops_head
+from ..spec.backpressure import drops_head, rejects_when_full
 from ..spec.delays import SCHEDULE_LEVELS, delivery_binding_key, level_binding_keys
 from ..spec.errors import OJSConfigurationError, TopologyConflictError
 from ..spec.naming import TopologyNames
@@ -53,6 +53,7 @@ class DeclaringChannel(Protocol):
                       **kwargs: Any) -> Any: ...
     def queue_declare(self, queue: str = "", *args: Any, **kwargs: Any) -> Any: ...
     def queue_bind(self, queue: str, exchange: str = "", *args: Any, **kwargs: Any) -> Any: ...
+    def queue_unbind(self, queue: str, exchange: str = "", *args: Any, **kwargs: Any) -> Any: ...
 
 
 def job_queue_arguments(
@@ -96,6 +97,40 @@ def declare_queue_topology(
     if drops_head(job_args):
         _queue(channel, names.dropped_queue(queue), dropped_queue_arguments(arguments))
         channel.queue_bind(names.dropped_queue(queue), names.dlx_exchange, routing_key=queue)
+    if rejects_when_full(job_args):
+        ready = names.ready_queue(queue)
+        _queue(channel, ready, ready_queue_arguments(names, queue))
+        channel.queue_bind(ready, names.direct_exchange, routing_key=ready)
+
+
+def ready_queue_arguments(names: TopologyNames, queue: str) -> dict[str, Any]:
+    """``ojs.queue.ready.{q}`` of a bounded ``reject``/``block`` queue: where its retried
+    and scheduled jobs go once their delay is over.
+
+    RabbitMQ drops a dead-lettered message its target queue refuses, so a job
+    whose delay ended while ``ojs.queue.{q}`` was full would be lost.  The ready
+    queue is unbounded (it accepts every such job), expires each at once
+    (``x-message-ttl`` 0) and dead-letters at least once into ``ojs.queue.{q}``: a
+    job the full queue refuses stays here until the queue confirms it (quorum
+    queues only have at-least-once dead-lettering, hence its type, whatever
+    the job queue's).
+    """
+    return {
+        "x-queue-type": "quorum",
+        "x-message-ttl": 0,
+        "x-dead-letter-exchange": names.direct_exchange,
+        "x-dead-letter-routing-key": queue,
+        "x-dead-letter-strategy": "at-least-once",
+        "x-overflow": "reject-publish",
+    }
+
+
+def ready_key(names: TopologyNames, queue: str, job_arguments: Mapping[str, Any] | None) -> str:
+    """The routing key (on ``ojs.exchange.direct``) a waited job of ``queue`` goes back
+    with: the ready queue's name for a bounded ``reject``/``block`` queue, else ``queue``."""
+    if rejects_when_full(job_arguments or {}):
+        return names.ready_queue(queue)
+    return queue
 
 
 def _same_type(job_arguments: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -128,15 +163,15 @@ def retry_queue_arguments(names: TopologyNames, queue: str, delay_ms: int,
     """``ojs.queue.retry.{q}.{ms}`` (section 8.2), plus ``x-expires`` so idle ones go away.
 
     A retry queue has its job queue's type.  With at-least-once dead-lettering
-    (quorum) it has that too: a job whose delay is over stays in the retry queue
-    until its (possibly full, ``reject-publish``) job queue confirms it, instead of
-    being dropped; such a queue has no ``x-expires``, which would delete it with
-    the jobs still waiting in it.
+    (quorum) it has that too, and no ``x-expires``, which would delete it with the
+    jobs still waiting in it.  A bounded ``reject``/``block`` queue's retries go back
+    through its ready queue (:func:`ready_queue_arguments`), never straight into
+    the possibly full job queue.
     """
     job_arguments = job_arguments or {}
     arguments: dict[str, Any] = {
         "x-dead-letter-exchange": names.direct_exchange,
-        "x-dead-letter-routing-key": queue,
+        "x-dead-letter-routing-key": ready_key(names, queue, job_arguments),
         "x-message-ttl": delay_ms,
     }
     if job_arguments.get("x-queue-type") == "quorum":
@@ -178,15 +213,20 @@ def declare_schedule_ladder(channel: DeclaringChannel, names: TopologyNames,
         below = exchange
 
 
-def bind_scheduled_delivery(channel: DeclaringChannel, names: TopologyNames,
-                            queue: str) -> None:
-    """Let waited jobs of ``queue`` leave the ladder into ``ojs.queue.{queue}``."""
-    channel.queue_bind(names.job_queue(queue), names.schedule_ready_exchange,
-                       routing_key=delivery_binding_key(queue))
+def bind_scheduled_delivery(channel: DeclaringChannel, names: TopologyNames, queue: str,
+                            job_arguments: Mapping[str, Any] | None = None) -> None:
+    """Let waited jobs of ``queue`` leave the ladder into ``ojs.queue.{queue}``, or into
+    its ready queue when it is bounded (and not into both: each would get a copy)."""
+    key = delivery_binding_key(queue)
+    if ready_key(names, queue, job_arguments) == queue:
+        channel.queue_bind(names.job_queue(queue), names.schedule_ready_exchange, routing_key=key)
+        return
+    channel.queue_bind(names.ready_queue(queue), names.schedule_ready_exchange, routing_key=key)
+    channel.queue_unbind(names.job_queue(queue), names.schedule_ready_exchange, routing_key=key)
 
 
-def declare_delayed_exchange(channel: DeclaringChannel, names: TopologyNames,
-                             queue: str) -> None:
+def declare_delayed_exchange(channel: DeclaringChannel, names: TopologyNames, queue: str,
+                             job_arguments: Mapping[str, Any] | None = None) -> None:
     """``ojs.exchange.delayed`` (the delayed-message plugin, section 9.1.2) bound to ``queue``."""
     from amqp.exceptions import AMQPError
 
@@ -201,7 +241,10 @@ def declare_delayed_exchange(channel: DeclaringChannel, names: TopologyNames,
             f"({exc}); is the rabbitmq_delayed_message_exchange plugin enabled? "
             "Set ojs_delayed_exchange=False to schedule through TTL queues instead"
         ) from None
-    channel.queue_bind(names.job_queue(queue), names.delayed_exchange, routing_key=queue)
+    # a bounded queue's delayed jobs are delivered through its ready queue (section above)
+    target = ready_key(names, queue, job_arguments)
+    channel.queue_bind(names.job_queue(queue) if target == queue else target,
+                       names.delayed_exchange, routing_key=queue)
 
 
 def queue_message_count(channel: DeclaringChannel, names: TopologyNames, queue: str) -> int:
@@ -301,7 +344,7 @@ class DeclaredTopology:
             declare(declare_schedule_ladder,
                     self._connection.ojs.settings.schedule_arguments())
             self._ladder = True
-        declare(bind_scheduled_delivery, queue)
+        declare(bind_scheduled_delivery, queue, self._connection.ojs.declare_arguments(queue))
         self._scheduled.add(queue)
 
     def ensure_delayed_exchange(self, queue: str) -> None:
@@ -312,7 +355,8 @@ class DeclaredTopology:
         self.ensure(queue)
         probe = self._connect()
         try:
-            declare_on(probe, declare_delayed_exchange, queue)
+            declare_on(probe, declare_delayed_exchange, queue,
+                       self._connection.ojs.declare_arguments(queue))
         finally:
             with suppress(Exception):
                 probe.close()

@@ -41,6 +41,11 @@ logger = logging.getLogger(__name__)
 #: Why INFO answers ``unknown`` for a job no worker knows, when the app has no result backend.
 NO_BACKEND = ("no worker holds this job or finished it recently, and the app has no result "
               "backend (result_backend) to ask: its state is unknown")
+#: Why INFO answers ``unknown`` when the result backend could not be asked.
+BACKEND_FAILED = ("no worker holds this job or finished it recently, and the result backend "
+                  "did not answer (the answering worker's log has the error)")
+#: Why INFO answers ``unknown`` when the answering worker failed to work the state out.
+ANSWER_FAILED = "the answering worker could not work out the job's state (its log has the error)"
 #: Celery result states -> OJS states (what INFO answers from the result backend).
 BACKEND_STATES = {"SUCCESS": "completed", "FAILURE": "discarded", "RETRY": "retryable",
                   "REVOKED": "cancelled", "STARTED": "active"}
@@ -138,20 +143,31 @@ def _held(job_id: str) -> tuple[str, Any] | None:
 
 def job_info(app: Celery, job_id: str, timeout: float = 1.0) -> dict[str, Any]:
     """The OJS state of ``job_id``: from the workers, then the result backend (``unknown``,
-    with a reason, when there is none)."""
-    replies = app.control.broadcast("ojs_job_info", arguments={"job_id": job_id}, reply=True,
-                                    timeout=timeout) or []
-    known = [answer for reply in replies for answer in reply.values() if answer]
+    with a reason, when there is none or it cannot be asked).  Never raises: what went
+    wrong is in this worker's log, the answer says where to look."""
+    try:
+        replies = app.control.broadcast("ojs_job_info", arguments={"job_id": job_id},
+                                        reply=True, timeout=timeout) or []
+    except Exception:
+        logger.exception("INFO for job %s: the other workers could not be asked", job_id)
+        replies = []
+    known = [answer for reply in replies if isinstance(reply, dict)
+             for answer in reply.values() if isinstance(answer, dict)]
     for wanted in ("active", "available", "completed", "discarded", "cancelled", "retryable"):
         for answer in known:
             if answer.get("state") == wanted:
                 return {"job_id": job_id, **answer}
-    if isinstance(app.backend, DisabledBackend):  # nothing else to ask: say so
-        return {"job_id": job_id, "state": "unknown", "reason": NO_BACKEND}
     try:
-        state = app.AsyncResult(job_id).state
-    except NotImplementedError:  # a backend that cannot look results up
-        state = "PENDING"
+        backend = app.backend
+        if isinstance(backend, DisabledBackend):  # nothing else to ask: say so
+            return {"job_id": job_id, "state": "unknown", "reason": NO_BACKEND}
+        try:
+            state = app.AsyncResult(job_id).state
+        except NotImplementedError:  # a backend that cannot look results up
+            state = "PENDING"
+    except Exception:
+        logger.exception("INFO for job %s: the result backend could not be asked", job_id)
+        return {"job_id": job_id, "state": "unknown", "reason": BACKEND_FAILED}
     if state in BACKEND_STATES:
         return {"job_id": job_id, "state": BACKEND_STATES[state]}
     return {"job_id": job_id, "state": "not_found"}
@@ -268,9 +284,9 @@ class ControlQueues(bootsteps.StartStopStep):
         for the other workers' answers)."""
         try:
             answer = job_info(app, job_id)
-        except Exception as exc:
+        except Exception:  # never a Python error text in an answer
             logger.exception("INFO for job %s failed", job_id)
-            answer = {"job_id": job_id, "state": "error", "error": str(exc)}
+            answer = {"job_id": job_id, "state": "unknown", "reason": ANSWER_FAILED}
         with app.producer_or_acquire() as producer:
             producer.publish(json.dumps(answer), exchange="", routing_key=reply_to,
                              correlation_id=correlation_id, content_type="application/json",

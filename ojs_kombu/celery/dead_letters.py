@@ -6,6 +6,7 @@ from contextlib import AbstractContextManager
 
 from celery import Celery
 
+from ..amqp.connection import connect_on_demand
 from ..amqp.dead_letters import DeadLetterQueue, open_dead_letter_queue
 
 
@@ -15,6 +16,5 @@ def dead_letter_queue(app: Celery, queue: str) -> AbstractContextManager[DeadLet
     ``dlq.list()``, ``dlq.get(job_id)``, ``dlq.replay(job_id)``,
     ``dlq.replay_all()``, ``dlq.purge()``, ``len(dlq)``.
     """
-    connection = app.connection_for_write()
-    connection.ensure_connection(max_retries=1)
+    connection = connect_on_demand(app.connection_for_write(), "dead letters")
     return open_dead_letter_queue(connection, queue)

@@ -18,6 +18,7 @@ from typing import Any
 from celery import Celery, bootsteps
 from celery.worker import state as worker_state
 
+from ..amqp.connection import connect_on_demand
 from ..amqp.entities import JobQueue
 from ..events.bus import EventBus, EventFilter, Subscription
 from ..events.emitter import JobEvents
@@ -66,7 +67,9 @@ def sink_from_spec(spec: Any, app: Celery, names: TopologyNames
         exchange = options["amqp"] if isinstance(options["amqp"], str) else events_exchange(names)
         extra = {k: options[k] for k in ("batch_size", "batch_ms") if k in options}
         try:
-            return AMQPSink(app.connection_for_write, exchange, **extra), flt
+            return AMQPSink(lambda: connect_on_demand(app.connection_for_write(),
+                                                      "the AMQP event sink"),
+                            exchange, **extra), flt
         except ValueError as exc:
             raise OJSConfigurationError(f"ojs_event_sinks entry {spec!r}: {exc}") from None
     if "file" in options:
@@ -232,8 +235,8 @@ class QueueDepths:
         with self._lock:
             try:
                 if self._connection is None:
-                    self._connection = self.app.connection_for_read()
-                    self._connection.ensure_connection(max_retries=1)
+                    self._connection = connect_on_demand(self.app.connection_for_read(),
+                                                         "queue-depth gauges")
                 channel = self._connection.default_channel
                 return [(q, float(channel.queue_declare(amqp_name(q), passive=True)
                                   .message_count)) for q in queues]

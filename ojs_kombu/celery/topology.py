@@ -6,6 +6,7 @@ from collections.abc import Iterable
 
 from celery import Celery
 
+from ..amqp.connection import connect_on_demand
 from ..amqp.entities import JobQueue
 from ..amqp.job_channel import JobConnection
 from ..spec.errors import OJSConfigurationError
@@ -22,7 +23,7 @@ def declare_topology(app: Celery, queues: Iterable[str] | None = None) -> list[s
     selected = [table[name] for name in queues] if queues is not None else list(table.values())
     ojs_names = [q.ojs_queue for q in selected if isinstance(q, JobQueue)]
     with app.connection_for_write() as connection:
-        connection.ensure_connection(max_retries=1)
+        connect_on_demand(connection, "declaring the topology")
         amqp_connection = connection.connection
         if not isinstance(amqp_connection, JobConnection):
             raise OJSConfigurationError(

@@ -1,11 +1,11 @@
 """``ojs-kombu conformance --queue Q``: a live broker and app against AMQP-001..032.
 
-Declarations of ``Q`` are checked read-only (see :mod:`.broker`); behaviour
-with probe jobs on a probe queue of its own (:mod:`.conformance_probes`).  The
-control plane is checked against the running workers of ``Q`` (a consumer on
-its control queue and an INFO answer).  Requirements that are client-side
-behaviour a broker cannot show (reconnection, metrics, threading) are "n/a",
-with the reason; the verdicts and the table are :mod:`.conformance_report`.
+Declarations of ``Q`` are checked read-only (see :mod:`.broker`); the publish
+path with probe jobs on a probe queue of its own (:mod:`.conformance_probes`);
+what the running workers of ``Q`` do on the wire (INFO here; discard, CANCEL,
+BEAT, recovery, and the producer's reconnects and threads in
+:mod:`.conformance_worker`).  The verdicts and the table are
+:mod:`.conformance_report`.
 """
 
 from __future__ import annotations
@@ -24,13 +24,13 @@ from .common import EXIT_NOT_FOUND, CLIError, OJSCommand, common_options, emit
 from .common import options as cli_options
 from .conformance_probes import check_probes
 from .conformance_report import (
-    CLIENT_SIDE,
     Check,
     Results,
     exit_code,
     render_table,
     terminal_width,
 )
+from .conformance_worker import check_producer_behaviour, check_worker_behaviour
 from .topology import inspect_topology
 
 
@@ -105,22 +105,22 @@ def _describe(differences: dict[str, dict[str, Any]]) -> str:
                      for k, d in differences.items())
 
 
+#: What needs a running worker of the queue.
+WORKER_CHECKS = ("AMQP-009", "AMQP-019", "AMQP-020", "AMQP-021", "AMQP-026", "AMQP-027")
+
+
 def check_control_plane(results: Results, control: dict[str, Any], queue: str,
-                        connection: kombu.Connection, info_timeout: float) -> None:
-    """AMQP-019 and 021 against the running workers of ``queue``."""
-    if not control["exists"]:
-        reason = f"{control['name']} does not exist"
-        results.set("AMQP-019", "fail", reason)
-        results.set("AMQP-021", "fail", reason)
-        return
-    if not control["consumers"]:
-        reason = (f"no worker consumes {control['name']}: start a worker for {queue!r} "
-                  "(with ojs_control_queues on)")
-        results.set("AMQP-019", "fail", reason)
-        results.set("AMQP-021", "fail", reason)
-        return
-    results.set("AMQP-019", "pass", f"{control['name']} is bound to its own name and consumed "
-                f"by {control['consumers']} worker(s)")
+                        connection: kombu.Connection, info_timeout: float) -> bool:
+    """AMQP-021 against the running workers of ``queue``; ``False`` (and every check
+    that needs a worker failed, with why) when none runs."""
+    if not control["exists"] or not control["consumers"]:
+        reason = (f"{control['name']} does not exist" if not control["exists"] else
+                  f"no worker consumes {control['name']}: start a worker for {queue!r} "
+                  "(with ojs_control_queues on) of an app with "
+                  "ojs_kombu.register_conformance_probes(app), e.g. examples/proj")
+        for check_id in WORKER_CHECKS:
+            results.set(check_id, "fail", reason)
+        return False
 
     class _Source:  # ControlClient takes an app; give it a connection like ours
         def connection_for_write(self) -> kombu.Connection:
@@ -132,7 +132,7 @@ def check_control_plane(results: Results, control: dict[str, Any], queue: str,
             answer = client.info(unknown, queue, timeout=info_timeout)
     except ControlError as exc:
         results.set("AMQP-021", "fail", str(exc))
-        return
+        return True
     # "unknown": the worker's app has no result backend to rule the job out
     if answer.get("state") in ("not_found", "unknown") \
             and answer.get("job_id", unknown) == unknown:
@@ -140,19 +140,22 @@ def check_control_plane(results: Results, control: dict[str, Any], queue: str,
                     f"for an unknown job: {answer['state']}")
     else:
         results.set("AMQP-021", "fail", f"unexpected INFO answer {answer!r}")
+    return True
 
 
 def run_checks(connection: kombu.Connection, queue: str, info_timeout: float = 5.0,
-               schedule: bool = False) -> list[Check]:
+               schedule: bool = False, job_timeout: float = 70.0, recovery: bool = False,
+               metrics_url: str | None = None) -> list[Check]:
     """Every AMQP-001..032 check against the broker of ``connection`` and ``queue``."""
     amqp_connection = connection.connection
     binding = binding_of(connection)
     results = Results()
     control = check_declarations(results, amqp_connection, binding, queue)
-    check_control_plane(results, control, queue, connection, info_timeout)
+    worker = check_control_plane(results, control, queue, connection, info_timeout)
     check_probes(results, amqp_connection, binding, schedule)
-    for check_id, reason in CLIENT_SIDE.items():
-        results.set(check_id, "n/a", reason)
+    if worker:
+        check_worker_behaviour(results, connection, binding, queue, job_timeout, recovery)
+    check_producer_behaviour(results, connection, binding, metrics_url)
     return results.ordered()
 
 
@@ -162,21 +165,34 @@ def run_checks(connection: kombu.Connection, queue: str, info_timeout: float = 5
               help="Seconds to wait for a worker's INFO answer.")
 @click.option("--schedule", is_flag=True,
               help="Declare the scheduling ladder if missing, to probe AMQP-022.")
+@click.option("--job-timeout", type=click.FloatRange(min=1), default=70.0, show_default=True,
+              help="Seconds to wait for a worker to run a probe job, and for its BEAT.")
+@click.option("--recovery", is_flag=True,
+              help="Delete QUEUE's control queue and watch its workers recover (AMQP-026/027).")
+@click.option("--metrics-url", help="A worker's Prometheus endpoint, to read AMQP-024 back.")
 @common_options
 @click.pass_context
-def conformance(ctx: click.Context, queue: str, info_timeout: float, schedule: bool) -> None:
+def conformance(ctx: click.Context, queue: str, info_timeout: float, schedule: bool,
+                job_timeout: float, recovery: bool, metrics_url: str | None) -> None:
     """Check a live broker and the workers of QUEUE against AMQP-001..032.
 
     QUEUE's exchanges, queues and arguments are checked read-only; probe jobs
     go to a probe queue of their own (published through ojs_kombu, fetched with
-    Basic.Get or a consumer, rejected into its DLQ, retried, scheduled) and are
-    deleted afterwards; the control plane needs a worker consuming QUEUE.
+    Basic.Get or a consumer, retried, scheduled) and are deleted afterwards.  The
+    workers' behaviour is watched with two probe job types sent to QUEUE, which a
+    worker of QUEUE must run: conformance.fail (dead-lettered by the worker) and
+    conformance.sleep (INFO, BEAT, CANCEL), which
+    ojs_kombu.register_conformance_probes(app) registers (examples/proj does).  With
+    no worker consuming QUEUE those checks fail and say so.  Reconnects (through
+    a local proxy) and concurrent publishing are ojs_kombu's own, in this
+    process.
     Prints pass / fail / warn (a SHOULD not met) / n/a with a reason for each
     id.  Exit 1 if any check fails, 4 if QUEUE does not exist.
     """
     ojs_queue = queue_name(queue)
     with connect(cli_options(ctx)) as connection:
-        checks = run_checks(connection, ojs_queue, info_timeout, schedule)
+        checks = run_checks(connection, ojs_queue, info_timeout, schedule, job_timeout,
+                            recovery, metrics_url)
     code = exit_code(checks)
     emit(ctx, {"queue": ojs_queue, "ok": code == 0, "checks": [c.to_dict() for c in checks]},
          lambda: click.echo(f"conformance of queue {ojs_queue} (OJS AMQP binding "

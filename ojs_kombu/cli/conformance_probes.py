@@ -1,10 +1,10 @@
-"""Probe jobs for ``ojs-kombu conformance``: AMQP-005..018, 022, 023 and 029.
+"""Probe jobs for ``ojs-kombu conformance``: AMQP-005..008, 010..018, 022, 023 and 029.
 
 Behaviour a broker's declarations cannot show is checked with probe jobs on a
 probe queue of their own (``ojs-conformance-<random>``): published through
 ojs_kombu's publish path, fetched back with ``Basic.Get`` or a consumer,
-rejected into the DLQ, retried, scheduled; every probe queue is deleted at the
-end.
+retried, scheduled; every probe queue is deleted at the end.  What the workers
+do (discard, CANCEL, BEAT) is :mod:`.conformance_worker`'s.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ class Probe:
         doomed = [*self.retry_queues]
         for q in (self.queue, self.full_queue):
             doomed += [self.names.job_queue(q), self.names.dead_letter_queue(q),
-                       self.names.control_queue(q)]
+                       self.names.control_queue(q), self.names.ready_queue(q)]
         delete_queues(self.amqp, doomed)
 
     def publish(self, *, eta: datetime | None = None, queue: str | None = None,
@@ -81,7 +81,7 @@ def _guard(results: Results, ids: list[str], work: Callable[[], None]) -> None:
 
 def check_probes(results: Results, amqp_connection: Any, binding: Binding,
                  schedule: bool) -> None:
-    """AMQP-005..018, 022, 023, 029 with probe jobs; cleans up after itself."""
+    """AMQP-005..008, 010..018, 022, 023, 029 with probe jobs; cleans up after itself."""
     probe = Probe(amqp_connection, binding)
     names = binding.names
     # Probes provoke what the package logs as warnings (no Basic.Qos, a full queue, a return).
@@ -95,7 +95,6 @@ def check_probes(results: Results, amqp_connection: Any, binding: Binding,
                lambda: _publish_probe(results, probe))
         _guard(results, ["AMQP-006", "AMQP-007", "AMQP-008"],
                lambda: _consume_probe(results, probe))
-        _guard(results, ["AMQP-009"], lambda: _discard_probe(results, probe))
         _guard(results, ["AMQP-022"], lambda: _schedule_probe(results, probe, schedule))
         _guard(results, ["AMQP-029"], lambda: _backpressure_probe(results, probe))
         # last: the job queue goes, the connection still thinks it is declared
@@ -231,24 +230,6 @@ def _drain(amqp_connection: Any, done: Callable[[], bool], timeout: float = 10.0
             amqp_connection.drain_events(timeout=min(remaining, 0.5))
         except TimeoutError:
             continue
-
-
-def _discard_probe(results: Results, probe: Probe) -> None:
-    names = probe.names
-    job_id = probe.publish()
-    channel = probe.amqp.channel()
-    message = probe.get(channel, names.job_queue(probe.queue), job_id)
-    channel.basic_reject(message.delivery_tag, requeue=False)  # sent as Basic.Nack
-    dead = probe.get(channel, names.dead_letter_queue(probe.queue), job_id)
-    channel.basic_ack(dead.delivery_tag)
-    deaths = (dead.properties.get("application_headers") or {}).get("x-death") or []
-    if any(d.get("reason") == "rejected" for d in deaths):
-        results.set("AMQP-009", "pass", "Basic.Nack(requeue=false) dead-lettered the probe "
-                    f"into {names.dead_letter_queue(probe.queue)} (x-death reason rejected)")
-    else:
-        results.set("AMQP-009", "fail", f"the probe reached the DLQ without x-death "
-                    f"'rejected' ({deaths!r})")
-    channel.close()
 
 
 def _schedule_probe(results: Results, probe: Probe, schedule: bool) -> None:

@@ -49,19 +49,6 @@ REQUIREMENTS: dict[str, tuple[str, str]] = {
     "AMQP-032": ("quorum queues for durability", "SHOULD"),
 }
 
-#: Requirements about a client's own behaviour, which no broker can show to another client.
-CLIENT_SIDE = {
-    "AMQP-020": "BEAT travels between each worker and the broker (60 s connection "
-                "heartbeats, ojs.control.heartbeat while a job runs long); another client "
-                "cannot see it",
-    "AMQP-024": "metrics are exported in-process (OpenTelemetry), not over AMQP",
-    "AMQP-025": "reconnection is client-side behaviour of each worker and producer",
-    "AMQP-026": "re-declaration after a reconnect is client-side behaviour",
-    "AMQP-027": "consumer cancel notifications are handled inside each worker",
-    "AMQP-028": "the channel model is internal to each process",
-}
-
-
 @dataclass
 class Check:
     id: str

@@ -14,9 +14,10 @@ from ..amqp.topology import (
     dead_letter_queue_arguments,
     dropped_queue_arguments,
     job_queue_arguments,
+    ready_queue_arguments,
 )
 from ..celery.events import events_exchange
-from ..spec.backpressure import drops_head
+from ..spec.backpressure import drops_head, rejects_when_full
 from ..spec.naming import TopologyNames
 from .broker import (
     binding_of,
@@ -117,6 +118,12 @@ def expected_topology(binding: Binding, queue: str) -> dict[str, Any]:
                                    "arguments": dropped_queue_arguments(arguments)})
         topology["bindings"].append({"source": names.dlx_exchange, "destination": tap,
                                      "routing_key": queue})
+    if rejects_when_full(job_arguments):
+        ready = names.ready_queue(queue)
+        topology["queues"].append({"name": ready, "role": "ready",
+                                   "arguments": ready_queue_arguments(names, queue)})
+        topology["bindings"].append({"source": names.direct_exchange, "destination": ready,
+                                     "routing_key": ready})
     return topology
 
 

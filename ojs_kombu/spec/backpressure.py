@@ -161,6 +161,16 @@ def drops_head(arguments: Mapping[str, Any]) -> bool:
     return bounded and arguments.get("x-overflow") == "drop-head"
 
 
+def rejects_when_full(arguments: Mapping[str, Any]) -> bool:
+    """Whether a job queue declared with ``arguments`` refuses messages when full
+    (``reject``/``block``: ``x-overflow=reject-publish``).  Such a queue would also
+    refuse a retried or scheduled job whose delay ends while it is full, and
+    RabbitMQ drops a refused dead-lettered message; so those jobs reach it
+    through its ready queue (``ojs.queue.ready.{q}``) instead."""
+    bounded = "x-max-length" in arguments or "x-max-length-bytes" in arguments
+    return bounded and arguments.get("x-overflow") == "reject-publish"
+
+
 def maxlen_death(headers: Mapping[str, Any], job_queue: str) -> Mapping[str, Any] | None:
     """The ``x-death`` entry of a message RabbitMQ dropped from ``job_queue`` (the
     AMQP name) because the queue was at its bound, else ``None``.

@@ -29,6 +29,7 @@ builtin: ``LookupError``, ``TimeoutError``, ``ValueError``)::
     DedupUnavailable         the unique/idempotency store did not answer
     DeadLetterNotFound       (LookupError)
     ControlError             ControlTimeout (TimeoutError)
+    BrokerBackingOff         an on-demand connection waits out its reconnect backoff
     InvalidEventData, InvalidEventMessage   (ValueError)
 """
 
@@ -295,6 +296,19 @@ class ControlError(OJSError):
 
 class ControlTimeout(ControlError, TimeoutError):
     """No answer to an INFO request in time."""
+
+
+class BrokerBackingOff(OJSError):
+    """A connection opened on demand (queue-depth gauges, the AMQP event sink, control,
+    dead letters) is not tried again before its backoff (section 11.3) is over: its
+    last attempt failed; ``retry_in`` seconds are left."""
+
+    def __init__(self, broker: str, purpose: str, retry_in: float) -> None:
+        super().__init__(f"not connecting to {broker} for {purpose} yet: the last attempt "
+                         f"failed; next attempt in {retry_in:.1f}s")
+        self.broker = broker
+        self.purpose = purpose
+        self.retry_in = retry_in
 
 
 class InvalidEventData(OJSError, ValueError):

@@ -25,7 +25,7 @@ JOB_ID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}
 #: Queue names that would collide with the per-queue dead-letter, retry,
 #: control and dropped-job queues and the scheduling ladder (``ojs.queue.dlx.email``
 #: is the DLQ of ``email``, so an OJS queue called ``dlx.email`` cannot exist).
-RESERVED_QUEUE_PREFIXES = ("dlx.", "retry.", "control.", "schedule.", "dropped.")
+RESERVED_QUEUE_PREFIXES = ("dlx.", "retry.", "control.", "schedule.", "dropped.", "ready.")
 
 #: Celery's built-in default queue name maps onto OJS's default queue.
 DEFAULT_QUEUE_ALIASES: Mapping[str, str] = {"celery": "default"}
@@ -55,7 +55,7 @@ def check_queue_name(name: str) -> str:
     if name.startswith(RESERVED_QUEUE_PREFIXES):
         raise QueueNameError(
             name, f"names starting with {', '.join(RESERVED_QUEUE_PREFIXES)} collide "
-            "with OJS dead-letter, retry, control and dropped-job queues"
+            "with OJS dead-letter, retry, control, dropped-job and ready queues"
         )
     return name
 
@@ -144,6 +144,11 @@ class TopologyNames:
         """Where a ``drop_oldest`` queue's dropped jobs are reported to its workers
         (a copy of each, beside the DLQ's; see :mod:`ojs_kombu.celery.dropped`)."""
         return f"{self.prefix}ojs.queue.dropped.{queue}"
+
+    def ready_queue(self, queue: str) -> str:
+        """Where a bounded ``reject`` queue's retried and scheduled jobs wait for room
+        once their delay is over (see :func:`ojs_kombu.amqp.topology.ready_queue_arguments`)."""
+        return f"{self.prefix}ojs.queue.ready.{queue}"
 
     def queue_from_job_queue(self, amqp_name: str) -> str | None:
         """``ojs.queue.email`` -> ``email``; ``None`` for anything that is not a job queue."""

@@ -24,16 +24,24 @@ import ojs_kombu
 TASK_NAME = "bench.noop"  # the same task name as run.py's sides
 
 
-def common_conf(app: Celery, queue: str, max_priority: int | None = None) -> None:
+def common_conf(app: Celery, queue: str, max_priority: int | None = None,
+                quorum: bool = False) -> None:
     """Settings every benchmark side shares, in process (run.py) and in the prefork
     worker here: acks_late (ojs_kombu forces it), no results, no pidbox.
 
     ``max_priority`` (plain Celery only) declares ``queue`` with that
-    ``x-max-priority``, the broker queue type of ojs_kombu's default job queues.
+    ``x-max-priority``, the broker queue type of ojs_kombu's default job queues;
+    ``quorum`` (plain Celery only) declares it a quorum queue, as Celery's docs
+    show (the ojs side says ``ojs_queue_defaults = {"type": "quorum"}`` instead).
     """
+    arguments: dict[str, Any] = {}
     if max_priority:
+        arguments["x-max-priority"] = max_priority
+    if quorum:
+        arguments["x-queue-type"] = "quorum"
+    if arguments:
         app.conf.task_queues = [Queue(queue, Exchange(queue), routing_key=queue,
-                                      queue_arguments={"x-max-priority": max_priority})]
+                                      queue_arguments=arguments)]
     app.conf.update(
         task_default_queue=queue,
         task_acks_late=True,
@@ -45,14 +53,17 @@ def common_conf(app: Celery, queue: str, max_priority: int | None = None) -> Non
 
 
 def make_app(broker: str, queue: str, record_path: str, ojs_prefix: str | None,
-             max_priority: int | None = None, ojs_acks: str | None = None) -> Celery:
+             max_priority: int | None = None, ojs_acks: str | None = None,
+             quorum: bool = False) -> Celery:
     app = Celery("bench_drain", broker=broker, set_as_current=True)
     if ojs_prefix:
         ojs_kombu.install(app)
         app.conf.ojs_prefix = ojs_prefix
         if ojs_acks:
             app.conf.ojs_acks = ojs_acks
-    common_conf(app, queue, max_priority)
+        if quorum:
+            app.conf.ojs_queue_defaults = {"type": "quorum"}
+    common_conf(app, queue, max_priority, quorum=quorum and not ojs_prefix)
     record = os.open(record_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
 
     @app.task(name=TASK_NAME, ignore_result=True, shared=False)
@@ -66,5 +77,6 @@ def make_app(broker: str, queue: str, record_path: str, ojs_prefix: str | None,
 app = (make_app(os.environ["BENCH_DRAIN_BROKER"], os.environ["BENCH_DRAIN_QUEUE"],
                 os.environ["BENCH_DRAIN_RECORD"], os.environ.get("BENCH_DRAIN_OJS_PREFIX"),
                 int(os.environ.get("BENCH_DRAIN_MAX_PRIORITY") or 0) or None,
-                os.environ.get("BENCH_DRAIN_OJS_ACKS") or None)
+                os.environ.get("BENCH_DRAIN_OJS_ACKS") or None,
+                os.environ.get("BENCH_DRAIN_QUORUM") == "1")
        if "BENCH_DRAIN_BROKER" in os.environ else None)

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from contextlib import suppress
 from pathlib import Path
 
@@ -54,8 +55,16 @@ def read_record(path: Path) -> list[tuple[float, float]]:
 
 def drain(*, label: str, broker_url: str, queue: str, ojs_prefix: str | None, n: int,
           timeout: float, workdir: Path, name: str, max_priority: int | None = None,
-          ojs_acks: str | None = None) -> float:
-    """Seconds from the first task start to the last task end of ``n`` queued jobs."""
+          ojs_acks: str | None = None, quorum: bool = False,
+          started: Callable[[int], None] | None = None,
+          when_done: Callable[[], None] | None = None) -> float:
+    """Seconds from the first task start to the last task end of ``n`` queued jobs.
+
+    ``quorum``: the worker's queue is a quorum queue (plain Celery's
+    ``x-queue-type``, ojs_kombu's ``ojs_queue_defaults``).  ``started`` gets the
+    worker's pid once it runs, ``when_done`` is called after the last job, the
+    worker still running (the cluster drain reads CPU and QoS there).
+    """
     record, log = workdir / f"{name}.record", workdir / f"{name}.log"
     record.write_bytes(b"")
     env = dict(os.environ)
@@ -67,6 +76,7 @@ def drain(*, label: str, broker_url: str, queue: str, ojs_prefix: str | None, n:
         "BENCH_DRAIN_OJS_PREFIX": ojs_prefix or "",
         "BENCH_DRAIN_MAX_PRIORITY": str(max_priority or ""),
         "BENCH_DRAIN_OJS_ACKS": ojs_acks or "",
+        "BENCH_DRAIN_QUORUM": "1" if quorum else "",
     })
     with log.open("wb") as out:
         process = subprocess.Popen(
@@ -77,6 +87,8 @@ def drain(*, label: str, broker_url: str, queue: str, ojs_prefix: str | None, n:
             start_new_session=True,
         )
     try:
+        if started is not None:
+            started(process.pid)
         deadline = time.monotonic() + timeout
         while True:
             spans = read_record(record)
@@ -89,6 +101,8 @@ def drain(*, label: str, broker_url: str, queue: str, ojs_prefix: str | None, n:
                 raise RuntimeError(f"{label} prefork: only {len(spans)}/{n} jobs ran within "
                                    f"{timeout:.0f}s:\n{_tail(log)}")
             time.sleep(0.2)
+        if when_done is not None:
+            when_done()
     finally:
         _stop(process)
     return max(end for _, end in spans) - min(start for start, _ in spans)

@@ -5,6 +5,7 @@ Run from the repository root::
 
     python benchmarks/run.py [--jobs N] [--json PATH]
                              [--only throughput|traced_publish|events|schedule|storm|green|dedup]
+    python benchmarks/run.py --only cluster_drain --rounds 3   # not in the default run
 
 The throughput part publishes with plain Celery (without and with
 ``confirm_publish``), ojs_kombu (``apply_async`` and batch ``enqueue_many``)
@@ -25,7 +26,9 @@ subprocess per pool and side with messages it cannot run and times how fast
 they reach the dead-letter queue, whether the worker still answers ``ping`` and
 how fast it exits after SIGTERM.  The green part (``green_drain.py``) drains I/O-bound
 jobs with the gevent and eventlet pools, a worker subprocess per pool and side.
-Missed targets are reported, never fatal: the exit code
+The cluster drain (``cluster_drain.py``, only with ``--only cluster_drain``)
+starts a three-node RabbitMQ cluster of its own and drains a quorum queue on it
+with both sides.  Missed targets are reported, never fatal: the exit code
 is 0 on success, 2 when RabbitMQ is unreachable and 1 on any other error.  See
 benchmarks/README.rst for what each number means.
 """
@@ -65,6 +68,7 @@ import ojs_kombu
 from ojs_kombu.celery.events import events_exchange
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # also when imported, not run
+import cluster_drain
 import dedup_drain
 import events_scenario
 import green_drain
@@ -86,6 +90,8 @@ CONCURRENCY = 4
 #: Jobs per batch of ``enqueue_many`` (``--batch-size``).
 BATCH_SIZE = 1000
 PARTS = ("throughput", "traced_publish", "events", "schedule", "storm", "green", "dedup")
+#: Parts that run only when ``--only`` names them (they start brokers of their own).
+EXTRA_PARTS = ("cluster_drain",)
 
 
 # -- broker administration (plain py-amqp, outside both Celery apps) -------
@@ -200,6 +206,8 @@ class Side:
     sweep_prefix: str | None = None
     #: Plain Celery: ``x-max-priority`` of its queue (``None``: a classic queue).
     max_priority: int | None = None
+    #: Its job queue is a quorum queue (the prefork worker subprocess declares it so too).
+    quorum: bool = False
 
 
 def _register_noop(app: Celery, recorder: DrainRecorder) -> Task:
@@ -214,14 +222,15 @@ def _register_noop(app: Celery, recorder: DrainRecorder) -> Task:
 
 
 def make_plain_side(broker_url: str, pid: int, *, confirm: bool = True,
-                    max_priority: int | None = None) -> Side:
+                    max_priority: int | None = None, quorum: bool = False) -> Side:
     """Plain Celery over py-amqp, publishing with or without ``confirm_publish``
     (both variants use the same queue); with ``max_priority``, on a queue of its own
     declared with that ``x-max-priority``, the broker queue type ojs_kombu's job queues
-    have by default."""
+    have by default; with ``quorum``, on a quorum queue of its own."""
     app = Celery("bench_plain", broker=broker_url, set_as_current=False)
-    queue = f"bench-plainpq-{pid}" if max_priority else f"bench-plain-{pid}"
-    common_conf(app, queue, max_priority)
+    queue = (f"bench-plainpq-{pid}" if max_priority else
+             f"bench-plainqq-{pid}" if quorum else f"bench-plain-{pid}")
+    common_conf(app, queue, max_priority, quorum)
     if confirm:
         app.conf.broker_transport_options = {"confirm_publish": True}
     recorder = DrainRecorder()
@@ -233,8 +242,11 @@ def make_plain_side(broker_url: str, pid: int, *, confirm: bool = True,
     label = "plain Celery" if confirm else "plain Celery (no confirms)"
     if max_priority:
         label += f" (x-max-priority={max_priority})"
+    if quorum:
+        label += " (quorum queue)"
     return Side(label, app, _register_noop(app, recorder), recorder, queue, queue,
-                declare, queues=[queue], exchanges=[queue], max_priority=max_priority)
+                declare, queues=[queue], exchanges=[queue], max_priority=max_priority,
+                quorum=quorum)
 
 
 def make_ojs_side(broker_url: str, pid: int, *, prefix: str | None = None,
@@ -255,6 +267,7 @@ def make_ojs_side(broker_url: str, pid: int, *, prefix: str | None = None,
         dead_letter_queue=names.dead_letter_queue(queue),
         queues=[names.job_queue(queue), names.dead_letter_queue(queue)],
         exchanges=[names.direct_exchange, names.dlx_exchange], sweep_prefix=names.prefix,
+        quorum=(conf or {}).get("ojs_queue_defaults", {}).get("type") == "quorum",
     )
 
 
@@ -277,10 +290,14 @@ def _host(broker_url: str) -> str:
 
 
 def _ojs_url(broker_url: str) -> str:
-    scheme, sep, rest = broker_url.partition("://")
-    if not sep or scheme not in ("amqp", "pyamqp"):
-        raise SystemExit(f"--broker must be an amqp:// URL, got {broker_url!r}")
-    return f"ojs://{rest}"
+    """``ojs://`` for each ``amqp://`` URL of ``broker_url`` (a ``;`` list: failover)."""
+    converted = []
+    for url in broker_url.split(";"):
+        scheme, sep, rest = url.partition("://")
+        if not sep or scheme not in ("amqp", "pyamqp"):
+            raise SystemExit(f"--broker must be an amqp:// URL, got {broker_url!r}")
+        converted.append(f"ojs://{rest}")
+    return ";".join(converted)
 
 
 # -- measurements ---------------------------------------------------------
@@ -409,15 +426,20 @@ def interleaved_publishes(
 def measure_drain(side: Side, broker: Broker, n: int, timeout: float, *,
                   job_ids: list[str] | None = None,
                   before_start: Callable[[], None] | None = None,
-                  when_done: Callable[[], None] | None = None) -> DrainResult:
+                  when_done: Callable[[], None] | None = None,
+                  fill: Callable[[int], None] | None = None) -> DrainResult:
     """Fill the queue with no worker, then time one worker from first start to last end.
 
     The events part passes ``job_ids`` (filled with the prefilled jobs' ids),
-    ``before_start`` (called before the worker starts) and ``when_done`` (called
-    after the last job ran, the worker still running); none of them is timed.
+    ``before_start`` (called before the worker starts, the recorder reset) and
+    ``when_done`` (called after the last job ran, the worker still running); none
+    of them is timed.  ``fill`` replaces the confirmed ``apply_async`` calls that
+    fill the queue (the cluster drain fills in batches).
     """
     broker.purge(side.amqp_queue)
-    if job_ids is None:
+    if fill is not None:
+        fill(n)
+    elif job_ids is None:
         publish(side, n)
     else:
         job_ids.extend(side.task.apply_async(TASK_ARGS).id for _ in range(n))
@@ -425,9 +447,9 @@ def measure_drain(side: Side, broker: Broker, n: int, timeout: float, *,
     if queued != n:
         raise RuntimeError(f"{side.label}: expected {n} messages in {side.amqp_queue}, "
                            f"found {queued}")
+    side.recorder.reset(n)
     if before_start is not None:
         before_start()
-    side.recorder.reset(n)
     cpu_started = time.process_time()
     with start_worker(side.app, pool=POOL, concurrency=CONCURRENCY, perform_ping_check=False,
                       queues=[side.celery_queue], shutdown_timeout=30):
@@ -444,10 +466,16 @@ def measure_drain(side: Side, broker: Broker, n: int, timeout: float, *,
 
 
 def measure_prefork_drain(side: Side, broker: Broker, n: int, timeout: float, workdir: Path,
-                          name: str) -> DrainResult:
-    """As :func:`measure_drain`, with a ``prefork`` worker subprocess (``prefork_drain``)."""
+                          name: str, *, fill: Callable[[int], None] | None = None,
+                          started: Callable[[int], None] | None = None,
+                          when_done: Callable[[], None] | None = None) -> DrainResult:
+    """As :func:`measure_drain`, with a ``prefork`` worker subprocess (``prefork_drain``);
+    ``started`` gets the worker's pid."""
     broker.purge(side.amqp_queue)
-    publish(side, n)
+    if fill is not None:
+        fill(n)
+    else:
+        publish(side, n)
     queued = broker.depth(side.amqp_queue)
     if queued != n:
         raise RuntimeError(f"{side.label}: expected {n} messages in {side.amqp_queue}, "
@@ -455,7 +483,8 @@ def measure_prefork_drain(side: Side, broker: Broker, n: int, timeout: float, wo
     seconds = prefork_drain.drain(
         label=side.label, broker_url=side.app.conf.broker_url, queue=side.celery_queue,
         ojs_prefix=side.app.conf.get("ojs_prefix"), n=n, timeout=timeout, workdir=workdir,
-        name=name, max_priority=side.max_priority, ojs_acks=side.app.conf.get("ojs_acks"))
+        name=name, max_priority=side.max_priority, ojs_acks=side.app.conf.get("ojs_acks"),
+        quorum=side.quorum, started=started, when_done=when_done)
     dead = broker.depth(side.dead_letter_queue) if side.dead_letter_queue else None
     return DrainResult(n / seconds, seconds, broker.depth(side.amqp_queue), dead)
 
@@ -489,6 +518,8 @@ def render(results: dict[str, dict[str, Any]]) -> str:
         tables.append(green_drain.render(results["green"]))
     if "dedup" in results:
         tables.append(dedup_drain.render(results["dedup"]))
+    if "cluster_drain" in results:
+        tables.append(cluster_drain.render(results["cluster_drain"]))
     return "\n\n".join("\n".join(table) for table in tables)
 
 
@@ -637,7 +668,68 @@ def run(broker: Broker, args: argparse.Namespace) -> dict[str, Any]:
                                      timeout_s=args.timeout)
         results["dedup"] = dedup_drain.run(broker, args.broker, _ojs_url(args.broker), dedup,
                                            log=_progress)
+    if "cluster_drain" in args.parts:
+        results["cluster_drain"] = run_cluster_drain(args)
     return results
+
+
+def run_cluster_drain(args: argparse.Namespace) -> dict[str, Any]:
+    """Both sides' drains on a three-node cluster of the run's own (``cluster_drain``),
+    with the in-process and prefork drains of the throughput part."""
+    settings = cluster_drain.Settings(jobs=args.cluster_jobs, rounds=args.rounds,
+                                      timeout_s=args.timeout, ports=args.cluster_ports,
+                                      dist_ports=args.cluster_dist_ports)
+    pid, n = os.getpid(), settings.jobs
+    with cluster_drain.started(settings, log=_progress) as cluster, _workdir() as workdir:
+        admin = Broker(cluster_drain.urls(cluster, "amqp").split(";")[0])
+        made: list[Side] = []
+        try:
+            made.append(make_plain_side(cluster_drain.urls(cluster, "pyamqp"), pid,
+                                        confirm=False, quorum=True))
+            made.append(make_ojs_side(cluster_drain.urls(cluster, "amqp"), pid,
+                                      prefix=f"bench{pid}q", label="ojs_kombu (quorum queue)",
+                                      conf=cluster_drain.OJS_CONF))
+            sides = dict(zip(cluster_drain.SIDES, made, strict=True))
+            for side in made:
+                side.declare()
+
+            def measure(key: str, pool: str, i: int) -> dict[str, Any]:
+                side = sides[key]
+                fill: Callable[[int], None] = (
+                    (lambda k: cluster_drain.fill_ojs(side.app, side.task, k)) if key == "ojs"
+                    else (lambda k: cluster_drain.fill_plain(
+                        side.app, side.task, k, lambda: admin.depth(side.amqp_queue))))
+                if pool == "threads":
+                    watch = cluster_drain.Watch(cluster, side.amqp_queue,
+                                                lambda: side.recorder.count > 0)
+                    result = measure_drain(side, admin, n, settings.timeout_s, fill=fill,
+                                           before_start=lambda: watch.start(os.getpid()),
+                                           when_done=watch.done)
+                else:
+                    name = f"bench-cl-{key}-{pid}-{i}"
+                    record = workdir / f"{name}.record"
+                    watch = cluster_drain.Watch(
+                        cluster, side.amqp_queue,
+                        lambda: record.exists() and record.stat().st_size > 0)
+                    result = measure_prefork_drain(side, admin, n, settings.timeout_s, workdir,
+                                                   name, fill=fill, started=watch.start,
+                                                   when_done=watch.done)
+                return {**asdict(result), **watch.numbers(n)}
+
+            result = cluster_drain.run(settings, measure, log=_progress)
+            result["leaders"] = cluster_drain.leaders(
+                cluster, {key: side.amqp_queue for key, side in sides.items()})
+        finally:
+            for side in made:
+                side.app.close()
+            admin.close()
+    result["settings"] = {"ports": list(settings.ports), "rounds": settings.rounds,
+                          "threads": {"pool": POOL, "concurrency": CONCURRENCY},
+                          "prefork": {"pool": prefork_drain.POOL,
+                                      "concurrency": prefork_drain.CONCURRENCY},
+                          "ojs_conf": cluster_drain.OJS_CONF,
+                          "plain_queue_arguments": {"x-queue-type": "quorum"}}
+    return result
 
 
 def _progress(message: str) -> None:
@@ -847,13 +939,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--broker", default=DEFAULT_BROKER, help="amqp:// URL of RabbitMQ")
     parser.add_argument("--timeout", type=float, default=300.0,
                         help="seconds a drain may take before it counts as an error")
-    parser.add_argument("--only", choices=PARTS,
+    parser.add_argument("--only", choices=PARTS + EXTRA_PARTS,
                         help="run one part: throughput (publish, drain), traced_publish "
                         "(single apply_async with OpenTelemetry's Celery instrumentation on and "
                         "off), events (ojs_kombu "
-                        "with events off vs on), schedule, storm (poison messages) or green "
-                        "(gevent and eventlet drains) or dedup (drain with idempotency keys on "
-                        "and off)")
+                        "with events off vs on), schedule, storm (poison messages), green "
+                        "(gevent and eventlet drains), dedup (drain with idempotency keys on "
+                        "and off) or cluster_drain (a three-node cluster with quorum queues; "
+                        "only with --only)")
     parser.add_argument("--skip-traced-publish", action="store_true",
                         help="leave out the traced publish part")
     parser.add_argument("--skip-events", action="store_true", help="leave out the events part")
@@ -887,6 +980,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--lateness-grace", type=float, default=30.0,
                         help="scheduling: seconds after the last due time before jobs that "
                         "have not run count as missing")
+    parser.add_argument("--cluster-jobs", type=int, default=cluster_drain.Settings.jobs,
+                        help="cluster_drain: jobs per drain")
+    parser.add_argument("--cluster-ports", type=_three_ports,
+                        default=cluster_drain.Settings.ports,
+                        help="cluster_drain: the three nodes' AMQP ports (comma-separated)")
+    parser.add_argument("--cluster-dist-ports", type=_three_ports,
+                        default=cluster_drain.Settings.dist_ports,
+                        help="cluster_drain: the three nodes' Erlang distribution ports")
     args = parser.parse_args(argv)
     if args.jobs < 2 or args.drain_jobs < 2 or args.rounds < 1 or args.blocks < 1:
         parser.error("--jobs and --drain-jobs must be at least 2, --rounds and --blocks at "
@@ -902,8 +1003,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                      "--settle and --lateness-grace not negative")
     if args.storm_jobs < 1 or args.storm_timeout <= 0:
         parser.error("--storm-jobs must be at least 1 and --storm-timeout positive")
-    if args.green_jobs < 1:
-        parser.error("--green-jobs must be at least 1")
+    if args.green_jobs < 1 or args.cluster_jobs < 2:
+        parser.error("--green-jobs must be at least 1, --cluster-jobs at least 2")
     if args.only and (args.skip_traced_publish or args.skip_events or args.skip_schedule
                       or args.skip_storm or args.skip_green or args.skip_dedup):
         parser.error("--only cannot be combined with --skip-traced-publish, --skip-events, "
@@ -916,6 +1017,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     skipped |= {"dedup"} if args.skip_dedup else set()
     args.parts = (args.only,) if args.only else tuple(p for p in PARTS if p not in skipped)
     return args
+
+
+def _three_ports(value: str) -> tuple[int, int, int]:
+    """``--cluster-ports``/``--cluster-dist-ports``: three comma-separated port numbers."""
+    try:
+        ports = tuple(int(p) for p in value.split(","))
+    except ValueError:
+        ports = ()
+    if len(ports) != 3 or len(set(ports)) != 3:
+        raise argparse.ArgumentTypeError(f"three distinct ports, got {value!r}")
+    return ports  # type: ignore[return-value]
 
 
 def _pools(value: str) -> tuple[str, ...]:

@@ -132,7 +132,11 @@ def _alive(pid: int | None) -> bool:
 
 
 class Cluster:
-    """Three nodes joined into one cluster; ``broker_url`` lists all three (kombu failover)."""
+    """Three nodes joined into one cluster; ``broker_url`` lists all three (kombu failover).
+
+    ``with Cluster(...) as cluster:`` starts it and always stops it and deletes its data
+    (the fault suite's ``cluster`` fixture, the benchmark's ``cluster_drain`` part).
+    """
 
     def __init__(self, ports: tuple[int, int, int] = (5681, 5682, 5683),
                  dist_ports: tuple[int, int, int] = (25681, 25682, 25683),
@@ -145,6 +149,18 @@ class Cluster:
     @property
     def broker_url(self) -> str:
         return ";".join(node.url for node in self.nodes)
+
+    def __enter__(self) -> Cluster:
+        """Started, and stopped again if starting fails half-way (no node outlives it)."""
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
     def node(self, name: str) -> ClusterNode:
         return next(node for node in self.nodes if node.name == name)

@@ -121,12 +121,8 @@ def broker_app_running(fault_node: str) -> Iterator[None]:
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
     """The suite's own three-node cluster; stopped and deleted at the end, also on failure."""
-    nodes = Cluster(CLUSTER_PORTS, CLUSTER_DIST_PORTS)  # type: ignore[arg-type]
-    try:
-        nodes.start()
+    with Cluster(CLUSTER_PORTS, CLUSTER_DIST_PORTS) as nodes:  # type: ignore[arg-type]
         yield nodes
-    finally:
-        nodes.stop()
 
 
 @pytest.fixture

@@ -520,3 +520,97 @@ def test_traced_publish_table_shows_rates_ratios_cpu_spans_and_the_verdict(
             "jobs/s 0.80x, CPU per job 1.60x") in text
     verdict = next(line for line in lines if line.startswith("traced single apply_async"))
     assert [c.strip() for c in verdict.split("|")][1:] == ["1.33", "met"]
+
+
+def _cluster_drain(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    monkeypatch.syspath_prepend(str(BENCHMARKS))  # cluster_drain imports report
+    return _load("cluster_drain")
+
+
+def cluster_round(jobs_per_s: float, worker_us: float, broker_us: float,
+                  global_prefetch: int = 0) -> dict[str, Any]:
+    return {"jobs_per_s": jobs_per_s, "seconds": 4000 / jobs_per_s,
+            "worker_cpu_us_per_job": worker_us, "broker_cpu_us_per_job": broker_us,
+            "consumers": 1, "prefetch_count": [16], "global_prefetch_count": [global_prefetch]}
+
+
+def test_cluster_drain_ratio_is_ojs_over_plain_per_pool_against_the_0_9_target(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Medians per side and pool; the ratio and the 0.9x target per pool; CPU ratios
+    ojs over plain; a consumer that asked for global QoS is flagged for its side."""
+    cluster_drain = _cluster_drain(monkeypatch)
+    rounds = {
+        "threads": {"plain": [cluster_round(1000, 300, 400), cluster_round(1200, 320, 420),
+                              cluster_round(1100, 310, 410)],
+                    "ojs": [cluster_round(990, 330, 380), cluster_round(500, 360, 390),
+                            cluster_round(1000, 340, 400)]},
+        "prefork": {"plain": [cluster_round(800, 500, 600, global_prefetch=8)],
+                    "ojs": [cluster_round(712, 450, 500)]},
+    }
+    pools = cluster_drain.summarize(rounds)["pools"]
+    threads = pools["threads"]
+    assert threads["plain"]["jobs_per_s"] == 1100 and threads["ojs"]["jobs_per_s"] == 990
+    assert threads["ratio"] == pytest.approx(0.9)
+    assert threads["target"] == {"minimum": 0.9, "met": True}
+    assert threads["worker_cpu_ratio"] == pytest.approx(340 / 310)
+    assert threads["broker_cpu_ratio"] == pytest.approx(390 / 410)
+    assert threads["global_qos"] == {"plain": False, "ojs": False}
+    prefork = pools["prefork"]
+    assert prefork["ratio"] == pytest.approx(0.89)
+    assert prefork["target"]["met"] is False
+    assert prefork["global_qos"] == {"plain": True, "ojs": False}
+
+
+def test_cluster_drain_skips_a_pool_without_both_sides_and_keeps_missing_cpu_empty(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    cluster_drain = _cluster_drain(monkeypatch)
+    unseen = {**cluster_round(1000, 0, 0), "worker_cpu_us_per_job": None,
+              "broker_cpu_us_per_job": None}
+    pools = cluster_drain.summarize({
+        "threads": {"plain": [cluster_round(1000, 300, 400)], "ojs": [unseen]},
+        "prefork": {"plain": [cluster_round(800, 500, 600)], "ojs": []}})["pools"]
+    assert list(pools) == ["threads"]
+    assert pools["threads"]["ojs"]["worker_cpu_us_per_job"] is None
+    assert pools["threads"]["worker_cpu_ratio"] is None
+
+
+def test_cluster_drain_swaps_the_sides_every_round(monkeypatch: pytest.MonkeyPatch) -> None:
+    cluster_drain = _cluster_drain(monkeypatch)
+    calls: list[tuple[str, str, int]] = []
+
+    def measure(key: str, pool: str, i: int) -> dict[str, Any]:
+        calls.append((key, pool, i))
+        return cluster_round(1000 if key == "plain" else 950, 300, 400)
+
+    result = cluster_drain.run(cluster_drain.Settings(jobs=4000, rounds=2), measure,
+                               log=lambda _: None)
+    assert calls == [("plain", "threads", 0), ("ojs", "threads", 0),
+                     ("plain", "prefork", 0), ("ojs", "prefork", 0),
+                     ("ojs", "threads", 1), ("plain", "threads", 1),
+                     ("ojs", "prefork", 1), ("plain", "prefork", 1)]
+    assert result["orders"] == [["plain", "ojs"], ["ojs", "plain"]]
+    assert result["pools"]["prefork"]["ratio"] == pytest.approx(0.95)
+
+
+def test_cluster_drain_table_shows_rates_cpu_qos_and_the_verdicts(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    cluster_drain = _cluster_drain(monkeypatch)
+    result = cluster_drain.summarize({
+        "threads": {"plain": [cluster_round(1000, 300, 400)],
+                    "ojs": [cluster_round(850, 320, 380)]},
+        "prefork": {"plain": [cluster_round(700, 500, 600, global_prefetch=8)],
+                    "ojs": [cluster_round(700, 450, 500)]}})
+    lines = cluster_drain.render({**result, "jobs": 4000,
+                                  "leaders": {"plain": "ojs-b1@localhost",
+                                              "ojs": "ojs-b1@localhost"}})
+    rows = {cells[0]: cells[1:] for cells in (
+        [c.strip() for c in line.split("|")] for line in lines if line.count("|") == 5)}
+    assert rows["plain Celery, threads"] == ["1000", "", "300", "400", "no"]
+    assert rows["ojs_kombu, threads"] == ["850", "0.85", "320", "380", "no"]
+    assert rows["plain Celery, prefork"][-1] == "yes"
+    verdicts = {cells[0]: cells[1:] for cells in (
+        [c.strip() for c in line.split("|")] for line in lines if line.startswith("drain "))}
+    assert verdicts["drain threads on the cluster >= 0.9x plain Celery"] == ["0.85", "not met"]
+    assert verdicts["drain prefork on the cluster >= 0.9x plain Celery"] == ["1.00", "met"]
+    assert "queue leaders: plain Celery ojs-b1@localhost, ojs_kombu ojs-b1@localhost" in (
+        "\n".join(lines))

@@ -50,11 +50,12 @@ class IncomingJob:
     payload: tuple[list[Any], dict[str, Any], dict[str, Any]]
 
 
-def _consumer_computed(key: str) -> bool:
-    """``x-ojs-*`` and ``ojs_*`` request headers are the consumer's own; a copy in
-    ``x_celery`` (Celery's ``self.retry(args=...)`` forwards a request's custom
-    headers) is stale and ignored."""
-    return key.startswith(("x-ojs-", "ojs_"))
+#: ``x-ojs-*`` and ``ojs_*`` request headers are the consumer's own; a copy in
+#: ``x_celery`` (Celery's ``self.retry(args=...)`` forwards a request's custom
+#: headers) is stale and ignored.
+_CONSUMER_PREFIXES = ("x-ojs-", "ojs_")
+#: ``x_celery`` entries that are Celery's message body, not its headers.
+_BODY_KEYS = frozenset(("kwargs", *EMBED_KEYS))
 
 
 def _builtin_refused(resolve_task: Callable[[str], str | None], job_type: str,
@@ -130,20 +131,21 @@ def decode_job_message(
     }
     if x_celery.get("argsrepr") is None:
         headers["argsrepr"] = argsrepr(envelope.args)
-    headers.update(
-        (k, v) for k, v in x_celery.items()
-        if v is not None and k != "kwargs" and k not in EMBED_KEYS and not _consumer_computed(k)
-    )
-    headers.update(
-        (k, v) for k, v in amqp_headers.items() if isinstance(k, str) and k.startswith("x-ojs-")
-    )
+    # Plain loops: this runs for every consumed job, on the worker's event-loop thread.
+    for key, value in x_celery.items():
+        if value is not None and key not in _BODY_KEYS and not key.startswith(_CONSUMER_PREFIXES):
+            headers[key] = value
+    for key, value in amqp_headers.items():
+        if isinstance(key, str) and key.startswith("x-ojs-"):
+            headers[key] = value
     own_retry: dict[str, Any] = {}
     if not celery_job and isinstance(amqp_headers.get("x-ojs-max-attempts"), int):
         # A foreign producer may state its budget in the header only (section 6.2).
         own_retry["max_attempts"] = amqp_headers["x-ojs-max-attempts"]
     retry = envelope.retry
     if retry is not None:  # the fields the job states (all of them JSON values already)
-        own_retry.update((name, getattr(retry, name)) for name in retry.model_fields_set)
+        for name in retry.model_fields_set:
+            own_retry[name] = getattr(retry, name)
     if own_retry:
         headers[RETRY_HEADER] = own_retry
     if celery_job:
@@ -172,7 +174,7 @@ def decode_job_message(
     due = envelope.scheduled_at
     headers["eta"] = celery_time(due) if due is not None and due > datetime.now(UTC) else None
     headers["expires"] = celery_time(envelope.expires_at)
-    embed = {key: x_celery.get(key) for key in EMBED_KEYS}
+    embed = dict(zip(EMBED_KEYS, map(x_celery.get, EMBED_KEYS), strict=True))
     return IncomingJob(envelope=envelope, task_name=task_name, headers=headers,
                        payload=(envelope.args, kwargs, embed))
 

@@ -75,20 +75,34 @@ class RetryPolicy(_Strict):
     non_retryable_errors: list[NonEmptyStr] = Field(default_factory=list)
     on_exhaustion: Literal["discard", "dead_letter"] = "discard"
 
-    _check_unique = field_validator("non_retryable_errors")(
-        lambda v: _unique(v, "non_retryable_errors")
-    )
+    @field_validator("non_retryable_errors")
+    @classmethod
+    def _errors_unique(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise ValueError("non_retryable_errors items must be unique")
+        return value
 
     @model_validator(mode="after")
     def _intervals(self) -> RetryPolicy:
-        # The schema's descriptions: initial_interval MUST be > 0 and
-        # max_interval MUST be >= initial_interval.
-        initial = parse_duration(self.initial_interval)
-        if initial.total_seconds() <= 0:
-            raise ValueError("retry.initial_interval must be greater than zero")
-        if parse_duration(self.max_interval) < initial:
-            raise ValueError("retry.max_interval must be >= retry.initial_interval")
+        problem = _interval_problem(self.initial_interval, self.max_interval)
+        if problem is not None:
+            raise ValueError(problem)
         return self
+
+
+@lru_cache(maxsize=256)
+def _interval_problem(initial_interval: str, max_interval: str) -> str | None:
+    """What the schema's descriptions refuse in a policy's intervals (initial_interval
+    MUST be > 0, max_interval MUST be >= initial_interval), or ``None``.
+
+    Cached: every consumed job with a retry policy checks its pair, and the pairs in
+    use are few."""
+    initial = parse_duration(initial_interval)
+    if initial.total_seconds() <= 0:
+        return "retry.initial_interval must be greater than zero"
+    if parse_duration(max_interval) < initial:
+        return "retry.max_interval must be >= retry.initial_interval"
+    return None
 
 
 class UniquePolicy(_Strict):

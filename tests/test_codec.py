@@ -127,6 +127,18 @@ def test_round_trip_keeps_kwargs_canvas_and_celery_headers() -> None:
     assert celery_payload(job.body) == incoming.payload
 
 
+def test_each_consumed_job_has_stamps_of_its_own() -> None:
+    """Celery's stamping writes into a request's ``stamps``: one job's must never show
+    up on the next job decoded."""
+    body, ct, headers, props = celery_message("report.fetch", args=(1,))
+    job = encode_task_message(body=body, content_type=ct, properties=props, headers=headers,
+                              job_type="report.fetch", queue="reports", now=NOW)
+    first = decode_job_message(job.body, job.properties, resolve_task=lambda t: t)
+    first.headers["stamps"]["on_first"] = ["x"]
+    second = decode_job_message(job.body, job.properties, resolve_task=lambda t: t)
+    assert second.headers["stamps"] == {}
+
+
 def test_round_trip_of_eta_and_expires_is_exact() -> None:
     eta = (datetime.now(UTC) + timedelta(days=1)).replace(microsecond=5)
     job = encode(eta=eta, expires=eta + timedelta(minutes=5))

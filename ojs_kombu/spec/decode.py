@@ -128,6 +128,7 @@ def decode_job_message(
         "group": None,
         "retries": (attempt - 1) if isinstance(attempt, int) and attempt > 0 else 0,
         "timelimit": [envelope.timeout or None, None],
+        "stamps": {},  # a job's own: Celery's stamping writes into it
     }
     if x_celery.get("argsrepr") is None:
         headers["argsrepr"] = argsrepr(envelope.args)

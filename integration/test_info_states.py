@@ -1,6 +1,8 @@
 """INFO answers every state a worker can know, with no result backend at all: active,
 completed, retryable (waiting in a retry queue), discarded, cancelled, and ``unknown``
-with a reason for a job nobody knows (a real worker, a real broker)."""
+with a reason for a job nobody knows; with a Redis result backend, ``scheduled`` (with
+its ``scheduled_at``) for a delayed job waiting in the broker (a real worker, a real
+broker)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -16,25 +20,30 @@ import amqp
 import pytest
 from celery import Celery
 
+import ojs_kombu
 from ojs_kombu.amqp.control import ControlClient
 from ojs_kombu.spec.job_ids import new_job_id
+from ojs_kombu.spec.times import parse_time
 
 from .apps import make_app
 from .conftest import queue_depth, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 QUEUE = "info-states"
+SCHEDULED_QUEUE = "info-scheduled"
+#: The result backend of the ``scheduled`` test (its own Redis database).
+BACKEND = "redis://127.0.0.1:6379/13"
 
 
-@pytest.fixture(scope="module")
-def no_backend_worker(broker_url: str, tmp_path_factory: pytest.TempPathFactory
-                      ) -> Iterator[subprocess.Popen[bytes]]:
-    log = tmp_path_factory.mktemp("info") / "worker.log"
-    env = {**os.environ, "OJS_TEST_BROKER_URL": broker_url, "OJS_TEST_RESULT_BACKEND": "none"}
+@contextmanager
+def cli_worker(broker_url: str, queue: str, backend: str, log: Path
+               ) -> Iterator[subprocess.Popen[bytes]]:
+    """``integration.cliapp``'s worker on ``queue`` with ``backend`` as its result backend."""
+    env = {**os.environ, "OJS_TEST_BROKER_URL": broker_url, "OJS_TEST_RESULT_BACKEND": backend}
     with log.open("ab") as out:
         worker = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "integration.cliapp", "worker", "-Q", QUEUE,
-             "-n", f"{QUEUE}@%h", "--pool", "threads", "-c", "4", "--loglevel", "INFO",
+            [sys.executable, "-m", "celery", "-A", "integration.cliapp", "worker", "-Q", queue,
+             "-n", f"{queue}@%h", "--pool", "threads", "-c", "4", "--loglevel", "INFO",
              "--without-mingle", "--without-gossip"],
             cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -46,6 +55,14 @@ def no_backend_worker(broker_url: str, tmp_path_factory: pytest.TempPathFactory
         except subprocess.TimeoutExpired:
             os.killpg(worker.pid, signal.SIGKILL)
             worker.wait(10)
+
+
+@pytest.fixture(scope="module")
+def no_backend_worker(broker_url: str, tmp_path_factory: pytest.TempPathFactory
+                      ) -> Iterator[subprocess.Popen[bytes]]:
+    log = tmp_path_factory.mktemp("info") / "worker.log"
+    with cli_worker(broker_url, QUEUE, "none", log) as worker:
+        yield worker
 
 
 @pytest.fixture(scope="module")
@@ -94,3 +111,38 @@ def test_info_answers_each_state_without_a_result_backend(
         assert nobody["state"] == "unknown" and "no result backend" in nobody["reason"]
         for answer in (state(j) for j in (running, done, waiting, failed)):
             assert "error" not in answer and "Error" not in str(answer)
+
+
+def test_with_a_result_backend_a_delayed_job_answers_scheduled_then_completed(
+        broker_url: str, amqp_channel: amqp.Channel, tmp_path: Path) -> None:
+    producer = make_app("info-scheduled-producer", broker_url, BACKEND)
+    producer.connection_for_write().ensure_connection().connection.ensure_topology(
+        SCHEDULED_QUEUE)
+    add = producer.tasks["math.add"]
+    with cli_worker(broker_url, SCHEDULED_QUEUE, BACKEND, tmp_path / "worker.log"), \
+            ControlClient(producer) as client:
+        wait_until(lambda: amqp_channel.queue_declare(
+            f"ojs.queue.control.{SCHEDULED_QUEUE}", passive=True).consumer_count,
+            90, "the worker of info-scheduled")
+
+        def state(job_id: str) -> dict[str, Any]:
+            return client.info(job_id, SCHEDULED_QUEUE, timeout=10)
+
+        sent = datetime.now(UTC)
+        later = add.apply_async((1, 2), queue=SCHEDULED_QUEUE, countdown=30).id
+        answer = state(later)
+        assert answer["state"] == "scheduled", answer
+        due = parse_time(answer["scheduled_at"])
+        assert sent + timedelta(seconds=29) <= due <= sent + timedelta(seconds=32)
+
+        batched, = ojs_kombu.enqueue_many(producer, [add.s(3, 4).set(queue=SCHEDULED_QUEUE,
+                                                                      countdown=30)])
+        assert state(batched.id)["state"] == "scheduled"
+
+        soon = add.apply_async((5, 6), queue=SCHEDULED_QUEUE, countdown=3).id
+        assert state(soon)["state"] in ("scheduled", "available", "active", "completed")
+        assert wait_until(lambda: state(soon)["state"] == "completed", 40, "completed")
+        assert producer.AsyncResult(soon).get(timeout=10) == 11
+        assert state(later)["state"] == "scheduled"  # still waiting its 30 s
+        for job_id in (later, batched.id):
+            client.cancel(job_id, SCHEDULED_QUEUE)

@@ -68,7 +68,7 @@ class OJSAMQP(AMQP):
 
     def _create_task_sender(self) -> Any:
         """Celery's task sender, publishing OJS jobs (:mod:`ojs_kombu.celery.task_sender`)."""
-        return job_task_sender(super()._create_task_sender(), self.binding, self.app.conf)
+        return job_task_sender(super()._create_task_sender(), self.binding, self.app)
 
     def as_task_v2(self, task_id: str, name: str, *args: Any, **kwargs: Any) -> Any:
         """Celery's task message, without the ``argsrepr``/``kwargsrepr`` it would compute.

@@ -38,7 +38,7 @@ from ..amqp.job_channel import JobChannel
 from ..amqp.publisher import job_queue_for
 from ..events.tracing import with_current_trace
 from ..spec.encode import OutgoingJob, build_job
-from ..spec.errors import InvalidJobIdError, JobEncodeError
+from ..spec.errors import BatchPublishError, InvalidJobIdError, JobEncodeError
 from ..spec.job_ids import new_job_id
 from ..spec.job_options import META_OPTION, RETRY_OPTION, check_time_limits, time_option
 from ..spec.naming import is_job_id
@@ -46,6 +46,7 @@ from ..spec.times import format_time
 from ..spec.unique import IDEMPOTENCY_OPTION, UNIQUE_OPTION, idempotency_key
 from ..spec.x_celery import x_celery_of
 from .dedup_store import store_for
+from .scheduled import forget_scheduled, record_scheduled, wants_record
 
 #: Options a batch job may carry; everything else is refused by name.
 BATCH_OPTIONS = frozenset({
@@ -94,11 +95,23 @@ def enqueue_many(app: Celery, jobs: Iterable[JobSpec] | group, *,
     with app.producer_or_acquire() as producer, \
             producer.connection._reraise_as_library_errors():
         backend = app.backend
+        recorded: list[str] = []
         for job, wants_result in zip(outgoing, encoder.wants_result, strict=True):
             if wants_result:
                 backend.on_task_call(producer, job.job_id)
+                if job.delay_ms and wants_record(app, False):  # before the publish
+                    scheduled_at = job.properties["application_headers"]["x-ojs-scheduled-at"]
+                    if record_scheduled(app, job.job_id, scheduled_at):
+                        recorded.append(job.job_id)
         channel: JobChannel = producer.channel
-        channel.publish_jobs(outgoing, confirm_timeout=confirm_timeout)
+        try:
+            channel.publish_jobs(outgoing, confirm_timeout=confirm_timeout)
+        except BatchPublishError as exc:
+            forget_scheduled(app, [job_id for job_id in recorded if job_id in exc.rejected])
+            raise
+        except BaseException:
+            forget_scheduled(app, recorded)
+            raise
     result_cls = app.AsyncResult
     return [result_cls(job.job_id) for job in outgoing]
 

@@ -35,6 +35,7 @@ from ..amqp.delivery import JobMessage
 from ..amqp.job_channel import JobChannel, JobConnection
 from ..spec.times import format_time
 from .events import consumed_queues
+from .scheduled import SCHEDULED
 
 logger = logging.getLogger(__name__)
 
@@ -142,8 +143,9 @@ def _held(job_id: str) -> tuple[str, Any] | None:
 
 
 def job_info(app: Celery, job_id: str, timeout: float = 1.0) -> dict[str, Any]:
-    """The OJS state of ``job_id``: from the workers, then the result backend (``unknown``,
-    with a reason, when there is none or it cannot be asked).  Never raises: what went
+    """The OJS state of ``job_id``: from the workers, then the result backend (``scheduled``
+    with ``scheduled_at`` for a delayed job its producer recorded; ``unknown``, with a
+    reason, when there is none or it cannot be asked).  Never raises: what went
     wrong is in this worker's log, the answer says where to look."""
     try:
         replies = app.control.broadcast("ojs_job_info", arguments={"job_id": job_id},
@@ -161,10 +163,15 @@ def job_info(app: Celery, job_id: str, timeout: float = 1.0) -> dict[str, Any]:
         backend = app.backend
         if isinstance(backend, DisabledBackend):  # nothing else to ask: say so
             return {"job_id": job_id, "state": "unknown", "reason": NO_BACKEND}
+        result = app.AsyncResult(job_id)
         try:
-            state = app.AsyncResult(job_id).state
+            state = result.state
         except NotImplementedError:  # a backend that cannot look results up
             state = "PENDING"
+        if state == SCHEDULED:  # recorded by its producer: it waits in the broker's schedule
+            meta = result.info
+            return {"job_id": job_id, "state": "scheduled",
+                    "scheduled_at": meta.get("scheduled_at") if isinstance(meta, dict) else None}
     except Exception:
         logger.exception("INFO for job %s: the result backend could not be asked", job_id)
         return {"job_id": job_id, "state": "unknown", "reason": BACKEND_FAILED}

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from celery import Celery
 from kombu import Producer
 from kombu.exceptions import EncodeError
 
@@ -31,6 +32,7 @@ from ..spec.encode import CELERY_CALL, CELERY_JSON
 from ..spec.errors import NonJSONArgumentError
 from ..spec.unique import IDEMPOTENCY_OPTION, UNIQUE_OPTION
 from .dedup_store import store_for
+from .scheduled import forget_scheduled, record_scheduled, scheduled_at_of, wants_record
 
 #: Celery's ``send_task_message(producer, name, message, **options)``.
 SendTaskMessage = Callable[..., Any]
@@ -84,9 +86,10 @@ class JobProducer:
             publish_job()
 
 
-def job_task_sender(send: SendTaskMessage, binding: Binding, conf: Any) -> SendTaskMessage:
+def job_task_sender(send: SendTaskMessage, binding: Binding, app: Celery) -> SendTaskMessage:
     """Celery's ``send`` publishing through a :class:`JobProducer` on ``ojs`` connections,
-    without kombu's per-publish declare of the queue.
+    without kombu's per-publish declare of the queue, recording a delayed job as
+    ``SCHEDULED`` in the result backend first (:mod:`ojs_kombu.celery.scheduled`).
 
     The ``ojs`` transport declares a job queue's whole OJS topology on the
     first publish to it (once per connection) and again after a return, so
@@ -94,7 +97,7 @@ def job_task_sender(send: SendTaskMessage, binding: Binding, conf: Any) -> SendT
     only repeated that check, through a fresh retry wrapper each time.  An
     explicit ``declare=[...]`` option is still honoured.
     """
-    default_serializer = conf.task_serializer
+    default_serializer = app.conf.task_serializer
 
     def send_task_message(producer: Any, name: str, message: Any, *,
                           declare: Any = None, **options: Any) -> Any:
@@ -102,17 +105,32 @@ def job_task_sender(send: SendTaskMessage, binding: Binding, conf: Any) -> SendT
             producer = JobProducer(producer, binding)
         if options.get(UNIQUE_OPTION) or options.get(IDEMPOTENCY_OPTION):
             store_for(binding.settings)  # DedupNotConfigured without ojs_dedup_url
+        headers = getattr(message, "headers", None) or {}
+        recorded = _record_if_scheduled(app, headers)
         try:
             return send(producer, name, message,
                         declare=[] if declare is None else declare, **options)
-        except EncodeError as exc:  # Celery's JSON of a message another transport takes
-            if (options.get("serializer") or default_serializer) not in _JSON:
-                raise
-            headers = getattr(message, "headers", None) or {}
-            raise NonJSONArgumentError(
-                f"task {name!r}: an argument is not a JSON-native value ({exc}); OJS "
-                "args/kwargs carry only strings, numbers, booleans, null, arrays and "
-                "objects", job_id=headers.get("id"),
-            ) from exc
+        except BaseException as exc:
+            if recorded:
+                forget_scheduled(app, [recorded])
+            if isinstance(exc, EncodeError) and \
+                    (options.get("serializer") or default_serializer) in _JSON:
+                # Celery's JSON of a message another transport would take
+                raise NonJSONArgumentError(
+                    f"task {name!r}: an argument is not a JSON-native value ({exc}); OJS "
+                    "args/kwargs carry only strings, numbers, booleans, null, arrays and "
+                    "objects", job_id=headers.get("id"),
+                ) from exc
+            raise
 
     return send_task_message
+
+
+def _record_if_scheduled(app: Celery, headers: dict[str, Any]) -> str | None:
+    """The id of the job recorded as ``SCHEDULED`` before its publish, if it is one."""
+    scheduled_at = scheduled_at_of(headers)
+    job_id = headers.get("id")
+    if scheduled_at is None or not isinstance(job_id, str) \
+            or not wants_record(app, headers.get("ignore_result")):
+        return None
+    return job_id if record_scheduled(app, job_id, scheduled_at) else None

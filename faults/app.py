@@ -54,6 +54,7 @@ def make_app(broker_url: str, **conf: Any) -> Celery:
             time.sleep(seconds)
         _done(self.request.id)
 
+    ojs_kombu.register_conformance_probes(app)  # what ``ojs-kombu conformance`` watches
     return app
 
 

@@ -10,9 +10,15 @@ completions), and asserts ``lost == 0`` for confirmed jobs.
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from celery import Celery
@@ -24,7 +30,7 @@ from ojs_kombu.spec.job_ids import new_job_id
 
 from .app import make_app
 from .cluster import Cluster, ClusterNode
-from .conftest import CompletionClock, Counts, Workers, longest_gap, publish, wait_until
+from .conftest import ROOT, CompletionClock, Counts, Workers, longest_gap, publish, wait_until
 
 QUORUM = {"ojs_queue_defaults": {"type": "quorum"}}
 #: Room for publish retries across a node loss (kombu tries the next URL at once).
@@ -211,3 +217,52 @@ def test_minority_by_stopping_two_nodes_apps_in_turn(healed_cluster: Cluster,
     finally:
         workers.stop_all()
     assert numbers["publish_stall_s"] >= 5, numbers  # the minority did hold publishes
+
+
+def test_ojs_kombu_conformance_on_the_cluster_with_quorum_queues(healed_cluster: Cluster,
+                                                                tmp_path: Path) -> None:
+    """``ojs-kombu conformance --schedule --recovery`` given all three node URLs, a worker
+    of the queue running the probe tasks, every queue a quorum queue: no row fails,
+    AMQP-032 passes, and so do the rows watching the worker and the producer."""
+    cli = shutil.which("ojs-kombu", path=str(Path(sys.executable).parent))
+    assert cli, "ojs-kombu is not installed next to this interpreter"
+    # a BEAT within --job-timeout (the default ojs_job_heartbeat, 30 s, needs up to 60 s)
+    workers = Workers(healed_cluster.broker_url, tmp_path / "done.txt",
+                      tmp_path / "workers.log", {**QUORUM, "ojs_job_heartbeat": 5})
+    try:
+        workers.start("conformance", "--pool", "threads", "-c", "4")
+        workers.wait_ready()
+        env = {**os.environ, "OJS_FAULTS_BROKER_URL": healed_cluster.broker_url,
+               "OJS_FAULTS_CONF": json.dumps(QUORUM),
+               "OJS_FAULTS_DONE_FILE": str(tmp_path / "done.txt")}
+        started = time.monotonic()
+        result = subprocess.run(
+            [cli, "conformance", "-A", "faults.app", "-q", "conformance", "--schedule",
+             "--recovery", "--job-timeout", "40", "--json"],
+            env=env, cwd=ROOT, capture_output=True, text=True, timeout=150, check=False)
+        took = time.monotonic() - started
+    finally:
+        workers.stop_all()
+    try:
+        report = json.loads(result.stdout)
+    except ValueError:
+        raise AssertionError(f"not JSON (rc {result.returncode}): {result.stdout!r} "
+                             f"{result.stderr[-2000:]!r}") from None
+    checks = {c["id"]: c for c in report["checks"]}
+    statuses = {s: sorted(i for i, c in checks.items() if c["status"] == s)
+                for s in ("pass", "warn", "n/a", "fail")}
+    print(f"\nconformance on the cluster in {took:.0f}s: "
+          + ", ".join(f"{len(ids)} {s}" for s, ids in statuses.items()))
+    for check_id, check in sorted(checks.items()):
+        if check["status"] != "pass" or check_id in ("AMQP-009", "AMQP-019", "AMQP-020",
+                                                     "AMQP-025", "AMQP-026", "AMQP-027",
+                                                     "AMQP-029", "AMQP-032"):
+            print(f"  {check_id} {check['status']}: {check['reason']}")
+    assert len(checks) == 32
+    assert {i: c["reason"] for i, c in checks.items() if c["status"] == "fail"} == {}
+    assert result.returncode == 0 and report["ok"] is True
+    assert checks["AMQP-032"]["status"] == "pass", checks["AMQP-032"]
+    assert "a worker of conformance nacked" in checks["AMQP-009"]["reason"]
+    for check_id in ("AMQP-019", "AMQP-020", "AMQP-022", "AMQP-025", "AMQP-026", "AMQP-027",
+                     "AMQP-029"):
+        assert checks[check_id]["status"] == "pass", checks[check_id]

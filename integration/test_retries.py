@@ -129,7 +129,14 @@ def test_dead_letter_api_lists_shows_replays_and_purges(
 
         SWITCHES["toggle.fail"] = False
         dlq.replay(first.id)
-        assert first.get(timeout=30) == "ran"  # same id, run again
+        # same id, run again: the backend holds the first run's FAILURE until the
+        # replayed run stores its own (as for any Celery task sent again with its id)
+        def stored() -> dict[str, Any]:
+            return app.backend.get_task_meta(first.id, cache=False)
+
+        wait_until(lambda: stored()["status"] != "FAILURE", timeout=30,
+                   what="the replayed run's result")
+        assert stored()["result"] == "ran"
         runs = [c for c in app.calls.all() if c["id"] == first.id]
         assert [c["attempt"] for c in runs] == [1, 1]  # attempt reset
         assert [d.job_id for d in dlq.list()] == [second.id]

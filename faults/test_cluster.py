@@ -24,7 +24,7 @@ from typing import Any
 from celery import Celery
 from kombu.exceptions import OperationalError
 
-from ojs_kombu.amqp import reconnect
+import ojs_kombu
 from ojs_kombu.spec.errors import JobPublishError
 from ojs_kombu.spec.job_ids import new_job_id
 
@@ -73,7 +73,8 @@ def stream(cluster: Cluster, app: Celery, workers: Workers, queue: str, total: i
     """``total`` confirmed jobs published while a worker drains them; ``disrupt`` runs once
     a fifth are confirmed.  Returns the counts and the longest stalls."""
     events: list[dict[str, Any]] = []
-    unsubscribe = reconnect.subscribe(events.append)
+    subscription = ojs_kombu.subscribe(app, events.append,
+                                       event_types=["connection.reconnected"])
     workers.start(queue, "--pool", "threads", "-c", "4", "--prefetch-multiplier", "4")
     workers.wait_ready()
     counts = Counts()
@@ -96,12 +97,12 @@ def stream(cluster: Cluster, app: Celery, workers: Workers, queue: str, total: i
                       workers.log.read_text(errors="replace")[-6000:])
                 raise
         finally:
-            unsubscribe()
+            subscription.cancel()
             thread.join(1)
     numbers: dict[str, Any] = dict(counts.report(name, workers.done_file))
     numbers["publish_stall_s"] = round(longest_gap(counts.confirmed_at), 1)
     numbers["drain_stall_s"] = round(longest_gap(clock.times), 1)
-    numbers["reconnections"] = sum(e["type"] == reconnect.RECONNECTED for e in events)
+    numbers["reconnections"] = sum(e["type"] == "connection.reconnected" for e in events)
     refused_at = counts.refused_at
     numbers["refusals_s"] = round(refused_at[-1] - refused_at[0], 1) if refused_at else 0.0
     print(f"[{name}] publish_stall_s={numbers['publish_stall_s']} "

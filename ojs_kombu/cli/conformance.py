@@ -88,7 +88,8 @@ def check_declarations(results: Results, amqp_connection: Any, binding: Binding,
             results.set("AMQP-032", "pass", "x-queue-type=quorum")
         else:
             results.set("AMQP-032", "warn", f"{job['name']} is a {queue_type} queue; set "
-                        f"ojs_queue_arguments={{{queue!r}: {{'x-queue-type': 'quorum'}}}}")
+                        "ojs_queue_defaults={'type': 'quorum'} (or ojs_queues="
+                        f"{{{queue!r}: {{'type': 'quorum'}}}})")
     missing = [q["name"] for q in topo["queues"] if not q["exists"]] + [
         e["name"] for e in topo["exchanges"] if not e["exists"]]
     if missing:

@@ -27,7 +27,7 @@ HOST = "localhost"
 ERL_ARGS = "+S 2:2 +A 8 +sbwt none +sbwtdcpu none +sbwtdio none"
 
 
-def _port_open(port: int) -> bool:
+def port_open(port: int) -> bool:
     try:
         socket.create_connection(("127.0.0.1", port), timeout=1).close()
         return True
@@ -35,13 +35,13 @@ def _port_open(port: int) -> bool:
         return False
 
 
-def _wait(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+def wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
-        time.sleep(0.2)
+        time.sleep(0.1)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
@@ -97,16 +97,16 @@ class ClusterNode:
 
     def await_up(self, timeout: float = 120) -> None:
         """Until the node runs its rabbit app and answers AMQP."""
-        _wait(self.running, timeout, f"node {self.name} to answer")
+        wait_until(self.running, timeout, f"node {self.name} to answer")
         self.ctl("--timeout", str(int(timeout)), "await_startup", timeout=timeout + 10)
-        _wait(lambda: _port_open(self.port), timeout, f"AMQP on port {self.port}")
+        wait_until(lambda: port_open(self.port), timeout, f"AMQP on port {self.port}")
         self.pid = int(self.ctl("eval", "list_to_integer(os:getpid()).").strip())
 
     def kill9(self) -> None:
         """``kill -9`` of the node's Erlang VM: no goodbye to its peers or clients."""
         assert self.pid is not None, f"{self.name} is not up"
         os.kill(self.pid, signal.SIGKILL)
-        _wait(lambda: not _alive(self.pid), 30, f"{self.name}'s VM to die")
+        wait_until(lambda: not _alive(self.pid), 30, f"{self.name}'s VM to die")
         self.pid = None
 
     def stop(self) -> None:
@@ -166,7 +166,7 @@ class Cluster:
         return next(node for node in self.nodes if node.name == name)
 
     def start(self) -> None:
-        busy = [n.name for n in self.nodes if _port_open(n.port) or n.running()]
+        busy = [n.name for n in self.nodes if port_open(n.port) or n.running()]
         if busy:
             raise RuntimeError(f"{', '.join(busy)} (or its port) already in use: the cluster "
                                "runs only on nodes the fault suite starts itself")
@@ -178,7 +178,7 @@ class Cluster:
             node.ctl("join_cluster", first.name)
             node.ctl("start_app")
             node.await_up()
-        _wait(lambda: all(n.name in first.ctl("cluster_status", "--formatter", "json")
+        wait_until(lambda: all(n.name in first.ctl("cluster_status", "--formatter", "json")
                           for n in self.nodes), 60, "every node in the cluster")
 
     def leader(self, queue: str) -> ClusterNode:

@@ -15,13 +15,12 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +31,7 @@ from celery import Celery
 
 from ojs_kombu.spec.job_ids import new_job_id
 
-from .cluster import Cluster
+from .cluster import Cluster, port_open, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 NODE = os.environ.get("OJS_FAULTS_NODE", "ojs-faults@localhost")
@@ -54,33 +53,15 @@ def rabbitmqctl(*args: str, timeout: float = 120, check: bool = True) -> str:
     return result.stdout
 
 
-def _port_open(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-        return True
-    except OSError:
-        return False
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
 def await_broker() -> None:
     rabbitmqctl("--timeout", "120", "await_startup")
-    wait_until(lambda: _port_open(PORT), 60, f"AMQP on port {PORT}")
+    wait_until(lambda: port_open(PORT), 60, f"AMQP on port {PORT}")
 
 
 @pytest.fixture(scope="session")
 def fault_node() -> Iterator[str]:
     """Start the suite's own RabbitMQ node; stop it and delete its data at the end."""
-    if _port_open(PORT) or rabbitmqctl("ping", check=False, timeout=30).strip():
+    if port_open(PORT) or rabbitmqctl("ping", check=False, timeout=30).strip():
         pytest.fail(f"port {PORT} or node {NODE} is already in use: the fault suite runs "
                     "only against a node it starts itself (stop the leftover node first)")
     base = Path(tempfile.mkdtemp(prefix="ojs-faults-"))

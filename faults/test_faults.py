@@ -63,14 +63,18 @@ def queue_depth(queue: str) -> int:
     return -1
 
 
-def test_kill_9_of_a_busy_worker_loses_nothing(fault_broker_url: str, workers: Workers) -> None:
-    """(a) kill -9 a prefork worker (and its pool) mid-job, three times."""
-    queue, kills, concurrency = "kill9", 3, 2
+KILLS, CONCURRENCY = 3, 2
+
+
+def _kill_9_three_times(fault_broker_url: str, workers: Workers, queue: str,
+                        task_name: str, name: str) -> dict[str, int]:
+    """60 jobs of ``task_name``; a busy prefork worker (and its pool) killed -9 mid-job
+    three times, then one that finishes; the counts."""
     app = producer(fault_broker_url)
     counts = Counts()
-    publish(app, counts, 60, seconds=0.1, queue=queue)
-    args = ("--pool", "prefork", "-c", str(concurrency), "--prefetch-multiplier", "1")
-    for _ in range(kills):
+    publish(app, counts, 60, seconds=0.1, queue=queue, task_name=task_name)
+    args = ("--pool", "prefork", "-c", str(CONCURRENCY), "--prefetch-multiplier", "1")
+    for _ in range(KILLS):
         worker = workers.start(queue, *args)
         before = len(counts.completions(workers.done_file))
         # busy: it has completed jobs since it started and still has some to do
@@ -79,31 +83,25 @@ def test_kill_9_of_a_busy_worker_loses_nothing(fault_broker_url: str, workers: W
         workers.kill9(worker)
     workers.start(queue, *args)
     counts.wait_completed(workers.done_file, timeout=90)
-    numbers = counts.report("kill -9 x3", workers.done_file)
+    return counts.report(name, workers.done_file)
+
+
+def test_kill_9_of_a_busy_worker_loses_nothing(fault_broker_url: str, workers: Workers) -> None:
+    """(a) kill -9 a prefork worker (and its pool) mid-job, three times."""
+    numbers = _kill_9_three_times(fault_broker_url, workers, "kill9", "faults.record",
+                                  "kill -9 x3")
     assert numbers["lost"] == 0
     assert numbers["refused"] == 0
     # each kill can only redeliver what that worker held: concurrency x prefetch multiplier
-    assert numbers["duplicated"] <= kills * concurrency
+    assert numbers["duplicated"] <= KILLS * CONCURRENCY
 
 
 def test_kill_9_of_a_busy_worker_with_keyed_jobs_runs_each_once(
         fault_broker_url: str, workers: Workers) -> None:
     """(a) again with an idempotency key on every job (the job id, on the Redis store):
     what a killed worker held is redelivered, and what already ran is acked unrun."""
-    queue, kills, concurrency = "kill9keyed", 3, 2
-    app = producer(fault_broker_url)
-    counts = Counts()
-    publish(app, counts, 60, seconds=0.1, queue=queue, task_name="faults.record_keyed")
-    args = ("--pool", "prefork", "-c", str(concurrency), "--prefetch-multiplier", "1")
-    for _ in range(kills):
-        worker = workers.start(queue, *args)
-        before = len(counts.completions(workers.done_file))
-        wait_until(lambda b=before: len(counts.completions(workers.done_file)) >= b + 3, 60,
-                   "the worker to get busy")
-        workers.kill9(worker)
-    workers.start(queue, *args)
-    counts.wait_completed(workers.done_file, timeout=90)
-    numbers = counts.report("kill -9 x3, keyed jobs", workers.done_file)
+    numbers = _kill_9_three_times(fault_broker_url, workers, "kill9keyed",
+                                  "faults.record_keyed", "kill -9 x3, keyed jobs")
     assert numbers["lost"] == 0
     assert numbers["refused"] == 0
     assert numbers["duplicated"] == 0

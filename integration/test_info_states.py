@@ -7,7 +7,6 @@ broker)."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -26,7 +25,7 @@ from ojs_kombu.spec.job_ids import new_job_id
 from ojs_kombu.spec.times import parse_time
 
 from .apps import make_app
-from .conftest import queue_depth, wait_until
+from .conftest import queue_depth, stop_worker, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 QUEUE = "info-states"
@@ -49,12 +48,7 @@ def cli_worker(broker_url: str, queue: str, backend: str, log: Path
     try:
         yield worker
     finally:
-        worker.send_signal(signal.SIGTERM)
-        try:
-            worker.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(worker.pid, signal.SIGKILL)
-            worker.wait(10)
+        stop_worker(worker)
 
 
 @pytest.fixture(scope="module")

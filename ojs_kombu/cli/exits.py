@@ -22,9 +22,10 @@ EXIT_CODES = {
                  "answered INFO with an error, or a confirmation was declined",
     EXIT_USAGE: "usage error or invalid input (bad option, invalid JSON, job id, type, queue "
                 "or broker URL, an app that cannot be imported)",
-    EXIT_UNREACHABLE: "the broker cannot be reached (connection refused, DNS, login, vhost)",
-    EXIT_NOT_FOUND: "unknown queue, unknown job (info: not_found or unknown), or no such "
-                    "dead letter",
+    EXIT_UNREACHABLE: "the broker cannot be reached (connection refused, DNS, login, vhost), "
+                      "or the dedup store cannot",
+    EXIT_NOT_FOUND: "unknown queue, unknown job (info: not_found or unknown), no such "
+                    "dead letter, or no such dedup record",
     EXIT_TIMEOUT: "no answer in time (INFO), or events tail --count not reached by --timeout",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C); nothing is lost, see the command's help",
 }

@@ -8,7 +8,7 @@ import textwrap
 
 import click
 
-from . import conformance, dlq, events, jobs, migrate, topology
+from . import conformance, dedup, dlq, events, jobs, migrate, topology
 from .common import EXIT_CODES, OJSGroup, global_options
 
 
@@ -35,7 +35,7 @@ def cli() -> None:
     """
 
 
-for command in (topology.topology, jobs.enqueue, jobs.cancel, jobs.info, dlq.dlq,
+for command in (topology.topology, jobs.enqueue, jobs.cancel, jobs.info, dlq.dlq, dedup.dedup,
                 events.events, conformance.conformance, migrate.migrate):
     cli.add_command(command)
 

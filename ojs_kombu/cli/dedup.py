@@ -1,0 +1,120 @@
+"""``ojs-kombu dedup show|clear``: see and clear one record of the dedup store.
+
+A completed idempotency key makes every later delivery of that key an acked
+duplicate for ``ojs_dedup_retention``, and a unique record blocks new jobs of
+its fingerprint for the policy's ``period``: the way out of both, when a team
+knows better than the store, is to look at the record and delete it.  The
+store is the app's ``ojs_dedup_url`` (``-A``), ``$OJS_DEDUP_URL`` or
+``--dedup-url``; names are under the app's ``ojs_prefix`` (``--prefix``), as
+the workers write them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import click
+
+from ..celery.dedup_store import DedupStore
+from ..spec.errors import DedupNotConfigured, DedupUnavailable
+from .common import (
+    EXIT_NOT_FOUND,
+    EXIT_UNREACHABLE,
+    CLIError,
+    OJSGroup,
+    common_options,
+    emit,
+    options,
+)
+
+KINDS = {"key": "idempotency key", "unique": "unique fingerprint"}
+#: The record's fields as Redis holds them (one letter each: 150 bytes a key) and as shown.
+FIELDS = {"s": "state", "j": "job_id", "a": "attempt", "q": "queue", "t": "scheduled_at",
+          "c": "checked_states"}
+
+kind_argument = click.argument("kind", type=click.Choice(list(KINDS)), metavar="KIND")
+name_argument = click.argument("name", metavar="NAME")
+url_option = click.option(
+    "--dedup-url", metavar="URL", default=None,
+    help="The dedup store (redis://...); else $OJS_DEDUP_URL, else the app's ojs_dedup_url.")
+
+
+@click.group(cls=OJSGroup)
+def dedup() -> None:
+    """See and clear idempotency keys and unique records (ojs_dedup_url).
+
+    KIND is `key` (an idempotency key: a job's x-ojs-idempotency-key) or
+    `unique` (the fingerprint of a unique policy).
+    """
+
+
+@contextmanager
+def open_store(ctx: click.Context, url: str | None) -> Iterator[DedupStore]:
+    """The store the app's workers use; exit 2 without one, 3 when it does not answer."""
+    settings = options(ctx).binding().settings
+    url = url or os.environ.get("OJS_DEDUP_URL") or settings.dedup_url
+    if not url:
+        raise DedupNotConfigured(
+            "no dedup store: give --dedup-url redis://host:6379/0, set $OJS_DEDUP_URL, or "
+            "-A an app with ojs_dedup_url")
+    store = DedupStore(url, settings.dedup_retention, settings.prefix)
+    try:
+        yield store
+    except DedupUnavailable as exc:
+        raise CLIError(str(exc), EXIT_UNREACHABLE, "unreachable") from None
+    finally:
+        store.close()
+
+
+def _missing(kind: str, name: str, redis_key: str) -> CLIError:
+    return CLIError(f"no {KINDS[kind]} {name!r} in the dedup store ({redis_key})",
+                    EXIT_NOT_FOUND, "not_found")
+
+
+@dedup.command()
+@kind_argument
+@name_argument
+@url_option
+@common_options
+@click.pass_context
+def show(ctx: click.Context, kind: str, name: str, dedup_url: str | None) -> None:
+    """Show the record of NAME with its remaining lifetime (exit 4 if there is none)."""
+    with open_store(ctx, dedup_url) as store:
+        record = store.show(kind, name)
+        redis_key = store.unique_key(name) if kind == "unique" else store.idempotency_key(name)
+    if record is None:
+        raise _missing(kind, name, redis_key)
+    fields = {FIELDS.get(field, field): value for field, value in record.items()}
+    data: dict[str, Any] = {"kind": kind, "name": name, "redis_key": redis_key, **fields}
+
+    def human() -> None:
+        click.echo(f"{KINDS[kind]} {name} ({redis_key})")
+        for field, value in fields.items():
+            click.echo(f"  {field}: {value}")
+
+    emit(ctx, data, human)
+
+
+@dedup.command()
+@kind_argument
+@name_argument
+@url_option
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@common_options
+@click.pass_context
+def clear(ctx: click.Context, kind: str, name: str, dedup_url: str | None, yes: bool) -> None:
+    """Delete the record of NAME: a key runs again on its next delivery, a fingerprint
+    stops blocking new jobs (asks first unless --yes; exit 4 if there was none)."""
+    with open_store(ctx, dedup_url) as store:
+        redis_key = store.unique_key(name) if kind == "unique" else store.idempotency_key(name)
+        if not yes:
+            click.confirm(f"Delete {KINDS[kind]} {name!r} ({redis_key})?", abort=True,
+                          err=True)
+        deleted = store.clear(kind, name)
+    if not deleted:
+        raise _missing(kind, name, redis_key)
+    emit(ctx, {"kind": kind, "name": name, "redis_key": redis_key, "deleted": True},
+         f"deleted {KINDS[kind]} {name} ({redis_key})")

@@ -8,14 +8,12 @@ publishing OJS jobs (:mod:`ojs_kombu.celery.task_sender`).
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 from functools import partial
 from typing import Any
 
 import kombu
 from celery.app.amqp import AMQP
-from celery.utils.nodenames import anon_nodename
 from kombu.connection import is_connection
 from kombu.pools import ProducerPool
 from kombu.utils.functional import ChannelPromise
@@ -25,6 +23,7 @@ from ..amqp.binding import Binding, register_binding
 from ..amqp.connection import BrokerConnection as ReconnectingConnection
 from ..spec.envelope import RetryPolicy
 from ..spec.settings import BINDING_OPTION, OJSSettings
+from .batch import origin_nodename
 from .events import build_events
 from .queues import OJSQueues
 from .retries import task_retry_policy
@@ -36,26 +35,6 @@ _DEFERRED_REPR = "".join(("<deferred", ">"))
 _SENT_EVENT_INDEX = 14
 #: ... and where ``origin`` is.
 _ORIGIN_INDEX = 21
-
-
-class _Origin:
-    """``origin`` of this process's task messages (Celery's ``anon_nodename()``, which
-    asks the system for the host name and the pid on every publish), once per process."""
-
-    value: str | None = None
-
-    @classmethod
-    def get(cls) -> str:
-        if cls.value is None:
-            cls.value = anon_nodename()
-        return cls.value
-
-    @classmethod
-    def forget(cls) -> None:
-        cls.value = None
-
-
-os.register_at_fork(after_in_child=_Origin.forget)
 
 
 class TaskProducer(kombu.Producer):
@@ -138,7 +117,7 @@ class OJSAMQP(AMQP):
                 if kwargs.get(key) is None:
                     kwargs[key] = _DEFERRED_REPR
         if len(args) <= _ORIGIN_INDEX and not kwargs.get("origin"):
-            kwargs["origin"] = _Origin.get()
+            kwargs["origin"] = origin_nodename()
         message = super().as_task_v2(task_id, name, *args, **kwargs)
         headers = message.headers
         for key in ("argsrepr", "kwargsrepr"):

@@ -176,3 +176,63 @@ def test_with_celerys_tracing_the_publish_has_its_span_and_the_same_job(
     traced_job.pop("meta")
     traced_job["x_celery"].pop("traceparent", None)
     assert same_job(traced_job) == same_job(untraced_job)
+
+
+def test_the_publish_signals_carry_what_celery_gives_them_for_the_same_call(
+        app: Celery, broker: Broker) -> None:
+    """Tracing instrumentation reads these arguments (and writes its trace context into
+    ``headers``): they are the ones a plain Celery app's sender passes."""
+    from celery.utils.nodenames import anon_nodename
+
+    plain = Celery("plain", broker="memory://", set_as_current=False)
+    seen: list[tuple[str, str, dict[str, Any]]] = []
+
+    def recorder(when: str) -> Any:
+        def record(sender: Any, **kwargs: Any) -> None:
+            kwargs.pop("signal")
+            seen.append((when, sender, kwargs))
+        return record
+
+    before, after = recorder("before"), recorder("after")
+    before_task_publish.connect(before, weak=False)
+    after_task_publish.connect(after, weak=False)
+    def mul(x: int, y: int = 0) -> int:
+        return x * y
+
+    try:
+        for each in (app, plain):
+            each.task(name="math.mul", shared=False)(mul)
+            each.tasks["math.mul"].apply_async((3,), {"y": 2}, priority=3, expires=60)
+    finally:
+        before_task_publish.disconnect(before)
+        after_task_publish.disconnect(after)
+    ojs_before, ojs_after, plain_before, plain_after = seen
+    assert [(when, sender) for when, sender, _ in seen] == [
+        ("before", "math.mul"), ("after", "math.mul")] * 2
+    assert ojs_before[2].keys() == plain_before[2].keys() == {
+        "body", "exchange", "routing_key", "declare", "headers", "properties", "retry_policy"}
+    assert ojs_after[2].keys() == plain_after[2].keys() == {
+        "body", "exchange", "routing_key", "headers"}
+    ojs, celery = ojs_before[2], plain_before[2]
+    assert ojs["body"] == celery["body"] == ((3,), {"y": 2}, {
+        "callbacks": None, "errbacks": None, "chain": None, "chord": None})
+    assert ojs["retry_policy"] == celery["retry_policy"] == dict(
+        app.conf.task_publish_retry_policy)
+    assert ojs["properties"].keys() == celery["properties"].keys()
+    assert ojs["properties"]["priority"] == celery["properties"]["priority"] == 3
+    # The job queue is the routing key; the transport declares the OJS topology itself.
+    assert (ojs["exchange"], ojs["routing_key"], ojs["declare"]) == (
+        "", "ojs.queue.default", [])
+    ojs_headers, celery_headers = dict(ojs["headers"]), dict(celery["headers"])
+    # argsrepr/kwargsrepr are rebuilt by consumers from the job's args and kwargs
+    assert celery_headers.pop("argsrepr") == "(3,)"
+    assert celery_headers.pop("kwargsrepr") == "{'y': 2}"
+    assert ojs_headers["origin"] == celery_headers["origin"] == anon_nodename()
+    for headers in (ojs_headers, celery_headers):
+        assert headers.pop("id") == headers.pop("root_id")
+        assert headers.pop("expires")
+    assert ojs_headers == celery_headers
+    # The after signal sees the headers the job was written from.
+    assert ojs_after[2]["headers"] is ojs["headers"]
+    [job] = jobs(broker)
+    assert job["id"] == ojs["headers"]["id"]

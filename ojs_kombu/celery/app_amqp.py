@@ -14,12 +14,16 @@ from typing import Any
 
 import kombu
 from celery.app.amqp import AMQP
+from kombu.connection import is_connection
+from kombu.pools import ProducerPool
+from kombu.utils.functional import ChannelPromise
 from kombu.utils.objects import cached_property
 
 from ..amqp.binding import Binding, register_binding
 from ..amqp.connection import BrokerConnection as ReconnectingConnection
 from ..spec.envelope import RetryPolicy
 from ..spec.settings import BINDING_OPTION, OJSSettings
+from .batch import origin_nodename
 from .events import build_events
 from .queues import OJSQueues
 from .retries import task_retry_policy
@@ -29,6 +33,26 @@ from .task_sender import job_task_sender
 _DEFERRED_REPR = "".join(("<deferred", ">"))
 #: Where ``create_sent_event`` is among the positional arguments after id and name.
 _SENT_EVENT_INDEX = 14
+#: ... and where ``origin`` is.
+_ORIGIN_INDEX = 21
+
+
+class TaskProducer(kombu.Producer):
+    """kombu's producer for the app's producer pool.
+
+    The pool revives a producer on every acquire, and kombu's ``revive`` binds a
+    copy of the producer's exchange to the new channel each time.  A task
+    producer's exchange is the nameless default one, which is never declared
+    nor published through as an object (the sender names the exchange of every
+    publish), so it stays unbound; a named exchange is bound as kombu does.
+    """
+
+    def revive(self, channel: Any) -> None:
+        if self.exchange.name or not is_connection(channel):
+            super().revive(channel)
+            return
+        self.__connection__ = channel
+        self._channel = ChannelPromise(lambda: channel.default_channel)
 
 
 class OJSAMQP(AMQP):
@@ -65,13 +89,21 @@ class OJSAMQP(AMQP):
         return ReconnectingConnection(*args, transport_options=options, **kwargs)
 
     BrokerConnection = Connection
+    Producer = TaskProducer
+
+    @property
+    def producer_pool(self) -> ProducerPool:
+        if self._producer_pool is None:
+            super().producer_pool.Producer = TaskProducer  # producers are made on demand
+        return self._producer_pool
 
     def _create_task_sender(self) -> Any:
         """Celery's task sender, publishing OJS jobs (:mod:`ojs_kombu.celery.task_sender`)."""
         return job_task_sender(super()._create_task_sender(), self.binding, self.app)
 
     def as_task_v2(self, task_id: str, name: str, *args: Any, **kwargs: Any) -> Any:
-        """Celery's task message, without the ``argsrepr``/``kwargsrepr`` it would compute.
+        """Celery's task message, without the ``argsrepr``/``kwargsrepr`` it would compute
+        and with the process's ``origin`` worked out once.
 
         A consumer rebuilds them from the envelope's ``args`` and ``kwargs``, so
         they need not travel (nor be computed on every publish); ones the caller
@@ -84,6 +116,8 @@ class OJSAMQP(AMQP):
             for key in ("argsrepr", "kwargsrepr"):
                 if kwargs.get(key) is None:
                     kwargs[key] = _DEFERRED_REPR
+        if len(args) <= _ORIGIN_INDEX and not kwargs.get("origin"):
+            kwargs["origin"] = origin_nodename()
         message = super().as_task_v2(task_id, name, *args, **kwargs)
         headers = message.headers
         for key in ("argsrepr", "kwargsrepr"):

@@ -144,8 +144,7 @@ class ReadAheadTCPTransport(TCPTransport):
         held, offset = self._held, self._offset
         if len(held) - offset < 7:
             return False
-        size = int.from_bytes(held[offset + 3:offset + 7], "big")
-        return len(held) - offset >= size + 8
+        return len(held) - offset >= _FRAME_HEADER(held, offset)[2] + 8
 
 
 class LoopWake:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +78,8 @@ def test_nan_and_infinity_are_invalid_payloads(text: str, named: str) -> None:
     (HEAD + '"args":[],"meta":{"tenant_id":"a","tenant_id":"b"}}', "tenant_id"),
     (HEAD + '"args":[],"retry":{"max_attempts":1,"max_attempts":9}}', "max_attempts"),
     (HEAD + '"args":[],"x_celery":{"kwargs":{"n":{"deep":[{"k":1,"k":2}]}}}}', "k"),
+    (HEAD + '"args":[{"to":"a","to":"a"}]}', "to"),  # the same value twice
+    (HEAD + '"args":[{"a":1,"\\u0061":2}]}', "a"),  # the same key, escaped
 ])
 def test_duplicate_keys_at_any_depth_are_invalid_payloads(text: str, key: str) -> None:
     error = rejected(text)
@@ -87,6 +90,54 @@ def test_duplicate_keys_at_any_depth_are_invalid_payloads(text: str, key: str) -
 def test_strings_that_mention_nan_or_repeat_keys_are_fine() -> None:
     job = decode(HEAD + '"args":["NaN","Infinity",{"a":1},{"a":2}],"meta":{"a":"a"}}')
     assert job.envelope.args == ["NaN", "Infinity", {"a": 1}, {"a": 2}]
+
+
+@pytest.mark.parametrize("number", ["18446744073709551616", "-9223372036854775809",
+                                    "1" + "0" * 40, "1e-07", "1E2", "2.50", "-0.0"])
+def test_numbers_keep_their_exact_value(number: str) -> None:
+    assert decode(HEAD + '"args":[' + number + "]}").envelope.args == [json.loads(number)]
+
+
+def _json_text(rng: random.Random, depth: int = 0) -> str:
+    """Random JSON-ish text: strict, lenient (NaN, 1e400, keys twice) or broken."""
+    kind = rng.randrange(8 if depth < 4 else 5)
+    if kind == 0:
+        return rng.choice(["0", "-1", "42", "18446744073709551615", "18446744073709551616",
+                           "1" + "0" * 30, "007", "1e400", "-1e999"])
+    if kind == 1:
+        return rng.choice(["0.1", "1e-7", "1e-07", "2.0", "1e16", "1e+16", "1E2", "1e308",
+                           "5e-324", "-0.0", "1.", ".5"])
+    if kind == 2:
+        return rng.choice(['"a"', '"\\u0061"', '"\\n"', '"\\/"', '"\u00e9"', '"\\ud83d\\ude00"',
+                           '"\\ud800"', '"NaN"', '"\x01"', '"\u2028"'])
+    if kind == 3:
+        return rng.choice(["true", "false", "null", "NaN", "Infinity", "-Infinity", "nul"])
+    if kind == 4:
+        return rng.choice([" ", "\n", ""]) + _json_text(rng, depth + 1) + rng.choice([" ", ""])
+    if kind == 5:
+        return "[" + ",".join(_json_text(rng, depth + 1) for _ in range(rng.randrange(4))) + "]"
+    keys = rng.choices(['"a"', '"b"', '"\\u0061"', '"task"'], k=rng.randrange(4))
+    return "{" + ",".join(f"{key}:{_json_text(rng, depth + 1)}" for key in keys) + "}"
+
+
+def _outcome(body: str) -> Any:
+    try:
+        job = decode(body)
+    except JobRejected as error:
+        return error.code, error.message
+    return job.envelope.to_dict(), job.headers, job.payload
+
+
+def test_compact_bodies_are_judged_as_bodies_with_spaces_are() -> None:
+    """A body exactly as a compact JSON writer writes it takes a shorter strict check
+    than one with insignificant spaces; both must accept and refuse the same jobs, with
+    the same errors."""
+    rng = random.Random(20261127)
+    for _ in range(3000):
+        args = _json_text(rng)
+        compact = HEAD + '"args":[' + args + '],"x_celery":{"kwargs":' + _json_text(rng) + "}}"
+        spaced = "{ " + compact[1:]
+        assert _outcome(compact) == _outcome(spaced), compact
 
 
 @pytest.mark.parametrize("path", official_fixture_params("valid"))

@@ -8,10 +8,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from amqp.exceptions import UnexpectedFrame
 from kombu.asynchronous import Hub
 
 from ojs_kombu.amqp.read_ahead import ReadAheadTCPTransport
-from ojs_kombu.amqp.transport import Transport
+from ojs_kombu.amqp.transport import Connection, Transport
 
 
 def frame(channel: int, payload: bytes, frame_type: int = 1) -> bytes:
@@ -107,17 +108,19 @@ class Loop:
 
 
 class FakeConnection:
-    """What kombu's loop reader needs of a py-amqp connection: it reads one frame per
-    ``drain_events`` as py-amqp's does, with the socket's timeout set for the read."""
+    """What kombu's loop reader needs of a py-amqp connection: each frame is a whole
+    method here, read by ``blocking_read`` as py-amqp's reads it, with the socket's
+    timeout set for the read."""
 
     def __init__(self, transport: ReadAheadTCPTransport) -> None:
         self.transport = transport
         self.connected = True
         self.frames: list[Any] = []
 
-    def drain_events(self, timeout: float | None = None) -> None:
+    def blocking_read(self, timeout: float | None = None) -> bool:
         with self.transport.having_timeout(timeout):
             self.frames.append(self.transport.read_frame())
+        return True
 
 
 def test_the_loop_reader_reads_ahead_and_leaves_no_whole_frame_behind(pair: Any) -> None:
@@ -212,3 +215,63 @@ def test_registering_with_a_loop_reads_what_is_already_held(pair: Any) -> None:
         assert hub.stranded == 0
     finally:
         hub.close()
+
+
+class TimedSocket(socket.socket):
+    """Counts how often the socket's timeout is set (a system call each time)."""
+
+    timeouts_set = 0
+
+    def settimeout(self, value: float | None) -> None:
+        self.timeouts_set += 1
+        super().settimeout(value)
+
+
+@pytest.fixture
+def connection() -> Iterator[tuple[Connection, socket.socket, list[Any]]]:
+    """An ojs_kombu connection reading from a socket whose other end is the broker's;
+    each frame it reads is appended to the list."""
+    ours, broker = socket.socketpair()
+    timed = TimedSocket(ours.family, ours.type, 0, ours.detach())
+    transport = CountingTransport("localhost:5672")
+    transport.attach(timed)
+    connection = Connection(host="localhost:5672")
+    connection.transport = transport
+    frames: list[Any] = []
+    connection.on_inbound_frame = lambda frame: frames.append(frame) or True
+    try:
+        yield connection, broker, frames
+    finally:
+        timed.close()
+        broker.close()
+
+
+def test_frames_read_ahead_are_handled_without_touching_the_socket(connection: Any) -> None:
+    conn, broker, frames = connection
+    broker.sendall(WIRE)
+    for _ in FRAMES:
+        conn.blocking_read(timeout=1)
+    assert frames == FRAMES
+    assert conn.transport.recvs == 1
+    assert conn.transport.sock.timeouts_set == 2  # set and restored for the first read only
+
+
+def test_a_frame_held_only_in_part_is_completed_from_the_socket(connection: Any) -> None:
+    conn, broker, frames = connection
+    broker.sendall(WIRE[:12])
+    with pytest.raises(TimeoutError):
+        conn.blocking_read(timeout=0.05)
+    broker.sendall(WIRE[12:])
+    for _ in FRAMES:
+        conn.blocking_read(timeout=1)
+    assert frames == FRAMES
+
+
+def test_a_held_frame_without_its_end_octet_is_py_amqps_error(connection: Any) -> None:
+    conn, broker, frames = connection
+    broker.sendall(WIRE[:-1] + b"\x00" + WIRE)
+    for _ in FRAMES[:-1]:
+        conn.blocking_read(timeout=1)
+    with pytest.raises(UnexpectedFrame):
+        conn.blocking_read(timeout=1)
+    assert frames == FRAMES[:-1]

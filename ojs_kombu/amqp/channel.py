@@ -212,7 +212,7 @@ class Channel(pyamqp.Channel):
             return super().basic_ack(delivery_tag, multiple, argsig)
         queue = self.ojs_receiver.settled(delivery_tag)
         if queue is not None:
-            self.ojs.hook.message_acked(queue)
+            connection.ojs.hook.message_acked(queue)
         if connection.ojs_loop_acks.collect(self, delivery_tag, multiple):
             return None
         super().basic_ack(delivery_tag, multiple, argsig)

@@ -7,8 +7,9 @@ parser raises while decoding the content header (``UnicodeDecodeError``,
 ``OverflowError``).  Raised into the worker's loop that ends the worker, and
 every fresh worker dies on the same message at the head of the queue.
 
-:func:`guarded_frame_handler` wraps py-amqp's parser: a content header that
-does not decode is replaced, for that delivery only, by one carrying just the
+:meth:`ojs_kombu.amqp.transport.Connection.blocking_read` guards py-amqp's
+parser: a content header that does not decode is replaced
+(:func:`replacement_frame`), for that delivery only, by one carrying just the
 :data:`UNDECODABLE_HEADER` with the reason; the delivery then completes with
 its own body, and the consumer dead-letters it (see
 :mod:`ojs_kombu.amqp.receiver`).  The parser's state stays
@@ -25,7 +26,7 @@ from struct import pack, unpack_from
 from typing import Any
 
 import amqp
-from amqp.method_framing import frame_handler, frame_writer
+from amqp.method_framing import frame_writer
 
 logger = logging.getLogger(__name__)
 
@@ -45,25 +46,18 @@ def replacement_header(buf: Any, reason: str) -> bytes:
     return pack(">HHQ", class_id, 0, body_size) + properties._serialize_properties()
 
 
-def guarded_frame_handler(connection: Any, callback: Callable[..., Any]
-                          ) -> Callable[[tuple[int, int, Any]], bool]:
-    """py-amqp's ``frame_handler``, replacing content headers it cannot decode."""
-    on_frame = frame_handler(connection, callback)
-
-    def guarded(frame: tuple[int, int, Any]) -> bool:
-        try:
-            return on_frame(frame)
-        except DECODE_ERRORS as exc:
-            frame_type, channel, buf = frame
-            if frame_type != _CONTENT_HEADER:
-                raise
-            reason = f"{type(exc).__name__}: {exc}"
-            logger.debug("a delivery on channel %d has properties that cannot be decoded "
-                           "(%s); it is dead-lettered", channel, reason)
-            connection.bytes_recv -= 1  # counted once already
-            return on_frame((frame_type, channel, replacement_header(buf, reason)))
-
-    return guarded
+def replacement_frame(frame: tuple[int, int, Any], error: Exception
+                      ) -> tuple[int, int, bytes] | None:
+    """What py-amqp's parser reads instead of ``frame``, whose parse raised ``error``
+    (one of :data:`DECODE_ERRORS`): for a content header, :func:`replacement_header`
+    with the reason; ``None`` for any other frame (the error stands)."""
+    frame_type, channel, buf = frame
+    if frame_type != _CONTENT_HEADER:
+        return None
+    reason = f"{type(error).__name__}: {error}"
+    logger.debug("a delivery on channel %d has properties that cannot be decoded "
+                 "(%s); it is dead-lettered", channel, reason)
+    return frame_type, channel, replacement_header(buf, reason)
 
 
 def locked_frame_writer(connection: Any, transport: Any) -> Callable[..., Any]:

@@ -27,11 +27,15 @@ import os
 import sys
 from collections.abc import Callable
 from contextlib import suppress
+from struct import Struct
 from typing import Any
 
 from amqp.transport import TCPTransport
 
 _EMPTY = b""
+#: ``(type, channel, size)`` of a frame header at an offset; then the payload, then 0xCE.
+_FRAME_HEADER = Struct(">BHI").unpack_from
+_FRAME_END = 0xCE
 #: What an ``eventfd`` write adds (a native 8-byte integer); any byte for a pipe.
 _ONE = (1).to_bytes(8, sys.byteorder)
 
@@ -115,6 +119,24 @@ class ReadAheadTCPTransport(TCPTransport):
         """Bytes read from the socket and not parsed yet."""
         return self._offset < len(self._held)
 
+    def held_frame(self) -> tuple[int, int, bytes] | None:
+        """The next frame, ``(type, channel, payload)`` as :meth:`read_frame` returns it,
+        when it is whole in what was read ahead; else ``None`` (and nothing consumed).
+
+        :meth:`~ojs_kombu.amqp.transport.Connection.blocking_read` takes it without
+        setting the socket's timeout (two system calls) or py-amqp's three reads: most
+        frames a busy worker reads are already here.  A frame without its end octet is
+        left to :meth:`read_frame`, which raises py-amqp's error for it."""
+        held, start = self._held, self._offset + 7
+        if len(held) <= start:
+            return None
+        frame_type, channel, size = _FRAME_HEADER(held, start - 7)
+        end = start + size
+        if len(held) <= end or held[end] != _FRAME_END:
+            return None
+        self._offset = end + 1
+        return frame_type, channel, held[start:end]
+
     @property
     def holds_whole_frame(self) -> bool:
         """A whole frame read from the socket and not parsed yet: the next read needs no
@@ -122,8 +144,7 @@ class ReadAheadTCPTransport(TCPTransport):
         held, offset = self._held, self._offset
         if len(held) - offset < 7:
             return False
-        size = int.from_bytes(held[offset + 3:offset + 7], "big")
-        return len(held) - offset >= size + 8
+        return len(held) - offset >= _FRAME_HEADER(held, offset)[2] + 8
 
 
 class LoopWake:
@@ -192,11 +213,15 @@ class LoopReads:
     def connected(self) -> bool:
         return self._connection.connected
 
-    def drain_events(self, timeout: float | None = None) -> Any:
-        transport = self._connection.transport
+    def drain_events(self, timeout: float | None = None) -> None:
+        """Read frames until one method is whole, as py-amqp's ``drain_events`` (the
+        connection's own adds nothing in the hub, whose tick does the rest)."""
+        connection = self._connection
+        transport = connection.transport
         transport.reading_for_loop = True
         try:
-            return self._connection.drain_events(timeout=timeout)
+            while not connection.blocking_read(timeout):
+                pass
         finally:
             transport.reading_for_loop = False
             if transport.loop_wake is not None and transport.holds_whole_frame:

@@ -21,7 +21,7 @@ from ..events.metrics import track_connection
 from .binding import Binding
 from .channel import Channel
 from .drain import drain_until
-from .frames import guarded_frame_handler, locked_frame_writer
+from .frames import DECODE_ERRORS, locked_frame_writer, replacement_frame
 from .loop_acks import LoopAcks
 from .outcomes import OutcomePublisher
 from .read_ahead import LoopReads, LoopWake, ReadAheadTCPTransport
@@ -52,7 +52,6 @@ class Connection(pyamqp.Connection):
         #: written under it.
         self.ojs_write_lock = threading.RLock()
         super().__init__(*args, confirm_publish=False, **kwargs)
-        self.frame_handler_cls = guarded_frame_handler
         self.frame_writer_cls = locked_frame_writer
         #: Retries, dead letters and reschedules of this connection's deliveries.
         self.ojs_outcomes = OutcomePublisher(self, lambda: self.frame_max)
@@ -123,6 +122,29 @@ class Connection(pyamqp.Connection):
             self.bytes_sent += 1
 
     # -- reading -----------------------------------------------------------------
+
+    def blocking_read(self, timeout: float | None = None) -> Any:
+        """Read and handle one frame, as py-amqp does, with two differences.
+
+        A frame already read ahead (:meth:`ReadAheadTCPTransport.held_frame`) is taken
+        without setting the socket's timeout for a read that needs no socket; and a
+        content header py-amqp cannot decode is replaced for its delivery only
+        (:mod:`ojs_kombu.amqp.frames`), where py-amqp would raise into the worker's loop.
+        Called for every frame: no layer of its own per frame."""
+        transport = self.transport
+        frame = transport.held_frame() if isinstance(transport, ReadAheadTCPTransport) else None
+        if frame is None:
+            with transport.having_timeout(timeout):
+                frame = transport.read_frame()
+        on_frame = self._on_inbound_frame  # py-amqp's frame handler (set by connect)
+        try:
+            return on_frame(frame)
+        except DECODE_ERRORS as exc:
+            replacement = replacement_frame(frame, exc)
+            if replacement is None:
+                raise
+            self.bytes_recv -= 1  # the handler counted this frame already
+            return on_frame(replacement)
 
     def drain_events(self, timeout: float | None = None) -> Any:
         """py-amqp's, first publishing again the outcomes whose backoff is over, for

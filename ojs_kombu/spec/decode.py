@@ -145,8 +145,9 @@ def decode_job_message(
         own_retry["max_attempts"] = amqp_headers["x-ojs-max-attempts"]
     retry = envelope.retry
     if retry is not None:  # the fields the job states (all of them JSON values already)
-        for name in retry.model_fields_set:
-            own_retry[name] = getattr(retry, name)
+        stated, values = retry.model_fields_set, retry.__dict__
+        own_retry.update(values if len(stated) == len(values)
+                         else {name: values[name] for name in stated})
     if own_retry:
         headers[RETRY_HEADER] = own_retry
     if celery_job:
@@ -175,7 +176,9 @@ def decode_job_message(
     due = envelope.scheduled_at
     headers["eta"] = celery_time(due) if due is not None and due > datetime.now(UTC) else None
     headers["expires"] = celery_time(envelope.expires_at)
-    embed = dict(zip(EMBED_KEYS, map(x_celery.get, EMBED_KEYS), strict=True))
+    get = x_celery.get
+    embed = {"callbacks": get("callbacks"), "errbacks": get("errbacks"), "chain": get("chain"),
+             "chord": get("chord")}  # EMBED_KEYS, spelt out: a literal is four times faster
     return IncomingJob(envelope=envelope, task_name=task_name, headers=headers,
                        payload=(envelope.args, kwargs, embed))
 

@@ -201,19 +201,15 @@ def test_buffered_histograms_report_what_the_sdk_records(setup: str) -> None:
     from ojs_kombu.events.metrics import DURATION_BUCKETS
 
     def provider() -> tuple[MeterProvider, InMemoryMetricReader]:
-        kwargs: dict[str, Any] = {}
-        if setup == "delta":
-            from opentelemetry.sdk.metrics import Histogram
-            kwargs["preferred_temporality"] = {Histogram: AggregationTemporality.DELTA}
-        reader = InMemoryMetricReader(**kwargs)
+        from opentelemetry.sdk.metrics import AlwaysOnExemplarFilter, Histogram
+
+        reader = InMemoryMetricReader(preferred_temporality={
+            Histogram: AggregationTemporality.DELTA} if setup == "delta" else None)
         views = [View(instrument_name="ojs.jobs.duration_ms", attribute_keys={"queue"})] \
             if setup == "view" else []
-        if setup == "always_on":
-            from opentelemetry.sdk.metrics import AlwaysOnExemplarFilter
-            kwargs = {"exemplar_filter": AlwaysOnExemplarFilter()}
-        else:
-            kwargs = {}
-        return MeterProvider(metric_readers=[reader], views=views, **kwargs), reader
+        exemplars = AlwaysOnExemplarFilter() if setup == "always_on" else None
+        return MeterProvider(metric_readers=[reader], views=views,
+                             exemplar_filter=exemplars), reader
 
     ours_provider, ours = provider()
     theirs_provider, theirs = provider()

@@ -18,13 +18,11 @@ exemplar, goes through the public ``record``.
 
 from __future__ import annotations
 
-import logging
+import inspect
 import math
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
-
-logger = logging.getLogger("ojs_kombu.events")
 
 #: ``(amount, attributes, context)`` as :class:`~ojs_kombu.events.metrics.BufferedHistogram`
 #: buffers them.
@@ -57,6 +55,7 @@ def bulk_recorder(histogram: Any) -> Recorder | None:
         from opentelemetry.sdk.metrics._internal._view_instrument_match import (
             _hash_attributes,
         )
+        from opentelemetry.sdk.metrics._internal.aggregation import _Aggregation
         from opentelemetry.sdk.metrics._internal.exemplar.exemplar_filter import (
             AlwaysOffExemplarFilter,
             TraceBasedExemplarFilter,
@@ -67,7 +66,9 @@ def bulk_recorder(histogram: Any) -> Recorder | None:
         config = consumer._sdk_config
         consumer._reader_storages.values  # noqa: B018  (present, a dict)
         real._is_enabled  # noqa: B018
-    except (ImportError, AttributeError):
+        if "should_sample_exemplar" not in inspect.signature(_Aggregation.aggregate).parameters:
+            return None
+    except (ImportError, AttributeError, TypeError, ValueError):
         return None
 
     def resolve(attributes: Mapping[str, Any] | None) -> list[tuple[Any, Any]]:

@@ -288,7 +288,7 @@ def render(result: dict[str, Any]) -> list[str]:
          f"{pub['ratio']:.2f}", "", ""),
         ("drain jobs/s", f"{drain['off']['jobs_per_s']:.0f}",
          f"{drain['on']['jobs_per_s']:.0f}", f"{drain['ratio']:.2f}",
-         f">= {drain['target']:.1f}", "met" if drain["met"] else "not met"),
+         f">= {drain['target']:.2f}", "met" if drain["met"] else "not met"),
         *([("drain CPU us/job", f"{drain['off']['cpu_us_per_job']:.0f}",
              f"{drain['on']['cpu_us_per_job']:.0f}", f"{drain['cpu_ratio']:.2f}*", "", "")]
            if "cpu_ratio" in drain else []),

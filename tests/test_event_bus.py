@@ -250,3 +250,58 @@ def test_concurrent_failures_are_all_counted() -> None:
     finally:
         logging.getLogger("ojs_kombu.events").disabled = False
     assert bus.failures == 1000
+
+
+class DraftTaker:
+    """A subscriber that takes drafts, as the background sinks do."""
+
+    takes_drafts = True
+
+    def __init__(self, calls: list[Any], fail: bool = False,
+                 cancel: list[Any] | None = None) -> None:
+        self.calls, self.fail, self.cancel = calls, fail, cancel
+
+    def __call__(self, event: Any) -> None:
+        self.calls.append(event)
+        if self.cancel:
+            self.cancel[0].cancel()
+        if self.fail:
+            raise RuntimeError("sink down")
+
+
+def test_draft_takers_alone_get_each_draft_isolated_and_cancellable(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Only sinks subscribed (a worker's usual set-up): each gets the draft itself, in
+    subscription order; one that raises is counted and the next still gets it; a
+    cancellation during delivery reaches a later one at once."""
+    from ojs_kombu.events.models import EventDraft
+
+    bus, first, second, third = EventBus(), [], [], []
+    later: list[Any] = []
+    bus.subscribe(DraftTaker(first, fail=True, cancel=later))
+    bus.subscribe(DraftTaker(second))
+    later.append(bus.subscribe(DraftTaker(third)))
+    draft = EventDraft("job.started", {"job_type": "email.send", "queue": "email",
+                                       "worker_id": "w1", "attempt": 1},
+                       source=BILLING, subject="job-1")
+    with caplog.at_level(logging.ERROR, logger="ojs_kombu.events"):
+        assert bus.publish_draft(draft) == 2
+    assert first == [draft] and second == [draft] and third == []
+    assert bus.failures == 1 and draft.id in caplog.records[-1].getMessage()
+
+
+def test_a_plain_subscriber_beside_sinks_gets_the_built_event() -> None:
+    """A filter or a plain callback next to the sinks: each gets what it asked for."""
+    from ojs_kombu.events.models import EventDraft
+
+    bus, drafts, events, filtered = EventBus(), [], [], []
+    bus.subscribe(DraftTaker(drafts))
+    bus.subscribe(events.append)
+    bus.subscribe(DraftTaker(filtered), EventFilter(queues=["other"]))
+    draft = EventDraft("job.started", {"job_type": "email.send", "queue": "email",
+                                       "worker_id": "w1", "attempt": 1},
+                       source=BILLING, subject="job-1")
+    assert bus.publish_draft(draft) == 2
+    assert drafts == [draft] and filtered == []
+    assert isinstance(events[0], Event) and events[0].id == draft.id

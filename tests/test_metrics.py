@@ -179,3 +179,56 @@ def test_a_forked_process_reports_only_its_own_counts() -> None:
     with multiprocessing.get_context("fork").Pool(1) as pool:
         assert pool.apply(_completed_in_child) == []
     assert [p.value for p in points(reader)["ojs.jobs.completed"]] == [2]
+
+
+def _histogram_points(reader: Any, name: str) -> list[tuple[Any, ...]]:
+    """Every data point of histogram ``name`` as what an exporter reads of it."""
+    return sorted((tuple(sorted(dict(p.attributes).items())), p.count, p.sum,
+                   tuple(p.bucket_counts), p.min, p.max, len(p.exemplars))
+                  for p in points(reader).get(name, []))
+
+
+@pytest.mark.parametrize("setup", ["default", "view", "delta", "traced", "always_on"])
+def test_buffered_histograms_report_what_the_sdk_records(setup: str) -> None:
+    """ojs_kombu hands buffered values to the SDK in bulk: every reader must see what the
+    SDK's own ``Histogram.record`` gives for the same values (buckets, sum, count, min,
+    max, exemplars), with views that drop labels, delta readers, sampled spans and an
+    exemplar filter that samples every value."""
+    from opentelemetry.sdk.metrics.export import AggregationTemporality
+    from opentelemetry.sdk.metrics.view import View
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from ojs_kombu.events.metrics import DURATION_BUCKETS
+
+    def provider() -> tuple[MeterProvider, InMemoryMetricReader]:
+        from opentelemetry.sdk.metrics import AlwaysOnExemplarFilter, Histogram
+
+        reader = InMemoryMetricReader(preferred_temporality={
+            Histogram: AggregationTemporality.DELTA} if setup == "delta" else None)
+        views = [View(instrument_name="ojs.jobs.duration_ms", attribute_keys={"queue"})] \
+            if setup == "view" else []
+        exemplars = AlwaysOnExemplarFilter() if setup == "always_on" else None
+        return MeterProvider(metric_readers=[reader], views=views,
+                             exemplar_filter=exemplars), reader
+
+    ours_provider, ours = provider()
+    theirs_provider, theirs = provider()
+    metrics = OJSMetrics(ours_provider)
+    plain = theirs_provider.get_meter("ojs_kombu").create_histogram(
+        "ojs.jobs.duration_ms", explicit_bucket_boundaries_advisory=DURATION_BUCKETS)
+    tracer = TracerProvider().get_tracer("test")
+    values = [0.0, 0.4, 5.0, 5.01, 99.9, 250.0, 7000.0, 1e6] * 70  # several flushes
+    other = {"job_type": "report.build", "queue": "reports"}
+    for collect in range(2):  # a second collection: cumulative or delta alike
+        for i, value in enumerate(values):
+            labels = LABELS if i % 3 else other
+            if setup == "traced" and i % 50 == 0:
+                with tracer.start_as_current_span("job"):
+                    metrics.duration.record(value, labels)
+                    plain.record(value, labels)
+                continue
+            metrics.duration.record(value, labels)
+            plain.record(value, labels)
+        expected = _histogram_points(theirs, "ojs.jobs.duration_ms")
+        assert expected, f"collection {collect}: the SDK reported nothing"
+        assert _histogram_points(ours, "ojs.jobs.duration_ms") == expected

@@ -46,7 +46,7 @@ def sink_from_spec(spec: Any, app: Celery, names: TopologyNames
     ``"amqp"``; ``"file:/var/log/ojs.jsonl"``; ``"webhook:https://..."``; a
     callable; or a dict with one of the keys ``amqp`` (exchange name or
     ``True``, with ``batch_size`` and ``batch_ms``: events per message and
-    milliseconds to collect them, default 100 and 50; ``batch_size=1``: one
+    milliseconds to collect them, default 500 and 50; ``batch_size=1``: one
     event per message), ``file`` (path), ``webhook`` (URL, with ``secret``,
     ``timeout``, ``max_retries``), ``callback``, and optionally ``filter``
     (``event_types``, ``queues``, ``job_types``, ``sources``).

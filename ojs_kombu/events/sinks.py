@@ -274,7 +274,7 @@ class AMQPSink(BackgroundSink):
     """Publishes events, confirmed, to a durable topic exchange (routing key: the event type).
 
     Bind a queue with ``job.*``, ``worker.#`` or an exact type to receive them.
-    With ``batch_size`` > 1 (the default, 100) the thread collects events for up
+    With ``batch_size`` > 1 (the default, 500) the thread collects events for up
     to ``batch_ms`` milliseconds or ``batch_size`` events, whichever comes
     first, and publishes one ``application/cloudevents-batch+json`` message (a
     JSON array of events) per event type of that batch (see
@@ -289,7 +289,7 @@ class AMQPSink(BackgroundSink):
     retry_delay = 0.5
 
     def __init__(self, connect: Callable[[], Any], exchange: str, capacity: int = 10_000,
-                 max_retries: int = 3, batch_size: int = 100, batch_ms: float = 50.0) -> None:
+                 max_retries: int = 3, batch_size: int = 500, batch_ms: float = 50.0) -> None:
         super().__init__(capacity)
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
             raise ValueError(f"AMQP event sink batch_size must be an integer >= 1, "

@@ -12,7 +12,6 @@ that append a unit suffix (Prometheus: ``_milliseconds``) would double it.
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 import weakref
@@ -22,10 +21,6 @@ from typing import Any, ClassVar
 
 from opentelemetry import metrics
 from opentelemetry.context import get_current
-
-from .sdk_bulk import Entry, Recorder, Unsupported, bulk_recorder
-
-logger = logging.getLogger("ojs_kombu.events")
 
 DURATION_BUCKETS = [5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000, 300000]
 WAIT_BUCKETS = [10, 50, 100, 500, 1000, 5000, 10000, 30000, 60000, 300000, 600000]
@@ -235,20 +230,17 @@ def _observe_connections(meter: Any) -> None:
 class BufferedHistogram:
     """An OpenTelemetry histogram whose measurements reach the SDK in batches.
 
-    The SDK's ``Histogram.record`` costs about 5 µs per call (attribute cleaning
-    and hashing, exemplar sampling, view lookup, two locks), more from a
-    worker's pool threads than from one thread in a loop, and a worker records
-    two per job.  :meth:`record` appends the value, its labels and the current
-    context (so exemplars still point at the right span); the thread whose value
-    fills the buffer hands all of them to the SDK, and so does every collection
-    of the metrics (``OJSMetrics`` registers that callback), so an export or a
-    test reading the metrics never misses a value.  A flush hands them to the
-    SDK's aggregations in bulk (:mod:`ojs_kombu.events.sdk_bulk`) where the SDK
-    is the one that was written for, through ``record`` otherwise.
+    The SDK's ``Histogram.record`` costs several microseconds per call (attribute
+    cleaning and hashing, exemplar sampling, two locks), more from a worker's
+    pool threads than from one thread in a loop, and a worker records two per
+    job.  :meth:`record` appends the value, its labels and the current context
+    (so exemplars still point at the right span); the thread whose value fills
+    the buffer hands all of them to the SDK, and so does every collection of
+    the metrics (``OJSMetrics`` registers that callback), so an export or a
+    test reading the metrics never misses a value.
     """
 
-    __slots__ = ("__weakref__", "_buffer", "_bulk", "_flushing", "_histogram", "_real",
-                 "name")
+    __slots__ = ("__weakref__", "_buffer", "_flushing", "_histogram", "name")
 
     #: Buffered measurements that make the recording thread flush.
     flush_at = 256
@@ -258,14 +250,10 @@ class BufferedHistogram:
         self._histogram = meter.create_histogram(name, **kwargs)
         self._buffer: deque[tuple[float, Mapping[str, Any] | None, Any]] = deque()
         self._flushing = threading.Lock()
-        #: The SDK instrument once there is one (it never goes away), else ``None``.
-        self._real: Any = None
-        #: The bulk recorder: ``None`` not looked for yet, ``False`` none for this SDK.
-        self._bulk: Recorder | bool | None = None
         _BUFFERED.add(self)
 
     def record(self, amount: float, attributes: Mapping[str, Any] | None = None) -> None:
-        if self._real is None and self._discards():
+        if self._discards():
             return
         buffer = self._buffer
         buffer.append((amount, attributes, get_current()))
@@ -277,10 +265,7 @@ class BufferedHistogram:
         is set): the API would drop the value, so there is nothing to buffer or flush."""
         histogram = self._histogram
         histogram = getattr(histogram, "_real_instrument", histogram)  # the API's proxy
-        if histogram is None or isinstance(histogram, metrics.NoOpHistogram):
-            return True
-        self._real = histogram
-        return False
+        return histogram is None or isinstance(histogram, metrics.NoOpHistogram)
 
     def flush(self, wait: bool = False) -> None:
         """Hand every buffered measurement to the SDK; without ``wait`` a flush already
@@ -288,35 +273,15 @@ class BufferedHistogram:
         if not self._flushing.acquire(blocking=wait):
             return
         try:
-            take = self._buffer.popleft
-            entries = []
+            record, take = self._histogram.record, self._buffer.popleft
             while True:
                 try:
-                    entries.append(take())
+                    amount, attributes, context = take()
                 except IndexError:
-                    break
-            if entries:
-                self._hand_over(entries)
+                    return
+                record(amount, attributes, context)
         finally:
             self._flushing.release()
-
-    def _hand_over(self, entries: list[Entry]) -> None:
-        if self._bulk is None and self._real is not None:
-            self._bulk = bulk_recorder(self._real) or False
-        if self._bulk:
-            try:
-                entries = self._bulk(entries)
-            except Unsupported:
-                self._bulk = False
-                logger.debug("%s: the SDK's aggregations are not as expected; values go "
-                             "through Histogram.record", self.name, exc_info=True)
-            except Exception:
-                self._bulk = False
-                logger.exception("%s: handing values to the SDK failed", self.name)
-                return
-        record = self._histogram.record
-        for amount, attributes, context in entries:
-            record(amount, attributes, context)
 
     def __len__(self) -> int:
         """Measurements recorded and not yet handed to the SDK."""

@@ -12,7 +12,10 @@ from pathlib import Path
 
 from celery import Celery
 
-from .conftest import stop_worker
+from ojs_kombu.celery.dedup_store import DedupStore
+from ojs_kombu.spec.job_ids import new_job_id
+
+from .conftest import stop_worker, wait_until
 from .dedupapp import REDIS, make_dedup_app
 from .test_cli import run, run_bare
 from .test_dedup import runs, start_worker
@@ -47,6 +50,18 @@ def test_show_then_clear_lets_a_completed_key_run_again(broker_url: str, tmp_pat
 
         count.apply_async((tag, 1), queue="dedup-cli", ojs_idempotency_key=key).get(timeout=60)
         assert runs(tag) == {key: 2}  # cleared: the key ran again
+
+        slow_key = f"{tag}:slow"
+        slow = count.apply_async((tag, 2, 4.0), queue="dedup-cli", ojs_idempotency_key=slow_key)
+        wait_until(lambda: json.loads(run(broker_url, "dedup", "show", "key", slow_key,
+                                          "--dedup-url", STORE, "--json").stdout
+                                      ).get("state") == "running", 30, "the slow job starts")
+        refused = run(broker_url, "dedup", "clear", "key", slow_key, "--dedup-url", STORE,
+                      "--yes")
+        assert refused.returncode == 1, refused.stderr
+        assert f"held by running job {slow.id}" in refused.stderr and "--force" in refused.stderr
+        assert slow.get(timeout=60) == 4
+        assert runs(tag)[slow_key] == 1
     finally:
         stop_worker(worker)
 
@@ -68,5 +83,29 @@ def test_exit_codes_name_what_is_wrong(broker_url: str) -> None:
     unset = run_bare("dedup", "show", "key", "k", env={"OJS_DEDUP_URL": ""})
     assert unset.returncode == 2 and "--dedup-url" in unset.stderr
 
-    asked = run(broker_url, "dedup", "clear", "key", "k", "--dedup-url", STORE, input="n\n")
-    assert asked.returncode == 1 and "Delete idempotency key 'k'" in asked.stderr
+    malformed = run(broker_url, "dedup", "show", "key", "k", "--dedup-url", "localhost:6379",
+                    "--json")
+    assert malformed.returncode == 2 and json.loads(malformed.stdout)["error"] == "invalid_input"
+    assert "invalid dedup store URL 'localhost:6379'" in malformed.stderr
+
+
+def test_clear_asks_first_showing_the_record(broker_url: str) -> None:
+    store = DedupStore(STORE, 60.0)
+    key, job_id = f"asked-{uuid.uuid4().hex}", new_job_id()
+    store.claim_key(key, job_id=job_id, attempt=1, redelivered=False)
+    store.finish_key(key, job_id=job_id, attempt=1, completed=True)
+    try:
+        asked = run(broker_url, "dedup", "clear", "key", key, "--dedup-url", STORE,
+                    input="n\n")
+        assert asked.returncode == 1
+        assert f"Delete idempotency key '{key}'" in asked.stderr
+        assert f"completed, job {job_id}" in asked.stderr
+        assert store.show("key", key) is not None  # declined: kept
+        cleared = run(broker_url, "dedup", "clear", "key", key, "--dedup-url", STORE, "--json",
+                      input="y\n")
+        assert cleared.returncode == 0, cleared.stderr
+        assert json.loads(cleared.stdout)["job_id"] == job_id
+        assert store.show("key", key) is None
+    finally:
+        store.clear("key", key)
+        store.close()

@@ -73,6 +73,11 @@ end
 return 2
 """
 
+_CLEAR_IF_HELD = """
+if redis.call('HGET', KEYS[1], 'j') ~= ARGV[1] then return 0 end
+return redis.call('DEL', KEYS[1])
+"""
+
 UNIQUE_PREFIX, KEY_PREFIX = "ojs:unique:", "ojs:key:"
 logger = logging.getLogger(__name__)
 
@@ -183,9 +188,9 @@ class DedupStore:
         """A record as a dict with its remaining lifetime (``ttl_ms``), or ``None``.
         ``kind`` is ``"key"`` (an idempotency key) or ``"unique"`` (a fingerprint)."""
         redis_key = self._record(kind, name)
-        try:
-            raw = self.client.hgetall(redis_key)
-            ttl = self.client.pttl(redis_key)
+        try:  # one transaction: a record that expires in between is never shown with -2
+            raw, ttl = self.client.pipeline(transaction=True).hgetall(redis_key) \
+                .pttl(redis_key).execute()
         except self._errors as exc:
             raise DedupUnavailable(f"the dedup store at {self._where()} did not answer: "
                                    f"{exc}") from exc
@@ -194,11 +199,15 @@ class DedupStore:
         record = {_text(k): _text(v) for k, v in raw.items()}
         return {**record, "ttl_ms": ttl}
 
-    def clear(self, kind: str, name: str) -> bool:
+    def clear(self, kind: str, name: str, *, held_by: str | None = None) -> bool:
         """Delete a record (a key that must run again, a fingerprint that must stop
-        blocking); whether there was one."""
+        blocking); whether there was one.  With ``held_by``, only while that job still
+        holds it (what was shown is what is deleted; a record taken over since stays)."""
+        redis_key = self._record(kind, name)
         try:
-            return bool(self.client.delete(self._record(kind, name)))
+            if held_by is None:
+                return bool(self.client.delete(redis_key))
+            return bool(self.client.eval(_CLEAR_IF_HELD, 1, redis_key, held_by))
         except self._errors as exc:
             raise DedupUnavailable(f"the dedup store at {self._where()} did not answer: "
                                    f"{exc}") from exc

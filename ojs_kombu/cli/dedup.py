@@ -21,8 +21,10 @@ import click
 from ..celery.dedup_store import DedupStore
 from ..spec.errors import DedupNotConfigured, DedupUnavailable
 from .common import (
+    EXIT_FAILED,
     EXIT_NOT_FOUND,
     EXIT_UNREACHABLE,
+    EXIT_USAGE,
     CLIError,
     OJSGroup,
     common_options,
@@ -60,7 +62,11 @@ def open_store(ctx: click.Context, url: str | None) -> Iterator[DedupStore]:
         raise DedupNotConfigured(
             "no dedup store: give --dedup-url redis://host:6379/0, set $OJS_DEDUP_URL, or "
             "-A an app with ojs_dedup_url")
-    store = DedupStore(url, settings.dedup_retention, settings.prefix)
+    try:
+        store = DedupStore(url, settings.dedup_retention, settings.prefix)
+    except ValueError as exc:  # redis-py's word on a URL it cannot read
+        raise CLIError(f"invalid dedup store URL {url!r}: {exc}", EXIT_USAGE,
+                       "invalid_input") from None
     try:
         yield store
     except DedupUnavailable as exc:
@@ -103,18 +109,37 @@ def show(ctx: click.Context, kind: str, name: str, dedup_url: str | None) -> Non
 @name_argument
 @url_option
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@click.option("--force", is_flag=True,
+              help="Also clear a key a running job holds (its next delivery may run beside it).")
 @common_options
 @click.pass_context
-def clear(ctx: click.Context, kind: str, name: str, dedup_url: str | None, yes: bool) -> None:
-    """Delete the record of NAME: a key runs again on its next delivery, a fingerprint
-    stops blocking new jobs (asks first unless --yes; exit 4 if there was none)."""
+def clear(ctx: click.Context, kind: str, name: str, dedup_url: str | None, yes: bool,
+          force: bool) -> None:
+    """Delete the record of NAME: a completed key runs again on its next delivery, a
+    fingerprint stops blocking new jobs.
+
+    Asks first (unless --yes), showing the record.  A key in state `running`
+    guards a job in progress: clearing it lets a duplicate run beside it, so it
+    is refused (exit 1) without --force.  Only the record shown is deleted: one
+    another job took over meanwhile stays (exit 1).  Exit 4 if there is none.
+    """
     with open_store(ctx, dedup_url) as store:
         redis_key = store.unique_key(name) if kind == "unique" else store.idempotency_key(name)
+        record = store.show(kind, name)
+        if record is None:
+            raise _missing(kind, name, redis_key)
+        state, holder = record.get("s", "?"), record.get("j", "?")
+        if kind == "key" and state == "running" and not force:
+            raise CLIError(f"idempotency key {name!r} is held by running job {holder}: "
+                           "clearing it lets its next delivery run beside it; wait for the "
+                           "job to end, or give --force", EXIT_FAILED, "refused")
         if not yes:
-            click.confirm(f"Delete {KINDS[kind]} {name!r} ({redis_key})?", abort=True,
-                          err=True)
-        deleted = store.clear(kind, name)
-    if not deleted:
-        raise _missing(kind, name, redis_key)
-    emit(ctx, {"kind": kind, "name": name, "redis_key": redis_key, "deleted": True},
-         f"deleted {KINDS[kind]} {name} ({redis_key})")
+            click.confirm(f"Delete {KINDS[kind]} {name!r} ({redis_key}, {state}, job "
+                          f"{holder})?", abort=True, err=True)
+        if not store.clear(kind, name, held_by=holder):
+            raise CLIError(f"{KINDS[kind]} {name!r} changed since it was read (another job "
+                           "holds it now, or it expired): nothing deleted", EXIT_FAILED,
+                           "changed")
+    emit(ctx, {"kind": kind, "name": name, "redis_key": redis_key, "deleted": True,
+               "state": state, "job_id": holder},
+         f"deleted {KINDS[kind]} {name} ({redis_key}, {state}, job {holder})")

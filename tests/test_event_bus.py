@@ -305,3 +305,29 @@ def test_a_plain_subscriber_beside_sinks_gets_the_built_event() -> None:
     assert bus.publish_draft(draft) == 2
     assert drafts == [draft] and filtered == []
     assert isinstance(events[0], Event) and events[0].id == draft.id
+
+
+def test_the_sinks_lane_follows_subscribing_and_cancelling() -> None:
+    """A bus of sinks alone that gains a filtered sink honours its filter from the next
+    draft on, and one that loses its plain subscriber hands the sinks drafts again."""
+    from ojs_kombu.events.models import EventDraft
+
+    def draft(queue: str) -> EventDraft:
+        return EventDraft("job.started", {"job_type": "email.send", "queue": queue,
+                                          "worker_id": "w1", "attempt": 1},
+                          source=BILLING, subject="job-1")
+
+    bus, sink, filtered, plain = EventBus(), [], [], []
+    bus.subscribe(DraftTaker(sink))
+    assert bus.publish_draft(draft("email")) == 1
+    bus.subscribe(DraftTaker(filtered), EventFilter(queues=["other"]))
+    assert bus.publish_draft(draft("email")) == 1 and filtered == []
+    other = draft("other")
+    assert bus.publish_draft(other) == 2 and filtered == [other]
+
+    listener = bus.subscribe(plain.append)
+    bus.publish_draft(draft("email"))
+    assert isinstance(plain[-1], Event)
+    listener.cancel()
+    last = draft("email")
+    assert bus.publish_draft(last) == 1 and sink[-1] is last and len(plain) == 1

@@ -97,6 +97,8 @@ class OJSAMQP(AMQP):
             super().producer_pool.Producer = TaskProducer  # producers are made on demand
         return self._producer_pool
 
+    publisher_pool = producer_pool  # Celery's alias, read first by some callers
+
     def _create_task_sender(self) -> Any:
         """Celery's task sender, publishing OJS jobs (:mod:`ojs_kombu.celery.task_sender`)."""
         return job_task_sender(super()._create_task_sender(), self.binding, self.app)

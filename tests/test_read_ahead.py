@@ -275,3 +275,26 @@ def test_a_held_frame_without_its_end_octet_is_py_amqps_error(connection: Any) -
     with pytest.raises(UnexpectedFrame):
         conn.blocking_read(timeout=1)
     assert frames == FRAMES[:-1]
+
+
+def test_a_warm_shutdown_wakes_the_loop_at_once(pair: Any) -> None:
+    """Celery's SIGTERM handler sends ``worker_shutting_down`` and sets the flag its
+    loop reads between polls; kombu's hub may poll for up to 10 s before it reads it.
+    With ojs_kombu installed, the loop of an ``ojs`` connection is woken by it: the
+    next poll has a descriptor ready and returns without waiting."""
+    from celery.signals import worker_shutting_down
+
+    import ojs_kombu  # noqa: F401  (what install() users import)
+
+    transport, _broker = pair
+    hub = run_in_hub(transport, Registered(transport))
+    try:
+        hub.turn(2)
+        assert hub.poller.poll(0) == []  # idle: this poll would sleep
+        worker_shutting_down.send(sender="celery@host", sig="SIGTERM", how="Warm",
+                                  exitcode=0)
+        assert hub.poller.poll(0) != []  # woken: it returns at once
+        hub.turn(1)
+        assert hub.poller.poll(0) == []  # the wake was read; nothing else changed
+    finally:
+        hub.close()

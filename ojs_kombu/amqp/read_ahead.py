@@ -25,6 +25,7 @@ from __future__ import annotations
 import errno
 import os
 import sys
+import weakref
 from collections.abc import Callable
 from contextlib import suppress
 from struct import Struct
@@ -38,6 +39,8 @@ _FRAME_HEADER = Struct(">BHI").unpack_from
 _FRAME_END = 0xCE
 #: What an ``eventfd`` write adds (a native 8-byte integer); any byte for a pipe.
 _ONE = (1).to_bytes(8, sys.byteorder)
+#: The process's live loop wakes, for :func:`wake_loops`.
+_LIVE: weakref.WeakSet[LoopWake] = weakref.WeakSet()
 
 
 class ReadAheadTCPTransport(TCPTransport):
@@ -168,6 +171,7 @@ class LoopWake:
             os.set_blocking(self._write_fd, False)
         loop.add_reader(self._read_fd, self._woken)
         loop.on_close.add(self._on_loop_closed)
+        _LIVE.add(self)
 
     def wake(self) -> None:
         if not self._pending and self._write_fd >= 0:
@@ -194,6 +198,15 @@ class LoopWake:
             with suppress(OSError):
                 os.close(fd)
         self._read_fd = self._write_fd = -1
+
+
+def wake_loops() -> None:
+    """Make the next poll of every event loop an ``ojs`` connection of this process
+    reads from return at once.  Safe in a signal handler (a write to a descriptor):
+    Celery's warm shutdown only sets a flag its loop reads after a poll returns, and
+    kombu's hub may poll for up to 10 s."""
+    for wake in list(_LIVE):
+        wake.wake()
 
 
 class LoopReads:

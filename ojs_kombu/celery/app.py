@@ -11,6 +11,8 @@
 * once the configuration is loaded (Celery's ``on_after_configure`` signal),
   OJS delivery semantics, the ``ojs`` content type and no pickle
   (:mod:`ojs_kombu.celery.conf`);
+* a worker's warm shutdown starts at once (its event loop is woken, not left
+  to finish a poll of up to 10 s);
 * worker bootsteps: the preflight that refuses a worker that cannot speak OJS
   (:mod:`ojs_kombu.celery.preflight`), worker events, the control queues,
   reconnection reports, the dropped jobs of ``drop_oldest`` queues and the
@@ -19,8 +21,12 @@
 
 from __future__ import annotations
 
-from celery import Celery
+from typing import Any
 
+from celery import Celery
+from celery.signals import worker_shutting_down
+
+from ..amqp.read_ahead import wake_loops
 from ..spec.errors import OJSConfigurationError
 from .app_amqp import OJSAMQP
 from .conf import configure_when_loaded
@@ -53,6 +59,14 @@ def install(app: Celery) -> Celery:
     _add_bootsteps(app)
     setattr(app, _INSTALLED_FLAG, True)
     return app
+
+
+@worker_shutting_down.connect(weak=False)
+def _start_shutdown_now(**_: Any) -> None:
+    """SIGTERM (or SIGINT, SIGQUIT) reached the worker: Celery's handler sets the flag
+    its event loop checks between polls, and the poll may sleep up to 10 s before it
+    looks; waking the ``ojs`` connections' loops makes it look at once."""
+    wake_loops()
 
 
 def is_installed(app: Celery) -> bool:

@@ -187,7 +187,7 @@ class DedupStore:
     def show(self, kind: str, name: str) -> dict[str, Any] | None:
         """A record as a dict with its remaining lifetime (``ttl_ms``), or ``None``.
         ``kind`` is ``"key"`` (an idempotency key) or ``"unique"`` (a fingerprint)."""
-        redis_key = self._record(kind, name)
+        redis_key = self.record_key(kind, name)
         try:  # one transaction: a record that expires in between is never shown with -2
             raw, ttl = self.client.pipeline(transaction=True).hgetall(redis_key) \
                 .pttl(redis_key).execute()
@@ -203,7 +203,7 @@ class DedupStore:
         """Delete a record (a key that must run again, a fingerprint that must stop
         blocking); whether there was one.  With ``held_by``, only while that job still
         holds it (what was shown is what is deleted; a record taken over since stays)."""
-        redis_key = self._record(kind, name)
+        redis_key = self.record_key(kind, name)
         try:
             if held_by is None:
                 return bool(self.client.delete(redis_key))
@@ -214,9 +214,10 @@ class DedupStore:
 
     def memory_usage(self, kind: str, name: str) -> int | None:
         """Bytes Redis holds for one record (``MEMORY USAGE``)."""
-        return self.client.memory_usage(self._record(kind, name), samples=0)
+        return self.client.memory_usage(self.record_key(kind, name), samples=0)
 
-    def _record(self, kind: str, name: str) -> str:
+    def record_key(self, kind: str, name: str) -> str:
+        """The Redis key of a record: ``kind`` ``"key"`` or ``"unique"``."""
         if kind == "key":
             return self.idempotency_key(name)
         if kind == "unique":

@@ -90,7 +90,7 @@ def show(ctx: click.Context, kind: str, name: str, dedup_url: str | None) -> Non
     """Show the record of NAME with its remaining lifetime (exit 4 if there is none)."""
     with open_store(ctx, dedup_url) as store:
         record = store.show(kind, name)
-        redis_key = store.unique_key(name) if kind == "unique" else store.idempotency_key(name)
+        redis_key = store.record_key(kind, name)
     if record is None:
         raise _missing(kind, name, redis_key)
     fields = {FIELDS.get(field, field): value for field, value in record.items()}
@@ -124,7 +124,7 @@ def clear(ctx: click.Context, kind: str, name: str, dedup_url: str | None, yes: 
     another job took over meanwhile stays (exit 1).  Exit 4 if there is none.
     """
     with open_store(ctx, dedup_url) as store:
-        redis_key = store.unique_key(name) if kind == "unique" else store.idempotency_key(name)
+        redis_key = store.record_key(kind, name)
         record = store.show(kind, name)
         if record is None:
             raise _missing(kind, name, redis_key)

@@ -142,9 +142,6 @@ class EventBus:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._subscriptions: tuple[Subscription, ...] = ()
-        #: The subscriptions when every one takes drafts and has no filter (the
-        #: configured sinks alone), else ``None``: a draft then skips the checks.
-        self._draft_lane: tuple[Subscription, ...] | None = None
         #: How many subscriber calls raised, over the bus's lifetime.
         self.failures = 0
 
@@ -153,20 +150,13 @@ class EventBus:
             raise TypeError(f"event subscriber must be callable, got {callback!r}")
         subscription = Subscription(self, callback, filter)
         with self._lock:
-            self._swap((*self._subscriptions, subscription))
+            self._subscriptions = (*self._subscriptions, subscription)
         return subscription
 
     def _remove(self, subscription: Subscription) -> None:
         with self._lock:
             subscription.active = False
-            self._swap(tuple(s for s in self._subscriptions if s is not subscription))
-
-    def _swap(self, subscriptions: tuple[Subscription, ...]) -> None:
-        """Under the lock: the new subscriptions, and the draft lane that goes with them."""
-        lane = all(s.filter is None and getattr(s.callback, "takes_drafts", False)
-                   for s in subscriptions)
-        self._draft_lane = subscriptions if lane and subscriptions else None
-        self._subscriptions = subscriptions
+            self._subscriptions = tuple(s for s in self._subscriptions if s is not subscription)
 
     @property
     def subscriptions(self) -> tuple[Subscription, ...]:
@@ -212,17 +202,6 @@ class EventBus:
         return called
 
     def _deliver(self, event: Event | None, draft: EventDraft | None) -> int:
-        lane = self._draft_lane if draft is not None else None
-        if lane is not None:  # every event of every job of a worker: nothing to decide
-            called = 0
-            for subscription in lane:
-                if subscription.active:
-                    called += 1
-                    try:
-                        subscription.callback(draft)
-                    except Exception:
-                        self._failed(subscription.callback, draft)
-            return called
         called = 0
         subject: Any = event if draft is None else draft
         for subscription in self._subscriptions:

@@ -665,7 +665,7 @@ def run(broker: Broker, args: argparse.Namespace) -> dict[str, Any]:
                                            log=_progress)
     if "dedup" in args.parts:
         dedup = dedup_drain.Settings(jobs=args.dedup_jobs, rounds=max(args.rounds, 3),
-                                     timeout_s=args.timeout)
+                                     timeout_s=args.timeout, work_ms=args.dedup_work_ms)
         results["dedup"] = dedup_drain.run(broker, args.broker, _ojs_url(args.broker), dedup,
                                            log=_progress)
     if "cluster_drain" in args.parts:
@@ -973,7 +973,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--skip-dedup", action="store_true",
                         help="leave out the drain with idempotency keys on and off")
     parser.add_argument("--dedup-jobs", type=int, default=5000,
-                        help="dedup: no-op jobs per drain (each side, each round)")
+                        help="dedup: no-op jobs per drain (each side, each round), and keys "
+                        "in the store-alone loop")
+    parser.add_argument("--dedup-work-ms", type=float, default=0.0,
+                        help="dedup: milliseconds of CPU each job spins (0: a no-op job)")
     parser.add_argument("--green-jobs", type=int, default=3000,
                         help="green: I/O-bound jobs (a 10 ms green sleep each) per drain")
     parser.add_argument("--schedule-jobs", type=int, default=10_000,
@@ -1008,6 +1011,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                      "--settle and --lateness-grace not negative")
     if args.storm_jobs < 1 or args.storm_timeout <= 0:
         parser.error("--storm-jobs must be at least 1 and --storm-timeout positive")
+    if args.dedup_jobs < 1 or args.dedup_work_ms < 0:
+        parser.error("--dedup-jobs must be at least 1, --dedup-work-ms not negative")
     if args.green_jobs < 1 or args.cluster_jobs < 2:
         parser.error("--green-jobs must be at least 1, --cluster-jobs at least 2")
     if args.only and (args.skip_traced_publish or args.skip_events or args.skip_schedule

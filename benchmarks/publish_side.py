@@ -7,9 +7,11 @@ process-wide: a traced side in the benchmark's own process would trace every
 other side too.  The side is ``run.py``'s own (``make_plain_side`` with
 ``confirm_publish``, ``make_ojs_side`` with ``ojs_kombu.install``) and
 publishes with ``run.publish``, the loop of the throughput part's single
-confirmed publishes.  A traced side first sets an SDK ``TracerProvider``
-whose spans go through a ``BatchSpanProcessor`` (what an app exporting its
-traces runs) to an exporter that only counts them by kind, then instruments.
+confirmed publishes; its app is made the current one, as an app's own is, for
+the instrumentation looks the task up there.  A traced side first sets an SDK
+``TracerProvider`` whose spans go through a ``BatchSpanProcessor`` (what an
+app exporting its traces runs) to an exporter that only counts them by kind,
+then instruments.
 The ``raw`` side (:class:`RawSide`) is the ceiling of any client under the
 same tracing: raw py-amqp publishing a copy of one job ojs_kombu published,
 one confirmed message at a time, between Celery's publish signals when traced.
@@ -158,6 +160,11 @@ def serve(kind: str, traced: bool, broker_url: str) -> None:
     tracing = Tracing() if traced else None
     side = (run.make_plain_side(broker_url, os.getpid()) if kind == "plain"
             else run.make_ojs_side(broker_url, os.getpid()))
+    # The one app of this process is its current app, as an app's own is (run.py makes
+    # them with set_as_current=False, for two in one process): the instrumentation finds
+    # the task in current_app.tasks, so its span stays open over the publish until
+    # after_task_publish ends it.  Not found, the span ended in before_task_publish.
+    side.app.set_current()
     say({"queue": side.amqp_queue, "queues": side.queues, "exchanges": side.exchanges,
          "sweep_prefix": side.sweep_prefix})
     with ExitStack() as stack:

@@ -1,15 +1,20 @@
 """One side of the traced publish part, in a process of its own.
 
-``traced_publish.py`` starts ``python benchmarks/publish_side.py plain|ojs
+``traced_publish.py`` starts ``python benchmarks/publish_side.py plain|ojs|raw
 traced|untraced BROKER_URL`` once per side.  A process per side, because
 ``CeleryInstrumentor().instrument()`` connects Celery's publish signals
 process-wide: a traced side in the benchmark's own process would trace every
 other side too.  The side is ``run.py``'s own (``make_plain_side`` with
 ``confirm_publish``, ``make_ojs_side`` with ``ojs_kombu.install``) and
 publishes with ``run.publish``, the loop of the throughput part's single
-confirmed publishes.  A traced side first sets an SDK ``TracerProvider``
-whose spans go through a ``BatchSpanProcessor`` (what an app exporting its
-traces runs) to an exporter that only counts them by kind, then instruments.
+confirmed publishes; its app is made the current one, as an app's own is, for
+the instrumentation looks the task up there.  A traced side first sets an SDK
+``TracerProvider`` whose spans go through a ``BatchSpanProcessor`` (what an
+app exporting its traces runs) to an exporter that only counts them by kind,
+then instruments.
+The ``raw`` side (:class:`RawSide`) is the ceiling of any client under the
+same tracing: raw py-amqp publishing a copy of one job ojs_kombu published,
+one confirmed message at a time, between Celery's publish signals when traced.
 
 It speaks one JSON line per line on stdout: its broker names first (before any
 I/O, so the parent can delete them whatever happens), ``ready`` after the
@@ -24,12 +29,17 @@ import json
 import os
 import sys
 import time
+import uuid
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import asdict
+from functools import partial
 from typing import Any
 
+import amqp
 import run  # benchmarks/ is sys.path[0] when this file runs as a script
+from celery import signals
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
@@ -71,6 +81,77 @@ class Tracing:
         return self.exporter.kinds["PRODUCER"]
 
 
+class RawSide:
+    """Raw py-amqp publishes of one job ``side`` (ojs_kombu) published, each waiting for
+    its confirm (``RawConfirmPublisher``, read back as the throughput part's raw publisher
+    does); ``traced``, each between Celery's ``before_task_publish`` and
+    ``after_task_publish`` sent as ``send_task_message`` sends them.
+
+    The signals' arguments are those of that one ``apply_async`` (captured), with a
+    new ``headers`` dict per publish (the instrumentation injects into it) holding a
+    new task id (its span's message id).  The injected ``traceparent`` goes into the
+    message's ``x-ojs-trace-id`` header; the body stays the read-back job's.  No
+    Celery app per call: ``side``'s app, made once, names the task.
+    """
+
+    def __init__(self, side: run.Side, broker_url: str, traced: bool) -> None:
+        self.traced = traced
+        calls: list[dict[str, Any]] = []
+
+        def capture(**kwargs: Any) -> None:
+            calls.append(kwargs)
+
+        signals.before_task_publish.connect(capture, weak=False)
+        broker, self.stack = run.Broker(broker_url), ExitStack()
+        try:
+            self.publisher = self.stack.enter_context(
+                run.raw_publisher(broker, broker_url, side))
+        finally:
+            signals.before_task_publish.disconnect(capture)
+            broker.close()
+        call = calls[0]
+        self.call = {key: call[key] for key in (
+            "sender", "body", "exchange", "routing_key", "declare", "properties",
+            "retry_policy")}
+        self.headers = {key: value for key, value in call["headers"].items()
+                        if key != "traceparent"}  # injected per publish
+        self.application_headers: dict[str, Any] = self.publisher.properties.setdefault(
+            "application_headers", {})
+
+    def send(self, n: int) -> list[float]:
+        """``n`` confirmed publishes, one at a time; each one's latency in seconds."""
+        if not self.traced:
+            return self.publisher.send(n, 1)
+        p = self.publisher
+        publish, drain, Message = p.channel.basic_publish, p.connection.drain_events, amqp.Message
+        before, after = signals.before_task_publish.send, signals.after_task_publish.send
+        call, template, trace_header = self.call, self.headers, self.application_headers
+        sender, body, exchange, routing_key = (call["sender"], call["body"], call["exchange"],
+                                               call["routing_key"])
+        message_body, properties = p.body, p.properties
+        new_id, clock = uuid.uuid4, time.perf_counter
+        latencies: list[float] = []
+        for _ in range(n):
+            started = clock()
+            headers = template.copy()
+            headers["id"] = headers["root_id"] = str(new_id())
+            before(headers=headers, **call)
+            trace_header["x-ojs-trace-id"] = headers["traceparent"]
+            publish(Message(message_body, **properties), p.exchange, p.routing_key,
+                    mandatory=True)
+            p.published += 1
+            while p.confirmed < p.published:
+                drain(timeout=30)
+            after(sender=sender, body=body, headers=headers, exchange=exchange,
+                  routing_key=routing_key)
+            latencies.append(clock() - started)
+        p.raise_if_refused()
+        return latencies
+
+    def close(self) -> None:
+        self.stack.close()
+
+
 def say(message: dict[str, Any]) -> None:
     print(json.dumps(message), flush=True)
 
@@ -79,11 +160,22 @@ def serve(kind: str, traced: bool, broker_url: str) -> None:
     tracing = Tracing() if traced else None
     side = (run.make_plain_side(broker_url, os.getpid()) if kind == "plain"
             else run.make_ojs_side(broker_url, os.getpid()))
+    # The one app of this process is its current app, as an app's own is (run.py makes
+    # them with set_as_current=False, for two in one process): the instrumentation finds
+    # the task in current_app.tasks, so its span stays open over the publish until
+    # after_task_publish ends it.  Not found, the span ended in before_task_publish.
+    side.app.set_current()
     say({"queue": side.amqp_queue, "queues": side.queues, "exchanges": side.exchanges,
          "sweep_prefix": side.sweep_prefix})
-    try:
+    with ExitStack() as stack:
+        stack.callback(side.app.close)
         side.declare()
-        run.publish(side, run.WARMUP)
+        send: Callable[[int], list[float]] = partial(run.publish, side)
+        if kind == "raw":
+            raw = RawSide(side, broker_url, traced)
+            stack.callback(raw.close)
+            send = raw.send
+        send(run.WARMUP)
         spans_before = tracing.producer_spans() if tracing else 0
         say({"ready": True, "warmup_producer_spans": spans_before})
         seconds, cpu, latencies = 0.0, 0.0, []
@@ -91,7 +183,7 @@ def serve(kind: str, traced: bool, broker_url: str) -> None:
             command, _, count = line.strip().partition(" ")
             if command == "publish":
                 cpu_started, started = time.process_time(), time.perf_counter()
-                block = run.publish(side, int(count))
+                block = send(int(count))
                 spent = time.perf_counter() - started
                 if tracing:  # the exporter thread's work on these spans is theirs
                     tracing.provider.force_flush()
@@ -107,8 +199,6 @@ def serve(kind: str, traced: bool, broker_url: str) -> None:
                 seconds, cpu, latencies, spans_before = 0.0, 0.0, [], spans
             elif command == "quit":
                 break
-    finally:
-        side.app.close()
 
 
 if __name__ == "__main__":

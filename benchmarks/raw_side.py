@@ -66,10 +66,14 @@ class RawConfirmPublisher:
             while self.confirmed < self.published:
                 self.connection.drain_events(timeout=30)
             latencies.append(clock() - started)
+        self.raise_if_refused()
+        return latencies
+
+    def raise_if_refused(self) -> None:
+        """A publisher that the broker refused a message (nack or return) is no ceiling."""
         if self.refused:
             raise RuntimeError(f"raw py-amqp publisher: {self.refused} message(s) "
                                "refused or returned by the broker")
-        return latencies
 
     def close(self) -> None:
         with suppress(Exception):

@@ -468,9 +468,9 @@ def _traced_publish(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
 def traced_medians(**rates: float) -> dict[str, dict[str, float]]:
     """Per side jobs/s (distinct), CPU per job and, for the traced sides, PRODUCER spans."""
     rates = {"plain_traced": 900.0, "ojs_traced": 1200.0, "plain_untraced": 1000.0,
-             "ojs_untraced": 1500.0, **rates}
+             "ojs_untraced": 1500.0, "raw_traced": 1350.0, "raw_untraced": 1800.0, **rates}
     cpu = {"plain_traced": 400.0, "ojs_traced": 320.0, "plain_untraced": 300.0,
-           "ojs_untraced": 200.0}
+           "ojs_untraced": 200.0, "raw_traced": 200.0, "raw_untraced": 100.0}
     return {key: {"jobs_per_s": rate, "seconds": 2.0, "p50_ms": 0.7, "p99_ms": 3.0,
                   "cpu_us_per_job": cpu[key], "jobs": 6000,
                   "producer_spans": 6000 if key.endswith("_traced") else 0}
@@ -489,6 +489,15 @@ def test_traced_publish_compares_each_side_with_plain_celery_traced_alike(
     assert assessed["tracing_cost"]["ojs"]["jobs_per_s"] == pytest.approx(0.8)
     assert assessed["tracing_cost"]["plain"]["cpu"] == pytest.approx(400 / 300)
     assert assessed["target"]["minimum"] == 1.2 and assessed["target"]["met"] is True
+    assert assessed["ceiling"]["traced"]["jobs_per_s"] == pytest.approx(1.5)  # raw over plain
+    assert assessed["ceiling"]["untraced"]["jobs_per_s"] == pytest.approx(1.8)
+    assert assessed["ceiling"]["traced"]["cpu"] == pytest.approx(2.0)
+    assert assessed["target"]["ceiling"] == pytest.approx(1.5)
+    assert assessed["target"]["reachable"] is True
+    assert assessed["tracing_cost"]["raw"]["jobs_per_s"] == pytest.approx(0.75)
+    unreachable = traced_publish.assess(traced_medians(raw_traced=1000.0))
+    assert unreachable["target"]["ceiling"] == pytest.approx(1000 / 900)
+    assert unreachable["target"]["reachable"] is False
     below = traced_publish.assess(traced_medians(ojs_traced=1000.0))
     assert below["target"]["ratio"] == pytest.approx(1000 / 900)
     assert below["target"]["met"] is False
@@ -497,6 +506,7 @@ def test_traced_publish_compares_each_side_with_plain_celery_traced_alike(
     missing = traced_publish.assess(partial)
     assert missing["target"]["ratio"] is None and missing["target"]["met"] is False
     assert missing["tracing_cost"]["plain"]["jobs_per_s"] is None
+    assert missing["target"]["ceiling"] is None and missing["target"]["reachable"] is None
 
 
 def test_traced_publish_table_shows_rates_ratios_cpu_spans_and_the_verdict(
@@ -514,12 +524,18 @@ def test_traced_publish_table_shows_rates_ratios_cpu_spans_and_the_verdict(
     assert rows["ojs_kombu apply_async (confirmed), traced"][-1] == "5990 of 6000"
     assert rows["ojs_kombu apply_async (confirmed), untraced"][:2] == ["1500", "1.50"]
     assert rows["plain Celery apply_async, confirm_publish, untraced"][-1] == "-"
+    assert rows["raw py-amqp, confirmed, Celery's publish signals, traced"] == [
+        "1350", "1.50", "200", "0.700", "3.000", "6000 of 6000"]
+    assert rows["raw py-amqp, confirmed, untraced"][:2] == ["1800", "1.80"]
     text = "\n".join(lines)
     assert "CPU ratio (plain/ojs): traced 1.25, untraced 1.50" in text
     assert ("traced / untraced: plain Celery jobs/s 0.90x, CPU per job 1.33x; ojs_kombu "
             "jobs/s 0.80x, CPU per job 1.60x") in text
+    assert "ceiling (raw py-amqp over plain Celery): jobs/s traced 1.50x, untraced 1.80x" in text
     verdict = next(line for line in lines if line.startswith("traced single apply_async"))
     assert [c.strip() for c in verdict.split("|")][1:] == ["1.33", "met"]
+    reach = next(line for line in lines if line.strip().startswith("ceiling: raw py-amqp"))
+    assert [c.strip() for c in reach.split("|")][1:] == ["1.50", "reachable"]
 
 
 def _cluster_drain(monkeypatch: pytest.MonkeyPatch) -> ModuleType:

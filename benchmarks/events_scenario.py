@@ -56,38 +56,22 @@ def rotated(kinds: list[str], round_index: int) -> list[str]:
 
 class SDKFloor(Observer):
     """The *SDK floor* side's observer, added with ``ojs_kombu.add_observer`` to an
-    events-off app: per job the two values the metrics hand the real SDK (the wait
-    at ``job_started``, the duration at ``job_completed``, with the job's two
-    labels), appended to a list and given to ``Histogram.record`` 256 at a time,
-    the cheapest way through the SDK's public API, and nothing else.  What it
-    costs is the SDK's own per-measurement work: a floor for any observer that
-    records those two histograms."""
-
-    batch = 256
+    events-off app: per job the two ``Histogram.record`` calls of the real SDK that
+    the metrics make (wait at ``job_started``, duration at ``job_completed``, with
+    the job's two labels), and nothing else.  What it costs is the OpenTelemetry
+    SDK's own per-measurement work, a floor no observer recording those
+    histograms can go under through the public API."""
 
     def __init__(self, provider: MeterProvider) -> None:
         meter = provider.get_meter("ojs_kombu.benchmarks.floor")
         self.wait = meter.create_histogram("floor.jobs.wait_ms")
         self.duration = meter.create_histogram("floor.jobs.duration_ms")
-        self.waits: list[tuple[float, dict[str, str]]] = []
-        self.durations: list[tuple[float, dict[str, str]]] = []
 
     def job_started(self, job: JobInfo, worker_id: str) -> None:
-        self.waits.append((1.0, job.labels()))
-        if len(self.waits) >= self.batch:
-            self.waits = _record_all(self.wait, self.waits)
+        self.wait.record(1.0, job.labels())
 
     def job_completed(self, job: JobInfo, duration_s: float, result: Any) -> None:
-        self.durations.append((duration_s * 1000, job.labels()))
-        if len(self.durations) >= self.batch:
-            self.durations = _record_all(self.duration, self.durations)
-
-
-def _record_all(histogram: Any, values: list[tuple[float, dict[str, str]]]
-                ) -> list[tuple[float, dict[str, str]]]:
-    for value, labels in values:
-        histogram.record(value, labels)
-    return []
+        self.duration.record(duration_s * 1000, job.labels())
 
 
 def meter_provider() -> tuple[MeterProvider, InMemoryMetricReader]:

@@ -957,7 +957,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--skip-events", action="store_true", help="leave out the events part")
     parser.add_argument("--no-events-split", dest="events_split", action="store_false",
                         help="events: only events off and on, without the sides with the "
-                        "AMQP sink alone, the metrics alone and the SDK floor")
+                        "AMQP sink alone and the metrics alone")
     parser.add_argument("--skip-schedule", action="store_true",
                         help="leave out the scheduling part")
     parser.add_argument("--skip-storm", action="store_true", help="leave out the poison storm")

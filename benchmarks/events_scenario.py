@@ -24,8 +24,6 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from report import grid
 
-from ojs_kombu.events.emitter import JobInfo
-from ojs_kombu.events.observer import Observer
 from ojs_kombu.events.sinks import AMQPSink
 from ojs_kombu.events.wire import decode_events
 from ojs_kombu.spec.errors import InvalidEventMessage
@@ -34,11 +32,9 @@ from ojs_kombu.spec.errors import InvalidEventMessage
 #: side the target judges; "sink" and "metrics" show what each costs alone.
 SIDES: dict[str, tuple[bool, bool]] = {
     "off": (False, False), "on": (True, True), "sink": (True, False), "metrics": (False, True),
-    "floor": (False, False),
 }
 #: Labels of the sides measured besides off and on, in the table.
-SPLIT_LABELS = {"sink": "AMQP sink only", "metrics": "metrics only",
-                "floor": "SDK floor"}
+SPLIT_LABELS = {"sink": "AMQP sink only", "metrics": "metrics only"}
 
 #: The events one successful job emits, in lifecycle order.
 JOB_EVENTS = ("job.enqueued", "job.started", "job.completed")
@@ -52,26 +48,6 @@ def rotated(kinds: list[str], round_index: int) -> list[str]:
     as there are sides each side runs once in every position."""
     shift = round_index % len(kinds)
     return kinds[shift:] + kinds[:shift]
-
-
-class SDKFloor(Observer):
-    """The *SDK floor* side's observer, added with ``ojs_kombu.add_observer`` to an
-    events-off app: per job the two ``Histogram.record`` calls of the real SDK that
-    the metrics make (wait at ``job_started``, duration at ``job_completed``, with
-    the job's two labels), and nothing else.  What it costs is the OpenTelemetry
-    SDK's own per-measurement work, a floor no observer recording those
-    histograms can go under through the public API."""
-
-    def __init__(self, provider: MeterProvider) -> None:
-        meter = provider.get_meter("ojs_kombu.benchmarks.floor")
-        self.wait = meter.create_histogram("floor.jobs.wait_ms")
-        self.duration = meter.create_histogram("floor.jobs.duration_ms")
-
-    def job_started(self, job: JobInfo, worker_id: str) -> None:
-        self.wait.record(1.0, job.labels())
-
-    def job_completed(self, job: JobInfo, duration_s: float, result: Any) -> None:
-        self.duration.record(duration_s * 1000, job.labels())
 
 
 def meter_provider() -> tuple[MeterProvider, InMemoryMetricReader]:
@@ -329,9 +305,6 @@ def render(result: dict[str, Any]) -> list[str]:
     if "split" in result:
         lines.append("  AMQP sink only / metrics only: the events on side's two parts alone, "
                      "informational (events on column: that side)")
-        if "floor" in result["split"]:
-            lines.append("  SDK floor: events off plus an observer making only the SDK's two "
-                         "Histogram.record per job (the ceiling of events on)")
     lines.append("")
     detail: list[tuple[str, ...]] = [("events on, per round", "value")]
     for i, rnd in enumerate(result["rounds"], 1):

@@ -827,9 +827,8 @@ def run_throughput(broker: Broker, args: argparse.Namespace) -> dict[str, Any]:
 @contextmanager
 def events_side(broker: Broker, broker_url: str, kind: str
                 ) -> Iterator[tuple[Side, events_scenario.Probe | None]]:
-    """A fresh ojs_kombu side of ``kind`` (``events_scenario.SIDES``: off, on, the AMQP
-    sink or the metrics alone, or the SDK floor: off plus
-    :class:`events_scenario.SDKFloor`) and, with the sink, its probe with a tap queue.
+    """A fresh ojs_kombu side of ``kind`` (``events_scenario.SIDES``: off, on, or the AMQP
+    sink or the metrics alone) and, with the sink, its probe with a tap queue.
 
     Fresh per round: an in-process worker's shutdown closes the app's event
     sinks for good (see README), so an app is not reused after its worker ran.
@@ -847,9 +846,6 @@ def events_side(broker: Broker, broker_url: str, kind: str
         conf["ojs_event_sinks"] = ["amqp"]
     side = make_ojs_side(broker_url, pid, prefix=prefix, conf=conf,
                          label=f"ojs_kombu events {kind}")
-    if kind == "floor":
-        provider, reader = events_scenario.meter_provider()
-        ojs_kombu.add_observer(side.app, events_scenario.SDKFloor(provider))
     tap = None
     try:
         probe = None
@@ -893,9 +889,8 @@ def measure_events_side(broker: Broker, args: argparse.Namespace, kind: str
 
 
 def run_events(broker: Broker, args: argparse.Namespace) -> dict[str, Any]:
-    """Events off, on, and (unless ``--no-events-split``) the sink alone, the metrics
-    alone and the SDK floor; a fresh app per side and round, the order rotated by one
-    side per round."""
+    """Events off, on, and (unless ``--no-events-split``) the sink alone and the metrics
+    alone; a fresh app per side and round, the order rotated by one side per round."""
     kinds = list(events_scenario.SIDES) if args.events_split else ["off", "on"]
     rounds: list[dict[str, Any]] = []
     for i in range(args.rounds):

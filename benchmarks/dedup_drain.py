@@ -42,7 +42,6 @@ from urllib.parse import urlparse
 
 import redis
 
-import ojs_kombu
 from ojs_kombu.celery.dedup_store import DedupStore
 
 HERE = Path(__file__).resolve().parent
@@ -50,14 +49,12 @@ sys.path.insert(0, str(HERE))  # the worker subprocess imports dedup_app the sam
 import prefork_drain  # noqa: E402
 from cluster_drain import cpu_seconds  # noqa: E402
 from dedup_app import make_app  # noqa: E402
-from green_drain import Admin  # noqa: E402
 from report import grid  # noqa: E402
-from scheduling import list_broker  # noqa: E402
+from worker_side import Admin, WorkerSide  # noqa: E402
 
 SIDES = ("plain", "ojs", "ojs_keys")
 LABELS = {"plain": "plain Celery", "ojs": "ojs_kombu, keys off", "ojs_keys": "ojs_kombu, keys on"}
 QUEUE = "bench-dedup"
-FILL_BATCH = 1000
 DEDUP_URL = os.environ.get("BENCH_DEDUP_URL", "redis://127.0.0.1:6379/4")
 _TICK = os.sysconf("SC_CLK_TCK")
 
@@ -121,50 +118,24 @@ def redis_pid(client: Any) -> int | None:
     return pid if pid and Path(f"/proc/{pid}/stat").exists() else None
 
 
-class _Side:
+class _Side(WorkerSide):
+    """The dedup part's side: ``bench.dedup`` of ``dedup_app``; the keyed side fills
+    with an idempotency key per job, new in every round."""
+
     def __init__(self, key: str, broker_url: str, tag: str) -> None:
-        self.key = key
-        self.broker_url = broker_url
-        self.prefix = f"bench{tag}d" if key != "plain" else None
-        self.queue = QUEUE if self.prefix else f"{QUEUE}-{tag}"
-        self.app = make_app(broker_url, self.queue, None, self.prefix,
-                            DEDUP_URL if self.prefix else None)
-        self.task = self.app.tasks["bench.dedup"]
-        self.amqp_queue = (self.app.amqp.binding.names.job_queue(self.queue) if self.prefix
-                           else self.queue)
+        prefix = f"bench{tag}d" if key != "plain" else None
+        queue = QUEUE if prefix else f"{QUEUE}-{tag}"
+        super().__init__(key, make_app(broker_url, queue, None, prefix,
+                                       DEDUP_URL if prefix else None),
+                         "bench.dedup", queue, prefix)
         self.round = 0
 
-    def declare(self) -> None:
-        if self.prefix:
-            ojs_kombu.declare_topology(self.app, [self.queue])
-            return
-        with self.app.connection_for_write() as connection:
-            self.app.amqp.queues[self.queue](connection.default_channel).declare()
-
-    def fill(self, n: int) -> None:
+    def fill(self, n: int, signature: Callable[[int], Any] | None = None) -> None:
         self.round += 1
-        if not self.prefix:
-            with self.app.producer_or_acquire() as producer:
-                for i in range(n):
-                    self.task.apply_async((i,), producer=producer)
-            return
-        keyed = self.key == "ojs_keys"
-        for done in range(0, n, FILL_BATCH):
-            ojs_kombu.enqueue_many(self.app, [
-                self.task.s(i).set(ojs_idempotency_key=f"{self.round}:{i}") if keyed
-                else self.task.s(i) for i in range(done, min(done + FILL_BATCH, n))])
-
-    def cleanup(self, broker: Admin) -> None:
-        self.app.close()
-        if not self.prefix:
-            broker.delete([self.queue], [self.queue])
-            return
-        queues, exchanges = [self.amqp_queue], []
-        for kind, names in (("queues", queues), ("exchanges", exchanges)):
-            rows = list_broker(kind, ["name"], broker.vhost) or []
-            names += [row[0] for row in rows if row[0].startswith(f"{self.prefix}.")
-                      and row[0] not in names]
-        broker.delete(queues, exchanges)
+        if self.key == "ojs_keys" and signature is None:
+            def signature(i: int) -> Any:
+                return self.task.s(i).set(ojs_idempotency_key=f"{self.round}:{i}")
+        super().fill(n, signature)
 
 
 def _group_cpu_s(pgid: int) -> float:

@@ -28,24 +28,20 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Protocol
-
-import ojs_kombu
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the worker subprocess imports green_app the same way
 import prefork_drain  # noqa: E402
 from green_app import SLEEP_S, make_app  # noqa: E402
 from report import grid  # noqa: E402
-from scheduling import list_broker  # noqa: E402
+from worker_side import Admin, WorkerSide  # noqa: E402
 
 POOLS = ("gevent", "eventlet")
 SIDES = ("plain", "ojs")
 LABELS = {"plain": "plain Celery", "ojs": "ojs_kombu"}
 CONCURRENCY = 100
 QUEUE = "bench-green"
-#: Jobs per ``enqueue_many`` call when filling the ojs_kombu side's queue.
-FILL_BATCH = 1000
 
 
 @dataclass
@@ -67,62 +63,14 @@ class GreenDrain:
     left_in_queue: int | None
 
 
-class Admin(Protocol):
-    """The part of ``run.Broker`` used here."""
-
-    vhost: str
-
-    def depth(self, queue: str) -> int | None: ...
-
-    def purge(self, queue: str) -> None: ...
-
-    def delete(self, queues: list[str], exchanges: list[str]) -> None: ...
-
-
-class _Side:
-    """A side's publishing app and the broker names its jobs and worker use."""
+class _Side(WorkerSide):
+    """The green part's side: ``bench.io`` of ``green_app``."""
 
     def __init__(self, key: str, broker_url: str, tag: str) -> None:
-        self.key = key
-        self.broker_url = broker_url
-        self.prefix = f"bench{tag}g" if key == "ojs" else None
-        self.queue = QUEUE if key == "ojs" else f"{QUEUE}-{tag}"
-        self.app = make_app(broker_url, self.queue, None, self.prefix)
-        self.task = self.app.tasks["bench.io"]
-        self.amqp_queue = (self.app.amqp.binding.names.job_queue(self.queue) if self.prefix
-                           else self.queue)
-
-    def declare(self) -> None:
-        if self.prefix:
-            ojs_kombu.declare_topology(self.app, [self.queue])
-            return
-        with self.app.connection_for_write() as connection:
-            self.app.amqp.queues[self.queue](connection.default_channel).declare()
-
-    def fill(self, n: int) -> None:
-        """``n`` jobs into the empty queue: ojs_kombu in confirmed batches, plain Celery
-        with one ``apply_async`` each (no confirms: the fastest way it has)."""
-        if self.prefix:
-            for done in range(0, n, FILL_BATCH):
-                ojs_kombu.enqueue_many(self.app, [self.task.s(i) for i in
-                                                  range(done, min(done + FILL_BATCH, n))])
-            return
-        with self.app.producer_or_acquire() as producer:
-            for i in range(n):
-                self.task.apply_async((i,), producer=producer)
-
-    def cleanup(self, broker: Admin) -> None:
-        """Delete what the side and its workers declared (OJS: everything under its prefix)."""
-        self.app.close()
-        if not self.prefix:
-            broker.delete([self.queue], [self.queue])
-            return
-        queues, exchanges = [self.amqp_queue], []
-        for kind, names in (("queues", queues), ("exchanges", exchanges)):
-            rows = list_broker(kind, ["name"], broker.vhost) or []
-            names += [row[0] for row in rows if row[0].startswith(f"{self.prefix}.")
-                      and row[0] not in names]
-        broker.delete(queues, exchanges)
+        prefix = f"bench{tag}g" if key == "ojs" else None
+        queue = QUEUE if prefix else f"{QUEUE}-{tag}"
+        super().__init__(key, make_app(broker_url, queue, None, prefix), "bench.io", queue,
+                         prefix)
 
 
 def drain(side: _Side, broker: Admin, pool: str, n: int, timeout: float, workdir: Path,

@@ -40,7 +40,7 @@ import ojs_kombu
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the worker subprocess imports storm_app the same way
 import storm_report  # noqa: E402
-from scheduling import list_broker  # noqa: E402
+from scheduling import delete_swept  # noqa: E402
 from storm_app import make_app, plain_dead_letter_names  # noqa: E402
 from storm_messages import (  # noqa: E402
     UNKNOWN_TYPE,
@@ -307,12 +307,9 @@ def delete_side(side: StormSide, route: Route, admin: Admin) -> None:
     """The names the side knows, plus every queue and exchange ``rabbitmqctl`` lists with
     its marker (pidbox, reply queues, whatever its worker declared)."""
     ctl = side.control_exchange
-    queues = [*route.queues, f"{side.nodename}.{ctl}.pidbox"]
-    exchanges = [*route.exchanges, f"{ctl}.pidbox", f"reply.{ctl}.pidbox"]
-    for kind, names in (("queues", queues), ("exchanges", exchanges)):
-        rows = list_broker(kind, ["name"], admin.vhost) or []
-        names += [row[0] for row in rows if side.marker in row[0] and row[0] not in names]
-    admin.delete(queues, exchanges)
+    delete_swept(admin, admin.vhost, [*route.queues, f"{side.nodename}.{ctl}.pidbox"],
+                 [*route.exchanges, f"{ctl}.pidbox", f"reply.{ctl}.pidbox"],
+                 lambda name: side.marker in name)
 
 
 @contextmanager

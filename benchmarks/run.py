@@ -141,13 +141,9 @@ class Broker:
     def delete_side(self, side: Side) -> None:
         """What ``side`` declared: the names it knows, plus (with ``rabbitmqctl``) every queue
         and exchange under its OJS prefix, e.g. queues a worker declared on its own."""
-        queues, exchanges = list(side.queues), list(side.exchanges)
-        if side.sweep_prefix:
-            for kind, names in (("queues", queues), ("exchanges", exchanges)):
-                rows = scheduling.list_broker(kind, ["name"], self.vhost) or []
-                names += [row[0] for row in rows
-                          if row[0].startswith(side.sweep_prefix) and row[0] not in names]
-        self.delete(queues, exchanges)
+        prefix = side.sweep_prefix
+        scheduling.delete_swept(self, self.vhost, side.queues, side.exchanges,
+                                (lambda name: name.startswith(prefix)) if prefix else None)
 
     def close(self) -> None:
         with suppress(Exception):

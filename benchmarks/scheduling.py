@@ -280,6 +280,25 @@ def list_broker(kind: str, columns: list[str], vhost: str) -> list[list[str]] | 
     return [line.split("\t") for line in done.stdout.splitlines() if line.strip()]
 
 
+class Deleter(Protocol):
+    """What :func:`delete_swept` deletes with (``run.Broker`` and the parts' admins)."""
+
+    def delete(self, queues: list[str], exchanges: list[str]) -> None: ...
+
+
+def delete_swept(admin: Deleter, vhost: str, queues: list[str], exchanges: list[str],
+                 matches: Callable[[str], bool] | None) -> None:
+    """Delete ``queues`` and ``exchanges`` and every queue and exchange ``rabbitmqctl``
+    lists whose name ``matches`` (what a side's workers declared on their own); no
+    listing without ``matches``."""
+    queues, exchanges = list(queues), list(exchanges)
+    if matches is not None:
+        for kind, names in (("queues", queues), ("exchanges", exchanges)):
+            rows = list_broker(kind, ["name"], vhost) or []
+            names += [row[0] for row in rows if matches(row[0]) and row[0] not in names]
+    admin.delete(queues, exchanges)
+
+
 def _vhost(broker_url: str) -> str:
     return parse_url(broker_url).get("virtual_host") or "/"
 
@@ -303,13 +322,8 @@ def queue_stats(side: SchedSide) -> dict[str, Any]:
 def delete_side(side: SchedSide, admin: Admin) -> None:
     """Delete what the side declared: the known names, then anything else with its marker."""
     queues, exchanges = side.known_entities()
-    vhost = _vhost(side.broker_url)
-    listed_queues = list_broker("queues", ["name"], vhost) or []
-    listed_exchanges = list_broker("exchanges", ["name"], vhost) or []
-    queues += [row[0] for row in listed_queues if side.marker in row[0] and row[0] not in queues]
-    exchanges += [row[0] for row in listed_exchanges
-                  if side.marker in row[0] and row[0] not in exchanges]
-    admin.delete(queues, exchanges)
+    delete_swept(admin, _vhost(side.broker_url), queues, exchanges,
+                 lambda name: side.marker in name)
 
 
 # -- the measurement -------------------------------------------------------

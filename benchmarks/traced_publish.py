@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from report import block_orders, block_sizes, grid
-from scheduling import list_broker
+from scheduling import delete_swept
 
 HERE = Path(__file__).resolve().parent
 
@@ -141,15 +141,10 @@ class SideProcess:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
-        queues, exchanges = list(self.names.get("queues", [])), list(
-            self.names.get("exchanges", []))
         prefix = self.names.get("sweep_prefix")
-        if prefix:
-            for kind, names in (("queues", queues), ("exchanges", exchanges)):
-                rows = list_broker(kind, ["name"], broker.vhost) or []
-                names += [row[0] for row in rows
-                          if row[0].startswith(prefix) and row[0] not in names]
-        broker.delete(queues, exchanges)
+        delete_swept(broker, broker.vhost, self.names.get("queues", []),
+                     self.names.get("exchanges", []),
+                     (lambda name: name.startswith(prefix)) if prefix else None)
 
 
 def run(broker: Admin, broker_url: str, settings: Settings,

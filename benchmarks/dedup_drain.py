@@ -163,40 +163,22 @@ def drain(side: _Side, broker: Admin, n: int, timeout: float, workdir: Path,
         time.sleep(0.05)
     if queued != n:
         raise RuntimeError(f"{LABELS[side.key]}: expected {n} jobs, found {queued}")
-    record, log = workdir / f"{name}.record", workdir / f"{name}.log"
-    record.write_bytes(b"")
-    env = dict(os.environ)
-    env.update({
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), env.get("PYTHONPATH")])),
-        "BENCH_DEDUP_BROKER": side.app.conf.broker_url, "BENCH_DEDUP_QUEUE": side.queue,
-        "BENCH_DEDUP_RECORD": str(record), "BENCH_DEDUP_OJS_PREFIX": side.prefix or "",
-        "BENCH_DEDUP_URL": DEDUP_URL, "BENCH_DEDUP_WORK_MS": str(work_ms),
-    })
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "dedup_app", "worker", "--pool", "prefork",
-             "-c", str(prefork_drain.CONCURRENCY), "-Q", side.queue, "--without-mingle",
-             "--without-gossip", "--without-heartbeat", "--loglevel", "WARNING",
-             "-n", f"{name}@localhost"],
-            env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True)
-    try:
-        deadline = time.monotonic() + timeout
-        cpu_start, servers_start = None, servers.cpu_s()
-        while len(spans := prefork_drain.read_record(record)) < n:
-            if cpu_start is None and spans:
-                cpu_start, servers_start = _group_cpu_s(process.pid), servers.cpu_s()
-            if process.poll() is not None:
-                raise RuntimeError(f"{LABELS[side.key]} worker exited with status "
-                                   f"{process.returncode}:\n{prefork_drain._tail(log)}")
-            if time.monotonic() >= deadline:
-                raise RuntimeError(f"{LABELS[side.key]}: only {len(spans)}/{n} jobs ran "
-                                   f"within {timeout:.0f}s:\n{prefork_drain._tail(log)}")
-            time.sleep(0.05)
-        cpu, servers_end = _group_cpu_s(process.pid) - (cpu_start or 0.0), servers.cpu_s()
-    finally:
-        prefork_drain._stop(process)
-    seconds = max(end for _, end in spans) - min(start for start, _ in spans)
+    env = {"BENCH_DEDUP_BROKER": side.app.conf.broker_url, "BENCH_DEDUP_QUEUE": side.queue,
+           "BENCH_DEDUP_OJS_PREFIX": side.prefix or "", "BENCH_DEDUP_URL": DEDUP_URL,
+           "BENCH_DEDUP_WORK_MS": str(work_ms)}
+    with prefork_drain.WorkerProcess(app_module="dedup_app", pool="prefork",
+                                     concurrency=prefork_drain.CONCURRENCY, queue=side.queue,
+                                     workdir=workdir, name=name,
+                                     record_var="BENCH_DEDUP_RECORD", env=env) as worker:
+        started: dict[str, Any] = {"cpu": 0.0, "servers": servers.cpu_s()}
+
+        def first_job() -> None:
+            started.update(cpu=_group_cpu_s(worker.pid), servers=servers.cpu_s())
+
+        spans = worker.spans(n, timeout, LABELS[side.key], poll_s=0.05, on_first=first_job)
+        cpu, servers_end = _group_cpu_s(worker.pid) - started["cpu"], servers.cpu_s()
+    servers_start = started["servers"]
+    seconds = prefork_drain.elapsed(spans)
     broker_ms, redis_ms = (None if end is None or start is None else (end - start) * 1000 / n
                            for start, end in zip(servers_start, servers_end, strict=True))
     return DedupDrain(n / seconds, seconds, cpu * 1000 / n, broker_ms, redis_ms)

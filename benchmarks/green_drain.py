@@ -21,7 +21,6 @@ from __future__ import annotations
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -84,35 +83,14 @@ def drain(side: _Side, broker: Admin, pool: str, n: int, timeout: float, workdir
     if queued != n:
         raise RuntimeError(f"{LABELS[side.key]}: expected {n} jobs in {side.amqp_queue}, "
                            f"found {queued}")
-    record, log = workdir / f"{name}.record", workdir / f"{name}.log"
-    record.write_bytes(b"")
-    env = dict(os.environ)
-    env.update({
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), env.get("PYTHONPATH")])),
-        "BENCH_GREEN_BROKER": side.app.conf.broker_url, "BENCH_GREEN_QUEUE": side.queue,
-        "BENCH_GREEN_RECORD": str(record), "BENCH_GREEN_OJS_PREFIX": side.prefix or "",
-    })
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "green_app", "worker", "-P", pool,
-             "-c", str(CONCURRENCY), "-Q", side.queue, "--without-mingle",
-             "--without-gossip", "--without-heartbeat", "--loglevel", "WARNING",
-             "-n", f"{name}@localhost"],
-            env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True)
-    try:
-        deadline = time.monotonic() + timeout
-        while len(spans := prefork_drain.read_record(record)) < n:
-            if process.poll() is not None:
-                raise RuntimeError(f"{LABELS[side.key]} {pool} worker exited with status "
-                                   f"{process.returncode}:\n{prefork_drain._tail(log)}")
-            if time.monotonic() >= deadline:
-                raise RuntimeError(f"{LABELS[side.key]} {pool}: only {len(spans)}/{n} jobs "
-                                   f"ran within {timeout:.0f}s:\n{prefork_drain._tail(log)}")
-            time.sleep(0.1)
-    finally:
-        prefork_drain._stop(process)
-    seconds = max(end for _, end in spans) - min(start for start, _ in spans)
+    env = {"BENCH_GREEN_BROKER": side.app.conf.broker_url, "BENCH_GREEN_QUEUE": side.queue,
+           "BENCH_GREEN_OJS_PREFIX": side.prefix or ""}
+    with prefork_drain.WorkerProcess(app_module="green_app", pool=pool,
+                                     concurrency=CONCURRENCY, queue=side.queue,
+                                     workdir=workdir, name=name,
+                                     record_var="BENCH_GREEN_RECORD", env=env) as worker:
+        spans = worker.spans(n, timeout, f"{LABELS[side.key]} {pool}")
+    seconds = prefork_drain.elapsed(spans)
     return GreenDrain(n / seconds, seconds, broker.depth(side.amqp_queue))
 
 

@@ -53,6 +53,70 @@ def read_record(path: Path) -> list[tuple[float, float]]:
     return spans
 
 
+class WorkerProcess:
+    """``python -m celery -A APP worker`` as a subprocess of its own session (its pool
+    too), its jobs recording ``start end`` lines to a file (``record_var`` in its
+    environment names it), its output in a log next to it.
+
+    The drains of this part, of the green part and of the dedup part start their
+    workers this way: :meth:`spans` waits until ``n`` jobs ran, :meth:`stop` (or
+    leaving the ``with``) stops it and every pool process."""
+
+    def __init__(self, *, app_module: str, pool: str, concurrency: int, queue: str,
+                 workdir: Path, name: str, record_var: str, env: dict[str, str]) -> None:
+        self.record, self.log = workdir / f"{name}.record", workdir / f"{name}.log"
+        self.record.write_bytes(b"")
+        environment = dict(os.environ)
+        environment.update(env)
+        environment[record_var] = str(self.record)
+        environment["PYTHONPATH"] = os.pathsep.join(
+            filter(None, [str(HERE), environment.get("PYTHONPATH")]))
+        with self.log.open("wb") as out:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "celery", "-A", app_module, "worker", "--pool", pool,
+                 "-c", str(concurrency), "-Q", queue, "--without-mingle", "--without-gossip",
+                 "--without-heartbeat", "--loglevel", "WARNING", "-n", f"{name}@localhost"],
+                env=environment, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def spans(self, n: int, timeout: float, label: str, *, poll_s: float = 0.1,
+              on_first: Callable[[], None] | None = None) -> list[tuple[float, float]]:
+        """``(start, end)`` of the first ``n`` jobs, once they ran; ``on_first`` is called
+        when the first job is recorded.  A worker that exits or a timeout raises."""
+        deadline = time.monotonic() + timeout
+        while len(spans := read_record(self.record)) < n:
+            if on_first is not None and spans:
+                on_first()
+                on_first = None
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{label} worker exited with status "
+                                   f"{self.process.returncode}:\n{_tail(self.log)}")
+            if time.monotonic() >= deadline:
+                raise RuntimeError(f"{label}: only {len(spans)}/{n} jobs ran within "
+                                   f"{timeout:.0f}s:\n{_tail(self.log)}")
+            time.sleep(poll_s)
+        return spans
+
+    def stop(self) -> None:
+        _stop(self.process)
+
+    def __enter__(self) -> WorkerProcess:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()
+
+
+def elapsed(spans: list[tuple[float, float]]) -> float:
+    """Seconds from the earliest job start to the latest job end."""
+    return max(end for _, end in spans) - min(start for start, _ in spans)
+
+
 def drain(*, label: str, broker_url: str, queue: str, ojs_prefix: str | None, n: int,
           timeout: float, workdir: Path, name: str, max_priority: int | None = None,
           ojs_acks: str | None = None, quorum: bool = False,
@@ -65,44 +129,20 @@ def drain(*, label: str, broker_url: str, queue: str, ojs_prefix: str | None, n:
     worker's pid once it runs, ``when_done`` is called after the last job, the
     worker still running (the cluster drain reads CPU and QoS there).
     """
-    record, log = workdir / f"{name}.record", workdir / f"{name}.log"
-    record.write_bytes(b"")
-    env = dict(os.environ)
-    env.update({
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), env.get("PYTHONPATH")])),
+    env = {
         "BENCH_DRAIN_BROKER": broker_url,
         "BENCH_DRAIN_QUEUE": queue,
-        "BENCH_DRAIN_RECORD": str(record),
         "BENCH_DRAIN_OJS_PREFIX": ojs_prefix or "",
         "BENCH_DRAIN_MAX_PRIORITY": str(max_priority or ""),
         "BENCH_DRAIN_OJS_ACKS": ojs_acks or "",
         "BENCH_DRAIN_QUORUM": "1" if quorum else "",
-    })
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "drain_app", "worker", "--pool", POOL,
-             "-c", str(CONCURRENCY), "-Q", queue, "--without-mingle", "--without-gossip",
-             "--without-heartbeat", "--loglevel", "WARNING", "-n", f"{name}@localhost"],
-            env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-    try:
+    }
+    with WorkerProcess(app_module="drain_app", pool=POOL, concurrency=CONCURRENCY,
+                       queue=queue, workdir=workdir, name=name,
+                       record_var="BENCH_DRAIN_RECORD", env=env) as worker:
         if started is not None:
-            started(process.pid)
-        deadline = time.monotonic() + timeout
-        while True:
-            spans = read_record(record)
-            if len(spans) >= n:
-                break
-            if process.poll() is not None:
-                raise RuntimeError(f"{label} prefork worker exited with status "
-                                   f"{process.returncode}:\n{_tail(log)}")
-            if time.monotonic() >= deadline:
-                raise RuntimeError(f"{label} prefork: only {len(spans)}/{n} jobs ran within "
-                                   f"{timeout:.0f}s:\n{_tail(log)}")
-            time.sleep(0.2)
+            started(worker.pid)
+        spans = worker.spans(n, timeout, f"{label} prefork", poll_s=0.2)
         if when_done is not None:
             when_done()
-    finally:
-        _stop(process)
-    return max(end for _, end in spans) - min(start for start, _ in spans)
+    return elapsed(spans)

@@ -165,6 +165,9 @@ def test_with_celerys_tracing_the_publish_has_its_span_and_the_same_job(
         instrumentor.uninstrument()
     [span] = [s for s in exporter.get_finished_spans() if s.kind is SpanKind.PRODUCER]
     assert span.name == "apply_async/math.add"
+    # What a plain Celery app's span says about where the task went.
+    assert span.attributes["messaging.destination_kind"] == "queue"
+    assert span.attributes["messaging.destination"] == "ojs.queue.default"
     untraced_job, traced_job = jobs(broker)
     assert traced_job["id"] == traced.id
     trace_id = format(span.context.trace_id, "032x")
@@ -220,9 +223,12 @@ def test_the_publish_signals_carry_what_celery_gives_them_for_the_same_call(
         app.conf.task_publish_retry_policy)
     assert ojs["properties"].keys() == celery["properties"].keys()
     assert ojs["properties"]["priority"] == celery["properties"]["priority"] == 3
-    # The job queue is the routing key; the transport declares the OJS topology itself.
-    assert (ojs["exchange"], ojs["routing_key"], ojs["declare"]) == (
-        "", "ojs.queue.default", [])
+    # The job queue is the routing key; the task's queue is declared as for any app
+    # (the transport declares the OJS topology itself when the job is published).
+    assert (ojs["exchange"], ojs["routing_key"]) == ("", "ojs.queue.default")
+    assert [(q.name, q.exchange.type) for q in ojs["declare"]] == [
+        ("ojs.queue.default", "direct")]
+    assert [(q.name, q.exchange.type) for q in celery["declare"]] == [("celery", "direct")]
     ojs_headers, celery_headers = dict(ojs["headers"]), dict(celery["headers"])
     # argsrepr/kwargsrepr are rebuilt by consumers from the job's args and kwargs
     assert celery_headers.pop("argsrepr") == "(3,)"

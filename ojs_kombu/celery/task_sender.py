@@ -25,6 +25,7 @@ from kombu import Producer
 from kombu.exceptions import EncodeError
 
 from ..amqp.binding import Binding
+from ..amqp.entities import JobQueue
 from ..amqp.job_channel import JobChannel
 from ..amqp.publisher import encode_task
 from ..amqp.transport import Transport
@@ -72,9 +73,15 @@ class JobProducer:
                           getattr(exchange, "name", exchange) or "", routing_key or "")
         producer = self.producer
 
+        # The job's own queue is left out: the transport declares its whole OJS
+        # topology on the first publish (and again after a return), so kombu's
+        # maybe_declare of it on every publish would only repeat that check.
+        entities = [entity for entity in declare or ()
+                    if not (isinstance(entity, JobQueue) and entity.ojs_queue == job.queue)]
+
         def publish_job() -> None:
             channel: JobChannel = producer.channel  # a new one after a reconnection
-            for entity in declare or ():
+            for entity in entities:
                 producer.maybe_declare(entity)
             channel.publish_job(job, timeout=timeout, confirm_timeout=confirm_timeout)
 
@@ -88,19 +95,17 @@ class JobProducer:
 
 def job_task_sender(send: SendTaskMessage, binding: Binding, app: Celery) -> SendTaskMessage:
     """Celery's ``send`` publishing through a :class:`JobProducer` on ``ojs`` connections,
-    without kombu's per-publish declare of the queue, recording a delayed job as
-    ``SCHEDULED`` in the result backend first (:mod:`ojs_kombu.celery.scheduled`).
+    recording a delayed job as ``SCHEDULED`` in the result backend first
+    (:mod:`ojs_kombu.celery.scheduled`).
 
-    The ``ojs`` transport declares a job queue's whole OJS topology on the
-    first publish to it (once per connection) and again after a return, so
-    kombu's ``maybe_declare`` of the queue object on every ``apply_async``
-    only repeated that check, through a fresh retry wrapper each time.  An
-    explicit ``declare=[...]`` option is still honoured.
+    ``declare`` is Celery's (the task's queue, as for any app), so the publish
+    signals and the tracing that reads them see what a plain Celery app shows
+    (``messaging.destination_kind``: ``queue``); the producer leaves the job's
+    own queue to the transport (:class:`JobProducer`).
     """
     default_serializer = app.conf.task_serializer
 
-    def send_task_message(producer: Any, name: str, message: Any, *,
-                          declare: Any = None, **options: Any) -> Any:
+    def send_task_message(producer: Any, name: str, message: Any, **options: Any) -> Any:
         if isinstance(producer.connection.transport, Transport):
             producer = JobProducer(producer, binding)
         if options.get(UNIQUE_OPTION) or options.get(IDEMPOTENCY_OPTION):
@@ -108,8 +113,7 @@ def job_task_sender(send: SendTaskMessage, binding: Binding, app: Celery) -> Sen
         headers = getattr(message, "headers", None) or {}
         recorded = _record_if_scheduled(app, headers)
         try:
-            return send(producer, name, message,
-                        declare=[] if declare is None else declare, **options)
+            return send(producer, name, message, **options)
         except BaseException as exc:
             if recorded:
                 forget_scheduled(app, [recorded])

@@ -101,13 +101,19 @@ def job_task_sender(send: SendTaskMessage, binding: Binding, app: Celery) -> Sen
     ``declare`` is Celery's (the task's queue, as for any app), so the publish
     signals and the tracing that reads them see what a plain Celery app shows
     (``messaging.destination_kind``: ``queue``); the producer leaves the job's
-    own queue to the transport (:class:`JobProducer`).
+    own queue to the transport (:class:`JobProducer`).  On another transport
+    nothing is declared.
     """
     default_serializer = app.conf.task_serializer
 
     def send_task_message(producer: Any, name: str, message: Any, **options: Any) -> Any:
         if isinstance(producer.connection.transport, Transport):
             producer = JobProducer(producer, binding)
+        elif options.get("declare") is None:
+            # Another transport (Flower's own amqp:// connection) cannot declare a job
+            # queue (JobQueue.declare refuses): the message goes out undeclared, as a
+            # plain Celery message the OJS worker dead-letters.
+            options["declare"] = []
         if options.get(UNIQUE_OPTION) or options.get(IDEMPOTENCY_OPTION):
             store_for(binding.settings)  # DedupNotConfigured without ojs_dedup_url
         headers = getattr(message, "headers", None) or {}

@@ -47,7 +47,7 @@ from ojs_kombu.celery.dedup_store import DedupStore
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the worker subprocess imports dedup_app the same way
 import prefork_drain  # noqa: E402
-from cluster_drain import cpu_seconds  # noqa: E402
+from cluster_drain import cpu_seconds, process_tree  # noqa: E402
 from dedup_app import make_app  # noqa: E402
 from report import grid  # noqa: E402
 from worker_side import Admin, WorkerSide  # noqa: E402
@@ -56,7 +56,6 @@ SIDES = ("plain", "ojs", "ojs_keys")
 LABELS = {"plain": "plain Celery", "ojs": "ojs_kombu, keys off", "ojs_keys": "ojs_kombu, keys on"}
 QUEUE = "bench-dedup"
 DEDUP_URL = os.environ.get("BENCH_DEDUP_URL", "redis://127.0.0.1:6379/4")
-_TICK = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
@@ -138,22 +137,6 @@ class _Side(WorkerSide):
         super().fill(n, signature)
 
 
-def _group_cpu_s(pgid: int) -> float:
-    """User + system seconds of every live process in the group (worker and pool)."""
-    total = 0
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        if int(fields[2]) == pgid:  # pgrp
-            total += int(fields[11]) + int(fields[12])  # utime, stime
-    return total / _TICK
-
-
 def drain(side: _Side, broker: Admin, n: int, timeout: float, workdir: Path,
           name: str, servers: Servers, work_ms: float = 0.0) -> DedupDrain:
     broker.purge(side.amqp_queue)
@@ -173,10 +156,10 @@ def drain(side: _Side, broker: Admin, n: int, timeout: float, workdir: Path,
         started: dict[str, Any] = {"cpu": 0.0, "servers": servers.cpu_s()}
 
         def first_job() -> None:
-            started.update(cpu=_group_cpu_s(worker.pid), servers=servers.cpu_s())
+            started.update(cpu=cpu_seconds(process_tree(worker.pid)), servers=servers.cpu_s())
 
         spans = worker.spans(n, timeout, LABELS[side.key], poll_s=0.05, on_first=first_job)
-        cpu, servers_end = _group_cpu_s(worker.pid) - started["cpu"], servers.cpu_s()
+        cpu, servers_end = cpu_seconds(process_tree(worker.pid)) - started["cpu"], servers.cpu_s()
     servers_start = started["servers"]
     seconds = prefork_drain.elapsed(spans)
     broker_ms, redis_ms = (None if end is None or start is None else (end - start) * 1000 / n

@@ -181,8 +181,16 @@ def decode_job_message(
 
 
 def _embed(x_celery: dict[str, Any]) -> dict[str, Any]:
-    """Celery's ``embed`` (callbacks, errbacks, chain, chord) from a job's ``x_celery``."""
-    return {key: x_celery.get(key) for key in EMBED_KEYS}
+    """Celery's ``embed`` (callbacks, errbacks, chain, chord) from a job's ``x_celery``.
+
+    :data:`EMBED_KEYS` spelt out: every consumed job builds one, and the literal
+    is about four times faster than a comprehension over the keys."""
+    get = x_celery.get
+    return {"callbacks": get("callbacks"), "errbacks": get("errbacks"), "chain": get("chain"),
+            "chord": get("chord")}
+
+
+assert tuple(_embed({})) == tuple(EMBED_KEYS), "_embed spells out EMBED_KEYS, in order"
 
 
 def celery_payload(body: bytes | str) -> tuple[list[Any], dict[str, Any], dict[str, Any]]:

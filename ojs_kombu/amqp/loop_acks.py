@@ -48,11 +48,14 @@ class LoopAcks:
         loop.on_tick.add(on_tick)
         loop.on_close.add(self._on_loop_closed)
 
-    def unregister(self) -> None:
+    def unregister(self, closing: bool = False) -> None:
+        """Leave the loop; ``closing``: the loop is running its ``on_close`` callbacks,
+        whose set must not change under it (kombu before 5.7 iterates the set itself)."""
         loop, self._loop = self._loop, None
         if loop is not None:
             loop.on_tick.discard(self._on_tick)
-            loop.on_close.discard(self._on_loop_closed)
+            if not closing:
+                loop.on_close.discard(self._on_loop_closed)
         self.thread = None
 
     def collect(self, channel: Channel, delivery_tag: int, multiple: bool) -> bool:
@@ -96,5 +99,5 @@ class LoopAcks:
             self._channels.clear()
 
     def _on_loop_closed(self, _loop: Any) -> None:
-        self.unregister()
+        self.unregister(closing=True)
         self.write_collected("the event loop closed")

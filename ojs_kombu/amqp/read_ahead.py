@@ -185,13 +185,16 @@ class LoopWake:
         self._pending = False
 
     def _on_loop_closed(self, _loop: Any) -> None:
-        self.close()
+        self.close(closing=True)
 
-    def close(self) -> None:
-        """Leave the loop and close the descriptor (with the connection or the loop)."""
+    def close(self, closing: bool = False) -> None:
+        """Leave the loop and close the descriptor (with the connection or the loop).
+        ``closing``: the loop is running its ``on_close`` callbacks, whose set must not
+        change under it (kombu before 5.7 iterates the set itself, not a copy)."""
         if self._read_fd < 0:
             return
-        self._loop.on_close.discard(self._on_loop_closed)
+        if not closing:
+            self._loop.on_close.discard(self._on_loop_closed)
         with suppress(Exception):
             self._loop.remove_reader(self._read_fd)
         for fd in {self._read_fd, self._write_fd}:

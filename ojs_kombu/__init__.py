@@ -43,6 +43,7 @@ from .spec.errors import (
     QueueNameError,
     TopologyConflictError,
     UnroutableJobError,
+    UnsupportedDependencyError,
     UnsupportedSerializerError,
 )
 from .spec.job_ids import new_job_id
@@ -99,6 +100,7 @@ __all__ = [
     "TopologyConflictError",
     "TopologyNames",
     "UnroutableJobError",
+    "UnsupportedDependencyError",
     "UnsupportedSerializerError",
     "add_observer",
     "check_app",

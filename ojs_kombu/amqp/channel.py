@@ -34,6 +34,7 @@ from .batch import BATCH_WINDOW, publish_batch
 from .binding import Binding
 from .delivery import JobDelivery
 from .publisher import JobPublisher
+from .py_amqp_seam import channel_hooks, confirms_selected, publish_unconfirmed
 from .receiver import JobReceiver
 from .settle import retry_and_wait, settle
 
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
     from .transport import Connection
 
 
+@channel_hooks
 class Channel(pyamqp.Channel):
     """pyamqp channel that maps Celery task messages onto OJS jobs."""
 
@@ -63,9 +65,9 @@ class Channel(pyamqp.Channel):
         #: every delivery that needs an ack, and the acks the event loop collected
         self.ojs_acks = PendingAcks()
 
-    def _do_revive(self) -> None:
+    def on_revive(self) -> None:
+        """kombu revives the channel (py-amqp's ``_do_revive``, :mod:`.py_amqp_seam`)."""
         self._ojs_reset()
-        super()._do_revive()
 
     @property
     def ojs(self) -> Binding:
@@ -93,12 +95,13 @@ class Channel(pyamqp.Channel):
             return publisher.publish_other(msg, exchange, routing_key, mandatory, timeout,
                                            confirm_timeout)
         publisher.count_unconfirmed()
-        return self._basic_publish(msg, exchange, routing_key, mandatory, immediate, timeout)
+        return publish_unconfirmed(self, msg, exchange, routing_key, mandatory, immediate,
+                                   timeout)
 
     def confirm_select(self, nowait: bool = False) -> None:
         """py-amqp's, remembered so that its own confirmed publish never selects again."""
         super().confirm_select(nowait)
-        self._confirm_selected = True
+        confirms_selected(self)
 
     def publish_job(self, job: OutgoingJob, *, timeout: float | None = None,
                     confirm_timeout: float | None = None) -> None:
@@ -174,8 +177,8 @@ class Channel(pyamqp.Channel):
 
     # -- acks (ojs_kombu.amqp.loop_acks) -----------------------------------------
 
-    def _on_basic_deliver(self, consumer_tag: str, delivery_tag: int, redelivered: bool,
-                          exchange: str, routing_key: str, msg: amqp.Message) -> None:
+    def on_deliver(self, consumer_tag: str, delivery_tag: int) -> None:
+        """Before py-amqp hands a ``Basic.Deliver`` to its consumer (:mod:`.py_amqp_seam`)."""
         if consumer_tag not in self.no_ack_consumers:
             self.ojs_acks.delivered(delivery_tag)
         connection = self.connection
@@ -183,8 +186,6 @@ class Channel(pyamqp.Channel):
             # With the solo pool the job runs right here: the acks collected so far
             # go first, so a finished job's ack never waits for the next job.
             connection.flush_acks_in_loop()
-        super()._on_basic_deliver(consumer_tag, delivery_tag, redelivered, exchange,
-                                  routing_key, msg)
 
     def basic_get(self, queue: str = "", no_ack: bool = False, argsig: str = "Bsb"
                   ) -> amqp.Message | None:

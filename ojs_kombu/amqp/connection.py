@@ -4,7 +4,7 @@
 an app under ``ojs_kombu.install()`` is (the worker's consumer connection,
 the producer pool, the event and control connections).  It changes how kombu
 retries a lost connection, in the one place every kombu and Celery retry goes
-through (:meth:`kombu.Connection._ensure_connection`, used by
+through (kombu's ``Connection._ensure_connection``, used by
 ``ensure_connection``, ``ensure``, ``autoretry``, ``default_channel``, the
 worker's ``broker_connection_retry`` loop and ``apply_async``'s
 ``retry_policy``):
@@ -51,6 +51,13 @@ from kombu.utils.functional import retry_over_time
 
 from ..spec.errors import BrokerBackingOff
 from .binding import Binding, registered_binding
+from .kombu_seam import (
+    connection_factory,
+    connection_hooks,
+    connection_info,
+    library_errors,
+    no_translation,
+)
 from .reconnect import DEFAULT_POLICY, ReconnectPolicy, connect_backoff
 
 logger = logging.getLogger(__name__)
@@ -70,6 +77,7 @@ def report_reconnection(binding: Binding | None, *, role: str, broker: str, atte
             "worker_id": worker_id, "queues": queues, "prefetch_count": prefetch_count})
 
 
+@connection_hooks
 class BrokerConnection(kombu.Connection):
     """:class:`kombu.Connection` that retries on the OJS reconnection schedule."""
 
@@ -86,13 +94,14 @@ class BrokerConnection(kombu.Connection):
     def ojs_binding(self) -> Binding | None:
         return registered_binding(self.transport_options)
 
-    def _ensure_connection(  # type: ignore[override]
+    def ensure_with_policy(
         self, errback: Any = None, max_retries: int | None = None,
         interval_start: float = 2, interval_step: float = 2, interval_max: float = 30,
         callback: Any = None, reraise_as_library_errors: bool = True,
         timeout: float | None = None,
     ) -> Any:
-        """kombu's connection retry loop with the binding's waits.
+        """kombu's connection retry loop with the binding's waits (its
+        ``_ensure_connection``, :mod:`.kombu_seam`).
 
         ``interval_*`` are ignored: section 11.3 fixes the schedule.
         """
@@ -123,17 +132,15 @@ class BrokerConnection(kombu.Connection):
                 self.maybe_switch_next()
             return interval
 
-        ctx = self._reraise_as_library_errors if reraise_as_library_errors \
-            else self._dummy_context
-        with ctx():
+        with library_errors(self) if reraise_as_library_errors else no_translation(self):
             return retry_over_time(
-                self._connection_factory, self.recoverable_connection_errors, (), {},
+                connection_factory(self), self.recoverable_connection_errors, (), {},
                 on_error, max_retries, policy.initial, 0, policy.max_delay, callback,
                 timeout=timeout,
             )
 
-    def _connection_factory(self) -> Any:
-        connection = super()._connection_factory()
+    def on_connected(self) -> None:
+        """After each connect (kombu's ``_connection_factory``, :mod:`.kombu_seam`)."""
         if self._ojs_established:
             started = self._ojs_retry_started
             report_reconnection(
@@ -141,19 +148,18 @@ class BrokerConnection(kombu.Connection):
                 attempts=self._ojs_attempts + 1,
                 duration_s=monotonic() - started if started is not None else 0.0)
         self._ojs_established = True
-        return connection
 
-    def _close(self) -> None:
+    def on_closing(self) -> None:
+        """Before kombu closes the connection (its ``_close``, :mod:`.kombu_seam`)."""
         # A connection closed on purpose and opened again is not a reconnection.
         # One the broker had already dropped is: kombu's producer pool closes
         # ("replaces") the connection of a publish that raised, and a producer
         # publishing without retries opens it again on its next publish.
         if self.connected:
             self._ojs_established = False
-        super()._close()
 
     @contextmanager
-    def _reraise_as_library_errors(
+    def library_errors_naming_broker(
         self, ConnectionError: type[Exception] = OperationalError,
         ChannelError: type[Exception] = OperationalError,
     ) -> Iterator[None]:
@@ -193,7 +199,7 @@ class ConnectionPool(KombuConnectionPool):
     connection: BrokerConnection
 
     def new(self) -> PooledBrokerConnection:
-        member = PooledBrokerConnection(self, **dict(self.connection._info(resolve=False)))
+        member = PooledBrokerConnection(self, **dict(connection_info(self.connection)))
         member.reconnect_policy = self.connection.reconnect_policy
         return member
 

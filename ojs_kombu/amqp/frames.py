@@ -28,6 +28,8 @@ from typing import Any
 import amqp
 from amqp.method_framing import frame_writer
 
+from .py_amqp_seam import serialize_properties
+
 logger = logging.getLogger(__name__)
 
 #: Header a delivery carries when its own properties could not be decoded.
@@ -43,7 +45,7 @@ def replacement_header(buf: Any, reason: str) -> bytes:
     class_id, body_size = unpack_from(">HxxQ", buf, 0)
     properties = amqp.Message(b"", delivery_mode=2,
                               application_headers={UNDECODABLE_HEADER: reason[:1024]})
-    return pack(">HHQ", class_id, 0, body_size) + properties._serialize_properties()
+    return pack(">HHQ", class_id, 0, body_size) + serialize_properties(properties)
 
 
 def replacement_frame(frame: tuple[int, int, Any], error: Exception

@@ -31,6 +31,7 @@ from amqp import spec
 
 from .drain import drain_until
 from .publish_frames import PublishFrames
+from .py_amqp_seam import close_hook
 from .reconnect import DEFAULT_POLICY
 
 logger = logging.getLogger(__name__)
@@ -76,6 +77,7 @@ class PendingOutcome:
     on_settled: Callable[[], None] | None = field(default=None, repr=False)
 
 
+@close_hook
 class OutcomeChannel(amqp.Channel):
     """A confirm-mode channel that opens without waiting and never raises its close.
 
@@ -90,8 +92,8 @@ class OutcomeChannel(amqp.Channel):
         self.is_open = True  # pipelined: the broker handles it before anything sent after
         self.send_method(spec.Confirm.Select, "b", (True,))
 
-    def _on_close(self, reply_code: int, reply_text: str, class_id: int,
-                  method_id: int) -> None:
+    def on_broker_close(self, reply_code: int, reply_text: str) -> None:
+        """The broker closed the channel (py-amqp's ``_on_close``, :mod:`.py_amqp_seam`)."""
         self.send_method(spec.Channel.CloseOk)
         on_closed = self._on_closed
         self.collect()

@@ -22,6 +22,8 @@ import amqp
 from amqp import spec
 from amqp.serialization import dumps
 
+from .py_amqp_seam import serialize_properties
+
 #: Frame header: type, channel, payload size.
 _FRAME_HEAD = Struct(">BHI")
 #: Content header payload start: class id, weight, body size.
@@ -122,7 +124,7 @@ def encode_properties(properties: Mapping[str, Any]) -> bytes:
             else:
                 raise _Unsupported
     except (_Unsupported, StructError, TypeError):
-        return amqp.Message(b"", **properties)._serialize_properties()
+        return serialize_properties(amqp.Message(b"", **properties))
     return _SHORT_FLAGS.pack(flags) + b"".join(parts)
 
 

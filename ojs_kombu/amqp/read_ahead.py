@@ -33,6 +33,8 @@ from typing import Any
 
 from amqp.transport import TCPTransport
 
+from .py_amqp_seam import read_hooks, socket_recv
+
 _EMPTY = b""
 #: ``(type, channel, size)`` of a frame header at an offset; then the payload, then 0xCE.
 _FRAME_HEADER = Struct(">BHI").unpack_from
@@ -43,6 +45,7 @@ _ONE = (1).to_bytes(8, sys.byteorder)
 _LIVE: weakref.WeakSet[LoopWake] = weakref.WeakSet()
 
 
+@read_hooks
 class ReadAheadTCPTransport(TCPTransport):
     """:class:`amqp.transport.TCPTransport` that reads up to :attr:`read_size` bytes
     per ``recv`` (see the module docstring for when)."""
@@ -78,18 +81,19 @@ class ReadAheadTCPTransport(TCPTransport):
             return
         super().close()
 
-    # py-amqp reads and restores ``_read_buffer`` (what was read and not parsed)
-    # when a read times out mid-frame; here it is ``_held`` from ``_offset`` on.
-    @property  # type: ignore[override]
-    def _read_buffer(self) -> bytes:
+    @property
+    def unparsed(self) -> bytes:
+        """What was read and not parsed: py-amqp's ``_read_buffer``, which it reads and
+        restores when a read times out mid-frame (:func:`.py_amqp_seam.read_hooks`)."""
         return self._held[self._offset:]
 
-    @_read_buffer.setter
-    def _read_buffer(self, value: bytes) -> None:
+    @unparsed.setter
+    def unparsed(self, value: bytes) -> None:
         self._held, self._offset = value, 0
 
-    def _read(self, n: int, initial: bool = False,
-              _errnos: tuple[int, ...] = (errno.EAGAIN, errno.EINTR)) -> bytes:
+    def read_exact(self, n: int, initial: bool = False,
+                   _errnos: tuple[int, ...] = (errno.EAGAIN, errno.EINTR)) -> bytes:
+        """``n`` bytes, as py-amqp's ``_read`` returns them, from what is held first."""
         held, offset = self._held, self._offset
         end = offset + n
         if end <= len(held):  # already here: no system call
@@ -97,7 +101,7 @@ class ReadAheadTCPTransport(TCPTransport):
             return held[offset:end]
         rbuf = held[offset:]
         ahead = self.read_size if not self.in_event_loop or self.reading_for_loop else 0
-        recv = self._quick_recv
+        recv = socket_recv(self)
         try:
             while len(rbuf) < n:
                 try:

@@ -30,6 +30,7 @@ from ..spec.strict_input import INVALID_ENVELOPE, INVALID_PAYLOAD
 from ..spec.times import format_time
 from .delivery import JobDelivery, JobMessage
 from .frames import UNDECODABLE_HEADER
+from .kombu_seam import set_decoded
 from .reconnect import DEFAULT_POLICY
 from .settle import settle
 
@@ -113,7 +114,7 @@ class JobReceiver:
         if payload is None:
             return None
         message = JobMessage(raw, channel=self._channel)
-        message._decoded_cache = payload
+        set_decoded(message, payload)
         message.ojs = raw.properties.pop(_DELIVERY_KEY)
         return message
 

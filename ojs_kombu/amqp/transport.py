@@ -22,13 +22,23 @@ from .binding import Binding
 from .channel import Channel
 from .drain import drain_until
 from .frames import DECODE_ERRORS, locked_frame_writer, replacement_frame
+from .kombu_seam import fallbacks as kombu_fallbacks
+from .kombu_seam import reader_hook
 from .loop_acks import LoopAcks
 from .outcomes import OutcomePublisher
+from .py_amqp_seam import NO_LOOP_ACKS, NO_READ_AHEAD
+from .py_amqp_seam import fallbacks as py_amqp_fallbacks
 from .read_ahead import LoopReads, LoopWake, ReadAheadTCPTransport
 from .topology import DeclaredTopology, Declarer
 
 #: Longest wait at close for the confirms of retries and dead letters in flight.
 OUTCOME_CLOSE_WAIT_S = 5.0
+
+
+def read_ahead() -> bool:
+    """Whether py-amqp and kombu have the hooks reading ahead needs (else py-amqp's own
+    reader reads: :mod:`.py_amqp_seam`, :mod:`.kombu_seam`)."""
+    return NO_READ_AHEAD not in py_amqp_fallbacks() | kombu_fallbacks()
 
 
 class Connection(pyamqp.Connection):
@@ -70,7 +80,7 @@ class Connection(pyamqp.Connection):
                   **kwargs: Any) -> Any:
         """py-amqp's socket transport (py-amqp passes the first five positionally);
         over plain TCP the one that reads ahead (:mod:`ojs_kombu.amqp.read_ahead`)."""
-        if ssl:
+        if ssl or not read_ahead():
             return super().Transport(host, connect_timeout, ssl, read_timeout, write_timeout,
                                      **kwargs)
         return ReadAheadTCPTransport(host, connect_timeout=connect_timeout,
@@ -136,7 +146,7 @@ class Connection(pyamqp.Connection):
         if frame is None:
             with transport.having_timeout(timeout):
                 frame = transport.read_frame()
-        on_frame = self._on_inbound_frame  # py-amqp's frame handler (set by connect)
+        on_frame = self.on_inbound_frame  # py-amqp's frame handler (set by connect)
         try:
             return on_frame(frame)
         except DECODE_ERRORS as exc:
@@ -199,6 +209,7 @@ class Connection(pyamqp.Connection):
         return self.ojs_topology.queue_depth(queue)
 
 
+@reader_hook
 class Transport(pyamqp.Transport):
     """kombu transport ``ojs://``: RabbitMQ through py-amqp, jobs as OJS jobs."""
 
@@ -207,7 +218,7 @@ class Transport(pyamqp.Transport):
     def register_with_event_loop(self, connection: Connection, loop: Any) -> None:
         super().register_with_event_loop(connection, loop)
         loop.on_tick.add(connection.ojs_outcomes.run_due)
-        if connection.ojs.settings.acks != "each":
+        if connection.ojs.settings.acks != "each" and NO_LOOP_ACKS not in py_amqp_fallbacks():
             connection.register_with_loop(loop)
         transport = connection.transport
         if isinstance(transport, ReadAheadTCPTransport):
@@ -217,8 +228,11 @@ class Transport(pyamqp.Transport):
                 loop.call_soon(self.on_readable, connection, loop)
                 transport.loop_wake()
 
-    def _make_reader(self, connection: Connection, *args: Any, **kwargs: Any) -> Any:
-        return super()._make_reader(LoopReads(connection), *args, **kwargs)
+    @staticmethod
+    def loop_reader(connection: Connection) -> LoopReads:
+        """What kombu's event-loop reader reads through (its ``_make_reader``,
+        :mod:`.kombu_seam`)."""
+        return LoopReads(connection)
 
     def qos_semantics_matches_spec(self, connection: Any) -> bool:
         # Per-consumer prefetch (Basic.Qos global=false) as in the binding's

@@ -9,7 +9,8 @@ The tree, rooted at :class:`OJSError` (a second base where callers catch the
 builtin: ``LookupError``, ``TimeoutError``, ``ValueError``)::
 
     OJSConfigurationError    JobTypeError, QueueNameError, TopologyConflictError,
-                             RetryPolicyError, DedupNotConfigured
+                             RetryPolicyError, DedupNotConfigured,
+                             UnsupportedDependencyError
     JobPublishError
       JobEncodeError         nothing was sent: NonJSONArgumentError, InvalidJobIdError,
                              UnsupportedSerializerError, JobRoutingError,
@@ -95,6 +96,11 @@ class RetryPolicyError(OJSConfigurationError):
 class DedupNotConfigured(OJSConfigurationError):
     """A job asks for ``unique`` or an idempotency key and the app has no ``ojs_dedup_url``:
     refused rather than published without the guarantee it asked for."""
+
+
+class UnsupportedDependencyError(OJSConfigurationError):
+    """An installed py-amqp, kombu, Celery or OpenTelemetry lacks a private member
+    ojs_kombu relies on (:mod:`ojs_kombu.spec.seams`); raised at start, naming each."""
 
 
 class DedupUnavailable(OJSError):

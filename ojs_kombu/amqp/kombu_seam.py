@@ -1,0 +1,126 @@
+"""Every private member of kombu that ojs_kombu uses: the kombu seam.
+
+Checked with kombu 5.5.4, 5.6.2 and 5.7.0 (:data:`CHECKED`).  Each use is a
+:class:`~ojs_kombu.spec.seams.Hook` in :data:`HOOKS`, pinned by
+``tests/test_seams.py``.  :func:`fallbacks` checks them once per process: a
+missing event-loop reader hook makes the transport read frames with py-amqp's
+own reader (kombu's own loop reader then reads as always); any other missing
+hook refuses to start with
+:class:`~ojs_kombu.spec.errors.UnsupportedDependencyError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from functools import cache
+from typing import Any, TypeVar
+
+import kombu
+from kombu.message import Message
+from kombu.transport import base
+
+from ..spec.seams import Hook, verify
+from .py_amqp_seam import NO_READ_AHEAD
+
+CHECKED = "5.5.4, 5.6.2, 5.7.0"
+
+_T = TypeVar("_T", bound=type)
+
+
+def _decoded_cache_is_read() -> bool:
+    message = Message(body=b"[1]", content_type="application/json")
+    message._decoded_cache = {"decoded": "ahead"}
+    return message.decode() == {"decoded": "ahead"}
+
+
+def _hook(owner: Any, member: str, why: str, params: tuple[str, ...] | None = None,
+          probe: Callable[[], bool] | None = None, fallback: str | None = None) -> Hook:
+    return Hook("kombu", "kombu", owner, member, why, CHECKED, params, probe, fallback)
+
+
+HOOKS: tuple[Hook, ...] = (
+    _hook(base.Transport, "_make_reader", "the event loop's reader over a connection that "
+          "reads ahead (amqp/read_ahead.py LoopReads)",
+          ("connection", "timeout", "error", "_unavail"), fallback=NO_READ_AHEAD),
+    _hook(kombu.Connection, "_ensure_connection", "reconnecting on the binding's schedule "
+          "(AMQP-025, amqp/connection.py)",
+          ("errback", "max_retries", "interval_start", "interval_step", "interval_max",
+           "callback", "reraise_as_library_errors", "timeout")),
+    _hook(kombu.Connection, "_connection_factory", "reporting a re-established connection",
+          ()),
+    _hook(kombu.Connection, "_close", "telling a close from a lost connection", ()),
+    _hook(kombu.Connection, "_reraise_as_library_errors", "connection errors that name the "
+          "broker", ("ConnectionError", "ChannelError")),
+    _hook(kombu.Connection, "_dummy_context", "kombu's retry loop without its error "
+          "translation", ()),
+    _hook(kombu.Connection, "_info", "pool members with the pool's settings", ("resolve",)),
+    _hook(Message, "_decoded_cache", "handing kombu the Celery message a job delivery "
+          "was decoded into once", probe=_decoded_cache_is_read),
+)
+
+
+@cache
+def fallbacks() -> frozenset[str]:
+    """The fallbacks in force on the installed kombu (checked once per process)."""
+    return verify(HOOKS)
+
+
+# -- the uses ------------------------------------------------------------------------
+
+
+def set_decoded(message: Message, payload: Any) -> None:
+    """What ``message.decode()`` returns (kombu decodes nothing again)."""
+    message._decoded_cache = payload
+
+
+def library_errors(connection: kombu.Connection) -> AbstractContextManager[None]:
+    """kombu's translation of transport errors into its ``OperationalError``."""
+    return connection._reraise_as_library_errors()
+
+
+def no_translation(connection: kombu.Connection) -> AbstractContextManager[None]:
+    return connection._dummy_context()
+
+
+def connection_factory(connection: kombu.Connection) -> Callable[[], Any]:
+    """kombu's one connect attempt (what its retry loop calls)."""
+    return connection._connection_factory
+
+
+def connection_info(connection: kombu.Connection) -> Iterator[tuple[str, Any]]:
+    """The settings a copy of ``connection`` is made with, transport unresolved."""
+    return connection._info(resolve=False)
+
+
+def connection_hooks(cls: _T) -> _T:
+    """kombu's connection internals call ``cls``'s public methods: ``ensure_with_policy``
+    is its retry loop, ``library_errors_naming_broker`` its error translation,
+    ``on_connected()`` runs after each connect and ``on_closing()`` before a close."""
+
+    def _connection_factory(self: Any) -> Any:
+        connection = super(cls, self)._connection_factory()
+        self.on_connected()
+        return connection
+
+    def _close(self: Any) -> None:
+        self.on_closing()
+        super(cls, self)._close()
+
+    cls._ensure_connection = cls.ensure_with_policy  # type: ignore[attr-defined]
+    cls._reraise_as_library_errors = cls.library_errors_naming_broker  # type: ignore[attr-defined]
+    cls._connection_factory = _connection_factory  # type: ignore[attr-defined]
+    cls._close = _close  # type: ignore[attr-defined]
+    return cls
+
+
+def reader_hook(cls: _T) -> _T:
+    """kombu's event-loop reader reads through ``cls.loop_reader(connection)`` (unless
+    :data:`~.py_amqp_seam.NO_READ_AHEAD` is in force)."""
+
+    def _make_reader(self: Any, connection: Any, *args: Any, **kwargs: Any) -> Any:
+        return super(cls, self)._make_reader(self.loop_reader(connection), *args, **kwargs)
+
+    if NO_READ_AHEAD not in fallbacks():
+        cls._make_reader = _make_reader  # type: ignore[attr-defined]
+    return cls

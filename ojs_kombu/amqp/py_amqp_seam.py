@@ -1,0 +1,146 @@
+"""Every private member of py-amqp that ojs_kombu uses: the py-amqp seam.
+
+Checked with py-amqp 5.3.1 and 5.4.2 (:data:`CHECKED`).  Each use is a
+:class:`~ojs_kombu.spec.seams.Hook` in :data:`HOOKS`, pinned by
+``tests/test_seams.py``.  :func:`fallbacks` checks them once per process: a
+missing read-ahead hook makes the transport read frames with py-amqp's own
+reader, a missing delivery hook makes acks go out one at a time (py-amqp's own
+``basic_ack``); any other missing hook refuses to start with
+:class:`~ojs_kombu.spec.errors.UnsupportedDependencyError`.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from functools import cache
+from typing import Any, TypeVar
+
+import amqp
+from amqp import serialization
+from amqp import transport as amqp_transport
+
+from ..spec.seams import Hook, verify
+
+CHECKED = "5.3.1, 5.4.2"
+#: Fallbacks (:func:`fallbacks` holds the ones in force).
+NO_READ_AHEAD = "reading frames with py-amqp's own reader (no read-ahead)"
+NO_LOOP_ACKS = "acking each delivery at once (no acks collected per loop iteration)"
+
+_T = TypeVar("_T", bound=type)
+
+
+def _source_uses(owner: Any, *names: str) -> Callable[[], bool]:
+    def probe() -> bool:
+        source = inspect.getsource(owner)
+        return all(name in source for name in names)
+    return probe
+
+
+def _hook(owner: Any, member: str, why: str, params: tuple[str, ...] | None = None,
+          probe: Callable[[], bool] | None = None, fallback: str | None = None) -> Hook:
+    return Hook("py-amqp", "amqp", owner, member, why, CHECKED, params, probe, fallback)
+
+
+TCP = amqp_transport.TCPTransport
+HOOKS: tuple[Hook, ...] = (
+    _hook(TCP, "_read", "reading the socket ahead (amqp/read_ahead.py)",
+          ("n", "initial", "_errnos"), fallback=NO_READ_AHEAD),
+    _hook(TCP, "_read_buffer", "the bytes read ahead and not parsed, which py-amqp restores "
+          "when a read times out mid-frame",
+          probe=_source_uses(amqp_transport, "self._read_buffer = read_frame_buffer"),
+          fallback=NO_READ_AHEAD),
+    _hook(TCP, "_quick_recv", "the socket's recv, as py-amqp's own reader calls it",
+          probe=_source_uses(TCP, "self._quick_recv = self.sock.recv"),
+          fallback=NO_READ_AHEAD),
+    _hook(amqp.Channel, "_on_basic_deliver", "knowing every delivery that needs an ack, so "
+          "that collected acks may settle a run with one frame (amqp/loop_acks.py)",
+          ("consumer_tag", "delivery_tag", "redelivered", "exchange", "routing_key", "msg"),
+          fallback=NO_LOOP_ACKS),
+    _hook(amqp.Channel, "_do_revive", "resetting a channel's OJS state when kombu revives it",
+          ()),
+    _hook(amqp.Channel, "_basic_publish", "a publish of a non-job message without py-amqp's "
+          "per-publish confirm wait",
+          ("msg", "exchange", "routing_key", "mandatory", "immediate", "timeout")),
+    _hook(amqp.Channel, "_confirm_selected", "telling py-amqp that ojs_kombu selected confirms",
+          probe=_source_uses(amqp.Channel, "self._confirm_selected = False",
+                             "if not self._confirm_selected")),
+    _hook(amqp.Channel, "_on_close", "a confirm channel whose close is reported to its "
+          "publisher instead of raised into the loop (amqp/outcomes.py)",
+          ("reply_code", "reply_text", "class_id", "method_id")),
+    _hook(serialization.GenericContent, "_serialize_properties",
+          "encoding message properties the fast encoder does not handle", ()),
+)
+
+
+@cache
+def fallbacks() -> frozenset[str]:
+    """The fallbacks in force on the installed py-amqp (checked once per process)."""
+    return verify(HOOKS)
+
+
+# -- the uses ------------------------------------------------------------------------
+
+
+def serialize_properties(message: amqp.Message) -> bytes:
+    """py-amqp's encoding of ``message``'s properties (a content header's tail)."""
+    return message._serialize_properties()
+
+
+def publish_unconfirmed(channel: amqp.Channel, msg: amqp.Message, exchange: str,
+                        routing_key: str, mandatory: bool, immediate: bool,
+                        timeout: float | None) -> Any:
+    """py-amqp's publish without its confirm wait (on a channel in confirm mode)."""
+    return channel._basic_publish(msg, exchange, routing_key, mandatory, immediate, timeout)
+
+
+def confirms_selected(channel: amqp.Channel) -> None:
+    """Tell py-amqp confirms are selected on ``channel``: its own confirmed publish
+    then never selects them again."""
+    channel._confirm_selected = True
+
+
+def socket_recv(transport: amqp_transport.TCPTransport) -> Callable[[int], bytes]:
+    return transport._quick_recv
+
+
+def read_hooks(cls: _T) -> _T:
+    """``cls``'s ``read_exact`` and ``unparsed`` become py-amqp's ``_read`` and
+    ``_read_buffer`` (no call in between: every frame read goes through them)."""
+    cls._read = cls.read_exact  # type: ignore[attr-defined]
+    cls._read_buffer = cls.unparsed  # type: ignore[attr-defined]
+    return cls
+
+
+def channel_hooks(cls: _T) -> _T:
+    """py-amqp's channel callbacks call ``cls``'s ``on_revive()`` (before a revive) and,
+    unless :data:`NO_LOOP_ACKS` is in force, ``on_deliver(consumer_tag, delivery_tag)``
+    (before a ``Basic.Deliver`` is handled)."""
+
+    def _do_revive(self: Any) -> None:
+        self.on_revive()
+        super(cls, self)._do_revive()
+
+    def _on_basic_deliver(self: Any, consumer_tag: str, delivery_tag: int,
+                          redelivered: bool, exchange: str, routing_key: str,
+                          msg: amqp.Message) -> None:
+        self.on_deliver(consumer_tag, delivery_tag)
+        super(cls, self)._on_basic_deliver(consumer_tag, delivery_tag, redelivered, exchange,
+                                           routing_key, msg)
+
+    cls._do_revive = _do_revive  # type: ignore[attr-defined]
+    if NO_LOOP_ACKS not in fallbacks():
+        cls._on_basic_deliver = _on_basic_deliver  # type: ignore[attr-defined]
+    return cls
+
+
+def close_hook(cls: _T) -> _T:
+    """A channel close the broker sends calls ``cls``'s ``on_broker_close(reply_code,
+    reply_text)`` instead of py-amqp's handler, which raises it."""
+
+    def _on_close(self: Any, reply_code: int, reply_text: str, class_id: int,
+                  method_id: int) -> None:
+        self.on_broker_close(reply_code, reply_text)
+
+    cls._on_close = _on_close  # type: ignore[attr-defined]
+    return cls

@@ -29,6 +29,7 @@ from celery.signals import worker_shutting_down
 from ..amqp.read_ahead import wake_loops
 from ..spec.errors import OJSConfigurationError
 from .app_amqp import OJSAMQP
+from .celery_seam import verify_celery
 from .conf import configure_when_loaded
 from .control import ControlQueues
 from .dropped import DroppedJobs
@@ -51,6 +52,7 @@ def install(app: Celery) -> Celery:
     if is_installed(app):
         return app
     _refuse_started(app)
+    verify_celery()  # UnsupportedDependencyError names each private hook Celery lacks
     app.amqp_cls = OJSAMQP
     if app.task_cls == Celery.task_cls:
         app.task_cls = f"{OJSTask.__module__}:OJSTask"

@@ -24,6 +24,7 @@ from ..amqp.connection import BrokerConnection as ReconnectingConnection
 from ..spec.envelope import RetryPolicy
 from ..spec.settings import BINDING_OPTION, OJSSettings
 from .batch import origin_nodename
+from .celery_seam import amqp_hooks, producer_pool
 from .events import build_events
 from .queues import OJSQueues
 from .retries import task_retry_policy
@@ -55,6 +56,7 @@ class TaskProducer(kombu.Producer):
         self._channel = ChannelPromise(lambda: channel.default_channel)
 
 
+@amqp_hooks
 class OJSAMQP(AMQP):
     """``app.amqp`` under ojs_kombu."""
 
@@ -93,15 +95,16 @@ class OJSAMQP(AMQP):
 
     @property
     def producer_pool(self) -> ProducerPool:
-        if self._producer_pool is None:
+        if producer_pool(self) is None:
             super().producer_pool.Producer = TaskProducer  # producers are made on demand
-        return self._producer_pool
+        return producer_pool(self)
 
     publisher_pool = producer_pool  # Celery's alias, read first by some callers
 
-    def _create_task_sender(self) -> Any:
-        """Celery's task sender, publishing OJS jobs (:mod:`ojs_kombu.celery.task_sender`)."""
-        return job_task_sender(super()._create_task_sender(), self.binding, self.app)
+    def wrap_task_sender(self, sender: Any) -> Any:
+        """Celery's task sender, publishing OJS jobs (:mod:`ojs_kombu.celery.task_sender`;
+        Celery's ``_create_task_sender``, :mod:`.celery_seam`)."""
+        return job_task_sender(sender, self.binding, self.app)
 
     def as_task_v2(self, task_id: str, name: str, *args: Any, **kwargs: Any) -> Any:
         """Celery's task message, without the ``argsrepr``/``kwargsrepr`` it would compute

@@ -30,11 +30,12 @@ from functools import lru_cache
 from typing import Any
 
 from celery import Celery
-from celery.canvas import Signature, _chain, chord, group
+from celery.canvas import Signature, chord, group
 from celery.result import AsyncResult
 from celery.utils.nodenames import anon_nodename
 
 from ..amqp.job_channel import JobChannel
+from ..amqp.kombu_seam import library_errors
 from ..amqp.publisher import job_queue_for
 from ..events.tracing import with_current_trace
 from ..spec.encode import OutgoingJob, build_job
@@ -45,6 +46,7 @@ from ..spec.naming import is_job_id
 from ..spec.times import format_time
 from ..spec.unique import IDEMPOTENCY_OPTION, UNIQUE_OPTION, idempotency_key
 from ..spec.x_celery import x_celery_of
+from .celery_seam import Chain, exec_options
 from .dedup_store import store_for
 from .scheduled import forget_scheduled, record_scheduled, wants_record
 
@@ -93,7 +95,7 @@ def enqueue_many(app: Celery, jobs: Iterable[JobSpec] | group, *,
                                     job_id=job.job_id, queue=job.queue)
         seen.add(job.job_id)
     with app.producer_or_acquire() as producer, \
-            producer.connection._reraise_as_library_errors():
+            library_errors(producer.connection):
         backend = app.backend
         recorded: list[str] = []
         for job, wants_result in zip(outgoing, encoder.wants_result, strict=True):
@@ -122,7 +124,7 @@ def _flatten(jobs: Iterable[JobSpec] | group) -> Iterable[JobSpec]:
     for spec in jobs:
         if isinstance(spec, group):
             yield from _flatten(spec)
-        elif isinstance(spec, _chain | chord):
+        elif isinstance(spec, Chain | chord):
             raise JobEncodeError(
                 f"enqueue_many takes task signatures and groups of them, not a "
                 f"{type(spec).__name__.strip('_')}: send chains and chords with apply_async"
@@ -246,7 +248,7 @@ class JobEncoder:
             defaults: Mapping[str, Any] = {}
             ignore = False
             if task is not None:
-                defaults = {k: v for k, v in task._get_exec_options().items()
+                defaults = {k: v for k, v in exec_options(task).items()
                             if v is not None and not inert_option(k, v)}
                 for option in (IDEMPOTENCY_OPTION, UNIQUE_OPTION):  # the task's own
                     if getattr(task, option, None) is not None:

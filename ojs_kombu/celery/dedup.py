@@ -102,7 +102,7 @@ def check_unique(task: Task, args: Any, kwargs: Any, task_id: str | None,
     unique_value = options.get(UNIQUE_OPTION, getattr(task, "ojs_unique", None))
     if key_value in (None, False) and unique_value in (None, False):
         return None
-    app = task._get_app()
+    app = task.app
     binding = app.amqp.binding
     store = store_for(binding.settings)
     job_id = task_id or new_job_id()
@@ -193,7 +193,7 @@ def cancel_replaced(app: Any, existing: UniqueRecord, by: str) -> None:
 def guard(task: Task, request: Any, run: Callable[[], Any]) -> Any:
     """Run the job in the pool under its idempotency key and unique record (the job
     carries at least one of them)."""
-    settings = task._get_app().amqp.binding.settings
+    settings = task.app.amqp.binding.settings
     key = getattr(request, IDEMPOTENCY_HEADER, None)
     unique = getattr(request, UNIQUE_HEADER, None)
     attempt = getattr(request, "x-ojs-attempt", 1) or 1
@@ -280,7 +280,7 @@ def _start_unique(task: Task, request: Any, store: DedupStore, unique: Mapping[s
     if resolution is Resolution.REJECT:
         raise Reject(f"job {request.id}: job {existing.job_id} ({existing.state}) has the same "
                      "unique fingerprint (on_conflict: reject)", requeue=False)
-    cancel_replaced(task._get_app(), existing, request.id)
+    cancel_replaced(task.app, existing, request.id)
     store.claim_unique(claim.fingerprint, job_id=request.id, state=ACTIVE, queue=queue,
                        scheduled_at=None, checked=checked_states(policy),
                        ttl_ms=period_ms(policy, claim.retention_s),
@@ -315,7 +315,7 @@ def _degraded(task: Task, request: Any, settings: Any, exc: BaseException,
               run: Callable[[], Any]) -> Any:
     """The store is down: never a duplicate; run it or leave it for a later delivery."""
     queue = (request.delivery_info or {}).get("routing_key") or ""
-    job_type = task._get_app().amqp.binding.job_types.type_for(task.name)
+    job_type = task.app.amqp.binding.job_types.type_for(task.name)
     OJSMetrics(settings.meter_provider).dedup_degraded.add(1, labels(job_type, queue))
     if settings.dedup_when_down == "retry":
         logger.warning("job %s: dedup degraded (%s): retried later through the broker",

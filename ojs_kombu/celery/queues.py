@@ -17,8 +17,10 @@ from ..amqp.binding import Binding
 from ..amqp.entities import JobQueue, extra_arguments, job_queue
 from ..amqp.topology import OWNED_ARGUMENTS
 from ..spec.errors import OJSConfigurationError
+from .celery_seam import queues_hooks, set_default_consume_from
 
 
+@queues_hooks
 class OJSQueues(Queues):
     """Celery's queue table, holding OJS job queues only.
 
@@ -32,7 +34,7 @@ class OJSQueues(Queues):
     def __init__(self, queues: Any = None, *args: Any, binding: Binding, **kwargs: Any) -> None:
         self.binding = binding
         super().__init__(queues, *args, **kwargs)
-        self._default_consume_from = {queue.name: queue for queue in self.values()}
+        set_default_consume_from(self, {queue.name: queue for queue in self.values()})
 
     def __missing__(self, name: str) -> Queue:
         names = self.binding.names
@@ -49,7 +51,8 @@ class OJSQueues(Queues):
         ojs_name = self.binding.names.ojs_queue(name)
         return job_queue(self.binding.names, ojs_name, self.binding.declare_arguments(ojs_name))
 
-    def _add(self, queue: Queue) -> Queue:
+    def add_queue(self, queue: Queue) -> Queue:
+        """Celery's ``Queues._add`` (:mod:`.celery_seam`): every queue becomes a job queue."""
         self[queue.name] = job = self._as_job_queue(queue)
         return job
 

@@ -36,6 +36,7 @@ from ..spec.failures import (
     decide,
 )
 from ..spec.retry import Backoff
+from .celery_seam import request_context, request_hooks
 from .control import cancellations, outcomes
 from .events import count_completed
 from .retries import failure_retryable, job_retry_policy
@@ -74,6 +75,7 @@ def _seconds_until(when: Any) -> float:
     return max(float(when or 0), 0.0)
 
 
+@request_hooks
 class JobRequest(Request):
     """Worker-side request of an OJS job: decides retry or dead letter for a failed attempt,
     and emits the job's lifecycle events.
@@ -94,11 +96,11 @@ class JobRequest(Request):
 
     @property
     def _ojs_hook(self) -> Hook:
-        return self._app.amqp.binding.hook
+        return self.app.amqp.binding.hook
 
     def on_accepted(self, pid: Any, time_accepted: float) -> None:
         super().on_accepted(pid, time_accepted)
-        message = self._message
+        message = self.message
         if isinstance(message, JobMessage):
             self._ojs_hook.job_started(message.ojs.info(), self.hostname)
 
@@ -119,14 +121,14 @@ class JobRequest(Request):
 
     def _ojs_succeeded(self, failed__retval__runtime: Any) -> None:
         failed, retval, runtime = failed__retval__runtime
-        message = self._message
+        message = self.message
         if not failed and isinstance(message, JobMessage):
             count_completed()
             self._remember("completed", message)
             self._ojs_hook.job_completed(message.ojs.info(), runtime, pool_result(retval))
 
     def on_retry(self, exc_info: Any) -> None:
-        message = self._message
+        message = self.message
         retry = _unwrap(exc_info.exception)
         republished = isinstance(retry, Retry) and retry.message == REPUBLISHED
         if isinstance(message, JobMessage) and not self.acknowledged and not republished:
@@ -148,7 +150,7 @@ class JobRequest(Request):
         super().on_failure(exc_info, send_failed_event, return_ok)
 
     def reject(self, requeue: bool = False) -> None:
-        message = self._message
+        message = self.message
         if self.acknowledged or not isinstance(message, JobMessage):
             return super().reject(requeue)
         try:
@@ -164,7 +166,7 @@ class JobRequest(Request):
         """A hard time limit that the job's policy retries is a retry, not a ``FAILURE``:
         the result backend says ``RETRY`` until the last attempt (Celery's own handler
         marks every hard time limit as a failure before the job is requeued)."""
-        message = self._message
+        message = self.message
         if soft or not isinstance(message, JobMessage) or worker_state.should_terminate:
             return super().on_timeout(soft, timeout)
         outcome = message.ojs_outcome  # billiard may have reported the failure first
@@ -183,7 +185,7 @@ class JobRequest(Request):
         logger.error("Hard time limit (%ss) exceeded for %s[%s]: attempt %d failed, the "
                      "broker retries it", timeout, self.name, self.id, message.ojs.attempt)
         if self.store_errors:
-            self.task.backend.mark_as_retry(self.id, exc, request=self._context)
+            self.task.backend.mark_as_retry(self.id, exc, request=request_context(self))
         self.send_event("task-retried", exception=repr(exc), traceback="")
         return None
 
@@ -193,19 +195,21 @@ class JobRequest(Request):
 
     _ojs_expired = False
 
-    def _announce_revoked(self, reason: Any, terminated: Any, signum: Any, expired: Any) -> None:
-        """A cancelled job is acked, not dead-lettered, and emits ``job.cancelled``; one that
+    def on_revoked(self, expired: Any) -> None:
+        """Before Celery announces a revoke (its ``_announce_revoked``, :mod:`.celery_seam`).
+        A cancelled job is acked, not dead-lettered, and emits ``job.cancelled``; one that
         expired while prefetched is dead-lettered as ``EXPIRED`` (see :meth:`acknowledge`)."""
-        message = self._message
-        self._ojs_expired = bool(expired) and isinstance(message, JobMessage)
-        super()._announce_revoked(reason, terminated, signum, expired)
+        self._ojs_expired = bool(expired) and isinstance(self.message, JobMessage)
+
+    def after_revoked(self, reason: Any, expired: Any) -> None:
+        message = self.message
         if isinstance(message, JobMessage) and not expired:
             self._remember("cancelled", message)
             why, by = cancellations.get(self.id, (None, None))
             self._ojs_hook.job_cancelled(message.ojs.info(), by, why or f"{reason} by Celery")
 
     def acknowledge(self) -> None:
-        message = self._message
+        message = self.message
         exc_info = self._ojs_exc_info
         if exc_info is not None and isinstance(_unwrap(exc_info.exception), JobCancelled) \
                 and not self.acknowledged and isinstance(message, JobMessage):
@@ -229,7 +233,7 @@ class JobRequest(Request):
     def _ojs_policy(self) -> RetryPolicy:
         """The job's retry policy (the task's, then the envelope's), read once: the
         decision, the events and the retry check of one failure all need it."""
-        return job_retry_policy(self.task, self._request_dict)
+        return job_retry_policy(self.task, self.request_dict)
 
     def _decide(self, message: JobMessage, what: Delivered) -> Outcome:
         """The failure decision (:func:`ojs_kombu.spec.failures.decide`) under the job's policy."""
@@ -243,7 +247,7 @@ class JobRequest(Request):
         reject runs in the event loop's thread and never waits there)."""
         message.ojs_outcome = outcome
         self._emit_failure(message, outcome)
-        self._on_reject(logger, self._connection_errors, False)
+        self.on_reject(logger, self.connection_errors, False)
         self.acknowledged = True
 
     def _emit_failure(self, message: JobMessage, outcome: Outcome) -> None:
@@ -288,5 +292,5 @@ class JobRequest(Request):
         # (OJSTask.__call__): one that reaches here is not retried, unless Celery
         # asks to requeue it (``Reject(requeue=True)``), which OJS retries instead.
         retryable = ((requeue or happened is not Happened.HANDLER_ERROR)
-                     and failure_retryable(self.task, exc, policy, self._request_dict))
+                     and failure_retryable(self.task, exc, policy, self.request_dict))
         return Delivered(happened, failure, retryable=retryable)

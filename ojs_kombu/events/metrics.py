@@ -22,6 +22,8 @@ from typing import Any, ClassVar
 from opentelemetry import metrics
 from opentelemetry.context import get_current
 
+from .otel_seam import real_instrument
+
 DURATION_BUCKETS = [5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000, 300000]
 WAIT_BUCKETS = [10, 50, 100, 500, 1000, 5000, 10000, 30000, 60000, 300000, 600000]
 CONFIRM_BUCKETS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5]
@@ -50,7 +52,7 @@ class OJSMetrics:
             if made is not None:
                 return made
             made = super().__new__(cls)
-            made._register(metrics.get_meter_provider() if is_global else meter_provider)
+            made.register_instruments(metrics.get_meter_provider() if is_global else meter_provider)
             if is_global:
                 cls._global = made
             else:
@@ -60,7 +62,7 @@ class OJSMetrics:
     def __init__(self, meter_provider: Any = None) -> None:
         """Nothing to do: :meth:`__new__` registered the instruments once."""
 
-    def _register(self, meter_provider: Any) -> None:
+    def register_instruments(self, meter_provider: Any) -> None:
         meter = meter_provider.get_meter("ojs_kombu")
         self.meter = meter
         self.jobs_enqueued = Tally(meter,
@@ -264,7 +266,7 @@ class BufferedHistogram:
         """No SDK behind the instrument (the API's no-op, or its proxy while no provider
         is set): the API would drop the value, so there is nothing to buffer or flush."""
         histogram = self._histogram
-        histogram = getattr(histogram, "_real_instrument", histogram)  # the API's proxy
+        histogram = real_instrument(histogram)  # the API's proxy: its SDK instrument
         return histogram is None or isinstance(histogram, metrics.NoOpHistogram)
 
     def flush(self, wait: bool = False) -> None:
@@ -287,7 +289,7 @@ class BufferedHistogram:
         """Measurements recorded and not yet handed to the SDK."""
         return len(self._buffer)
 
-    def _forked(self) -> None:
+    def forget_parent(self) -> None:
         # The parent records what it buffered; a flush lock held by a parent thread
         # that does not exist here would never be released.
         self._buffer = deque()
@@ -301,9 +303,9 @@ def _forget_parent_measurements() -> None:
     """A forked process (a prefork pool process) counts its own jobs and connections:
     the parent's are the parent's to report."""
     for histogram in list(_BUFFERED):
-        histogram._forked()
+        histogram.forget_parent()
     for tally in list(_TALLIES):
-        tally._forked()
+        tally.forget_parent()
     _CONNECTIONS.clear()
 
 
@@ -341,7 +343,7 @@ class Tally:
             counts = list(self._counts.items())
         return [metrics.Observation(value, dict(key)) for key, value in counts]
 
-    def _forked(self) -> None:
+    def forget_parent(self) -> None:
         self._counts = {}
         self._lock = threading.Lock()
 

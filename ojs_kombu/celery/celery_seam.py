@@ -1,0 +1,121 @@
+"""Every private member of Celery that ojs_kombu uses: the Celery seam.
+
+Checked with Celery 5.5.3, 5.6.3 and 5.7.0 (:data:`CHECKED`).  Each use is a
+:class:`~ojs_kombu.spec.seams.Hook` in :data:`HOOKS`, pinned by
+``tests/test_seams.py`` and checked by :func:`verify_celery` when
+``install(app)`` runs: a missing one refuses with
+:class:`~ojs_kombu.spec.errors.UnsupportedDependencyError` naming it, before
+any worker starts.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from functools import cache
+from typing import Any, TypeVar
+
+from celery import canvas
+from celery.app import amqp as celery_amqp
+from celery.app.task import Task
+from celery.worker.request import Request
+
+from ..spec.seams import Hook, verify
+
+CHECKED = "5.5.3, 5.6.3, 5.7.0"
+
+_T = TypeVar("_T", bound=type)
+
+#: A chain built with ``|`` (``celery.canvas.chain`` makes these, and is one itself).
+Chain: type = canvas._chain
+
+
+def _source_uses(owner: Any, *names: str) -> Callable[[], bool]:
+    def probe() -> bool:
+        source = inspect.getsource(owner)
+        return all(name in source for name in names)
+    return probe
+
+
+def _hook(owner: Any, member: str, why: str, params: tuple[str, ...] | None = None,
+          probe: Callable[[], bool] | None = None) -> Hook:
+    return Hook("Celery", "celery", owner, member, why, CHECKED, params, probe)
+
+
+HOOKS: tuple[Hook, ...] = (
+    _hook(celery_amqp.AMQP, "_create_task_sender", "publishing every task as an OJS job "
+          "through Celery's own send path (celery/task_sender.py)", ()),
+    _hook(celery_amqp.AMQP, "_producer_pool", "producers of the app's own class",
+          probe=_source_uses(celery_amqp.AMQP, "self._producer_pool")),
+    _hook(celery_amqp.Queues, "_add", "making every queue of the table a job queue",
+          ("queue",)),
+    _hook(Request, "_announce_revoked", "acking a cancelled job and emitting job.cancelled",
+          ("reason", "terminated", "signum", "expired")),
+    _hook(Request, "_context", "the task request a retry's result is stored with",
+          probe=lambda: inspect.getattr_static(Request, "_context", None) is not None),
+    _hook(Task, "_get_exec_options", "a task's own options in enqueue_many", ()),
+    _hook(canvas, "_chain", "telling chains from single signatures in enqueue_many",
+          probe=lambda: isinstance(canvas.chain(), canvas._chain)),
+)
+
+
+@cache
+def verify_celery() -> None:
+    """Refuse to start on a Celery without the hooks (once per process)."""
+    verify(HOOKS)
+
+
+# -- the uses ------------------------------------------------------------------------
+
+
+def producer_pool(amqp: celery_amqp.AMQP) -> Any:
+    """The app's producer pool if made (``None`` before its first use)."""
+    return amqp._producer_pool
+
+
+def exec_options(task: Task) -> dict[str, Any]:
+    """The options ``apply_async`` takes from the task itself (queue, priority, ...)."""
+    return task._get_exec_options()
+
+
+def request_context(request: Request) -> Any:
+    """The task request Celery stores results and retries with."""
+    return request._context
+
+
+def set_default_consume_from(queues: celery_amqp.Queues, consume_from: dict[str, Any]) -> None:
+    """What the worker consumes without ``-Q`` (Celery 5.7+ keeps it apart, keyed by AMQP
+    name; 5.5 and 5.6 compute it from the table)."""
+    if "_default_consume_from" in vars(queues):
+        queues._default_consume_from = consume_from
+
+
+def amqp_hooks(cls: _T) -> _T:
+    """Celery's ``AMQP._create_task_sender`` returns ``cls.wrap_task_sender(sender)`` of
+    Celery's own sender."""
+
+    def _create_task_sender(self: Any) -> Any:
+        return self.wrap_task_sender(super(cls, self)._create_task_sender())
+
+    cls._create_task_sender = _create_task_sender  # type: ignore[attr-defined]
+    return cls
+
+
+def queues_hooks(cls: _T) -> _T:
+    """Celery's ``Queues._add`` is ``cls.add_queue``."""
+    cls._add = cls.add_queue  # type: ignore[attr-defined]
+    return cls
+
+
+def request_hooks(cls: _T) -> _T:
+    """Celery's ``Request._announce_revoked`` calls ``cls.on_revoked(expired)`` first and
+    ``cls.after_revoked(expired)`` after it."""
+
+    def _announce_revoked(self: Any, reason: Any, terminated: Any, signum: Any,
+                          expired: Any) -> None:
+        self.on_revoked(expired)
+        super(cls, self)._announce_revoked(reason, terminated, signum, expired)
+        self.after_revoked(reason, expired)
+
+    cls._announce_revoked = _announce_revoked  # type: ignore[attr-defined]
+    return cls

@@ -348,3 +348,30 @@ def test_node_subscriber_sees_the_celery_workers_events(
         check_event(event)
     print(f"\nevents seen by Node: {len(ok_events) + len(failing_events)}, "
           "each valid against event.schema.json")
+
+
+def close_node_connections(vhost: str) -> int:
+    """Close every amqplib connection of ``vhost`` from the broker's side."""
+    closed = 0
+    for line in rabbitmqctl("list_connections", "--no-table-headers", "pid", "vhost",
+                            "client_properties").splitlines():
+        pid, connection_vhost, properties = line.split("\t", 2)
+        if connection_vhost == vhost and "amqplib" in properties:
+            rabbitmqctl("close_connection", pid, "integration test: connection lost")
+            closed += 1
+    return closed
+
+
+def test_node_worker_reconnects_and_consumes_again(
+        celery_producer: Celery, node_worker: NodeProcess, vhost: str) -> None:
+    """AMQP-025/026: after the broker drops its connection the Node worker connects
+    again, declares its topology, registers its consumers, and runs the next job."""
+    def ready(line: dict[str, Any]) -> bool:
+        return line.get("event") == "ready"
+    before = len([line for line in node_worker.lines if ready(line)])
+    assert close_node_connections(vhost) >= 1
+    node_worker.wait_for(ready, count=before + 1, timeout=60)
+    job = celery_producer.tasks["report.sum"].apply_async((4, 5), queue=TO_NODE).id
+    done = node_worker.wait_for(lambda line: line.get("id") == job and
+                                line.get("event") == "completed")
+    assert done[0]["result"] == 9

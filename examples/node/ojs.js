@@ -21,9 +21,20 @@ export const delayKey = (q, ms) => `${q}.${ms}`;
 export const CONTROL = { cancel: 'ojs.control.cancel', info: 'ojs.control.info',
   heartbeat: 'ojs.control.heartbeat' };
 
-export function connect(url = process.env.OJS_AMQP_URL ?? 'amqp://guest:guest@localhost:5672') {
-  // AMQP heartbeats every 60 s (section 11.1) are this client's BEAT (AMQP-020).
-  return amqp.connect(url, { heartbeat: 60 });
+// Section 11.3: reconnect after 1, 2, 4 ... s, capped at 60 s, each +-25 %
+// (and never above the cap).
+export function reconnectDelayMs(attempt, random = Math.random) {
+  const base = Math.min(2 ** (attempt - 1), 60) * 1000;
+  return Math.round(Math.min(base * (0.75 + random() / 2), 60_000));
+}
+
+// AMQP heartbeats every 60 s (section 11.1) are this client's BEAT (AMQP-020).
+// With `setup`, amqplib reconnects on its own with the delays above and calls
+// setup(connection) after every (re)connection, which must declare the topology
+// again and register the consumers again (AMQP-025, AMQP-026).
+export function connect(url = process.env.OJS_AMQP_URL ?? 'amqp://guest:guest@localhost:5672', setup) {
+  const recovery = setup && { setup, calculateDelay: reconnectDelayMs, maxRetries: Infinity };
+  return amqp.connect(url, { heartbeat: 60, ...(recovery && { recovery }) });
 }
 
 // A UUIDv7 (RFC 9562): 48 bits of Unix milliseconds, version 7, variant 10.
@@ -84,16 +95,17 @@ export async function declareQueue(conn, q) {
 // x-expires removes it an hour after its last use (not in 8.2's table, which
 // lists what a delay queue must have; without it every distinct delay would
 // leave a queue behind).
-const declaredDelays = new Set();
+const declaredDelays = new WeakMap(); // per connection: a new one declares again
 export async function declareDelayQueue(conn, q, delayMs) {
   const name = delayQueue(q, delayMs);
-  if (declaredDelays.has(name)) return name;
+  if (!declaredDelays.has(conn)) declaredDelays.set(conn, new Set());
+  if (declaredDelays.get(conn).has(name)) return name;
   await tolerant(conn, (ch) => ch.assertExchange(RETRY, 'direct', { durable: true }));
   await tolerant(conn, (ch) => ch.assertQueue(name, { durable: true, arguments: {
     'x-dead-letter-exchange': DIRECT, 'x-dead-letter-routing-key': q,
     'x-message-ttl': delayMs, 'x-expires': delayMs + 3_600_000 } }));
   await tolerant(conn, (ch) => ch.bindQueue(name, RETRY, delayKey(q, delayMs)));
-  declaredDelays.add(name);
+  declaredDelays.get(conn).add(name);
   return name;
 }
 

@@ -18,43 +18,42 @@ const log = (line) => console.log(JSON.stringify(line));
 
 export async function runWorker({ queue, handlers, prefetch = 4, url }) {
   const workerId = `node-${hostname()}-${process.pid}`;
-  const conn = await connect(url);
-  await declareQueue(conn, queue); // eager declaration (section 7.3)
-  const jobs = await conn.createChannel();
-  const confirms = await conn.createConfirmChannel(); // retries are published confirmed
-  const control = await conn.createChannel();
   const states = new Map(); // job id -> { state, attempt }: what INFO answers from
   const cancelled = new Set();
   const running = new Set();
+  let live; // the channels of the current connection
 
   // Ack + republish to ojs.exchange.retry with the next attempt's headers (section 8.3).
   // The copy is confirmed before the original is acked: a crash in between leaves a
   // duplicate, never a lost job (5.4 lists the ack first; the order is ours).
-  async function retry(msg, job, attempt, err) {
+  async function retry(at, msg, job, attempt, err) {
     const delayMs = retryDelayMs(job.retry, attempt);
-    await declareDelayQueue(conn, queue, delayMs);
+    await declareDelayQueue(at.conn, queue, delayMs);
     const headers = Object.fromEntries(Object.entries(msg.properties.headers ?? {})
       .filter(([key]) => key !== 'x-death' && !/^x-(first|last)-death-/.test(key)));
     Object.assign(headers, { 'x-ojs-attempt': int32(attempt + 1),
       'x-ojs-error-code': 'HANDLER_ERROR', 'x-ojs-error-message': String(err.message || err) });
+    if (Number.isInteger(headers['x-ojs-max-attempts'])) {
+      headers['x-ojs-max-attempts'] = int32(headers['x-ojs-max-attempts']);
+    }
     const next = { ...job, attempt, errors: [...(job.errors ?? []), { code: 'HANDLER_ERROR',
       message: String(err.message || err), type: err.name ?? 'Error', attempt, occurred_at: isoNow() }] };
     const { messageId, type, contentType, contentEncoding, timestamp, priority, correlationId,
       appId } = msg.properties;
-    await new Promise((resolve, reject) => confirms.publish(RETRY, delayKey(queue, delayMs),
+    await new Promise((resolve, reject) => at.confirms.publish(RETRY, delayKey(queue, delayMs),
       Buffer.from(JSON.stringify(next)), { messageId, type, contentType, contentEncoding, timestamp,
         priority, correlationId, appId, headers, persistent: true, expiration: String(delayMs),
         mandatory: true }, (e) => (e ? reject(e) : resolve())));
-    jobs.ack(msg);
+    at.jobs.ack(msg);
     return delayMs;
   }
 
-  async function onJob(msg) {
+  async function onJob(at, msg) {
     if (msg === null) { // Basic.Cancel from the broker (section 10.4): start again
       log({ event: 'consumer-cancelled', queue });
       await sleep(1000);
-      await declareQueue(conn, queue);
-      await jobs.consume(jobQueue(queue), consume, { noAck: false });
+      await declareQueue(at.conn, queue);
+      at.consumerTag = (await at.jobs.consume(jobQueue(queue), (m) => consume(at, m))).consumerTag;
       return;
     }
     const headers = msg.properties.headers ?? {};
@@ -66,14 +65,14 @@ export async function runWorker({ queue, handlers, prefetch = 4, url }) {
         throw new Error(`no handler for type ${job.type}`);
       }
     } catch (err) { // not a job this worker can run: discard it to the DLQ
-      jobs.nack(msg, false, false);
+      at.jobs.nack(msg, false, false);
       log({ event: 'dead-lettered', id: msg.properties.messageId, reason: err.message });
       return;
     }
     const attempt = Number(headers['x-ojs-attempt'] ?? 1);
     const maxAttempts = Number(job.retry?.max_attempts ?? headers['x-ojs-max-attempts'] ?? 3);
     if (cancelled.has(job.id)) { // CANCEL arrived before the job: never start it
-      jobs.ack(msg);
+      at.jobs.ack(msg);
       states.set(job.id, { state: 'cancelled', attempt });
       log({ event: 'cancelled', id: job.id });
       return;
@@ -85,18 +84,18 @@ export async function runWorker({ queue, handlers, prefetch = 4, url }) {
     try {
       const context = { job, attempt, cancelled: () => cancelled.has(job.id) };
       const result = await handlers[job.type](job.args, context);
-      jobs.ack(msg); // ACK: Basic.Ack(delivery_tag, multiple=false)
+      at.jobs.ack(msg); // ACK: Basic.Ack(delivery_tag, multiple=false)
       states.set(job.id, { state: 'completed', attempt });
       log({ event: 'completed', id: job.id, attempt, result: result ?? null });
     } catch (err) {
       const retryable = !(job.retry?.non_retryable_errors ?? []).some((name) => name === err.name
         || (name.endsWith('.*') && String(err.name).startsWith(name.slice(0, -1))));
       if (retryable && attempt < maxAttempts) {
-        const delayMs = await retry(msg, job, attempt, err);
+        const delayMs = await retry(at, msg, job, attempt, err);
         states.set(job.id, { state: 'retryable', attempt });
         log({ event: 'retrying', id: job.id, attempt, delay_ms: delayMs, error: err.message });
       } else { // out of attempts: FAIL (discard) is Basic.Nack(requeue=false) (AMQP-009)
-        jobs.nack(msg, false, false);
+        at.jobs.nack(msg, false, false);
         states.set(job.id, { state: 'discarded', attempt });
         log({ event: 'dead-lettered', id: job.id, attempt, error: err.message });
       }
@@ -105,8 +104,21 @@ export async function runWorker({ queue, handlers, prefetch = 4, url }) {
     }
   }
 
+  // A job whose channel closed under it (the connection was lost) cannot be settled:
+  // the broker delivers it again.  Any other failure to settle ends the process.
+  function consume(at, msg) {
+    onJob(at, msg).catch((err) => {
+      if (at.closed) {
+        log({ event: 'unsettled', id: msg?.properties.messageId, reason: 'connection lost' });
+        return;
+      }
+      console.error(`worker: ${err.message}; exiting, unacked jobs go back to the queue`);
+      process.exit(1);
+    });
+  }
+
   // Control messages: JSON bodies told apart by their type property.
-  function onControl(msg) {
+  function onControl(at, msg) {
     if (msg === null) return;
     try {
       const body = JSON.parse(msg.content);
@@ -117,29 +129,33 @@ export async function runWorker({ queue, handlers, prefetch = 4, url }) {
         const known = states.get(body.job_id);
         const answer = { job_id: body.job_id, state: known?.state ?? 'not_found',
           ...(known && { attempt: known.attempt, worker_id: workerId }) };
-        control.sendToQueue(msg.properties.replyTo, Buffer.from(JSON.stringify(answer)), {
+        at.control.sendToQueue(msg.properties.replyTo, Buffer.from(JSON.stringify(answer)), {
           correlationId: msg.properties.correlationId, contentType: 'application/json' });
         log({ event: 'info', ...answer });
       }
     } catch (err) {
       console.error(`worker: unreadable control message: ${err.message}`);
     }
-    control.ack(msg); // never loop on a control message
+    at.control.ack(msg); // never loop on a control message
   }
 
-  // A failure to settle a job (the broker went away) ends the process: the broker
-  // delivers its unacked jobs again, to this worker once restarted or to another.
-  const consume = (msg) => onJob(msg).catch((err) => {
-    console.error(`worker: ${err.message}; exiting, unacked jobs go back to the queue`);
-    process.exit(1);
-  });
-  await jobs.prefetch(prefetch); // Basic.Qos before Basic.Consume (AMQP-007)
-  const { consumerTag } = await jobs.consume(jobQueue(queue), consume, { noAck: false });
-  await control.consume(controlQueue(queue), onControl, { noAck: false });
-  log({ event: 'ready', queue, worker_id: workerId });
+  // After every (re)connection: declare the topology, open the channels, consume.
+  async function setup(conn) {
+    await declareQueue(conn, queue); // eager declaration (section 7.3)
+    const at = { conn, jobs: await conn.createChannel(), closed: false,
+      confirms: await conn.createConfirmChannel(), control: await conn.createChannel() };
+    at.jobs.on('close', () => { at.closed = true; });
+    await at.jobs.prefetch(prefetch); // Basic.Qos before Basic.Consume (AMQP-007)
+    at.consumerTag = (await at.jobs.consume(jobQueue(queue), (m) => consume(at, m),
+      { noAck: false })).consumerTag;
+    await at.control.consume(controlQueue(queue), (m) => onControl(at, m), { noAck: false });
+    live = at;
+    log({ event: 'ready', queue, worker_id: workerId });
+  }
 
+  const conn = await connect(url, setup);
   return async function stop() {
-    await jobs.cancel(consumerTag);
+    await live.jobs.cancel(live.consumerTag);
     while (running.size) await sleep(50); // let running jobs finish and ack
     await conn.close();
   };

@@ -10,6 +10,8 @@ export const CONTENT_TYPE = 'application/openjobspec+json';
 export const DIRECT = 'ojs.exchange.direct';
 export const DLX = 'ojs.exchange.dlx';
 export const RETRY = 'ojs.exchange.retry';
+// Not in the binding: the events spec names no AMQP transport.  ojs_kombu
+// publishes events to this topic exchange, routing key = the event type.
 export const EVENTS = 'ojs.exchange.events';
 export const jobQueue = (q) => `ojs.queue.${q}`;
 export const deadLetterQueue = (q) => `ojs.queue.dlx.${q}`;
@@ -18,6 +20,8 @@ export const controlQueue = (q) => `ojs.queue.control.${q}`;
 export const delayQueue = (q, ms) => `ojs.queue.retry.${q}.${ms}`;
 export const delayKey = (q, ms) => `${q}.${ms}`;
 
+// Control message types.  The binding names cancel (5.6) and heartbeat (5.7) but
+// no type for an INFO request (5.8); ojs_kombu's workers read ojs.control.info.
 export const CONTROL = { cancel: 'ojs.control.cancel', info: 'ojs.control.info',
   heartbeat: 'ojs.control.heartbeat' };
 

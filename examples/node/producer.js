@@ -16,8 +16,7 @@ import {
 export class Producer {
   static async open(url) {
     const conn = await connect(url);
-    const producer = new Producer(conn, await conn.createConfirmChannel());
-    return producer;
+    return new Producer(conn, await conn.createConfirmChannel());
   }
 
   constructor(conn, channel) {

@@ -277,7 +277,7 @@ def celery_producer(broker_url: str) -> Celery:
 
 
 def test_celery_jobs_run_on_the_node_worker(
-        celery_producer: Celery, node_worker: NodeProcess, vhost: str) -> None:
+        node: str, celery_producer: Celery, node_worker: NodeProcess, vhost: str) -> None:
     def send(task: str, *args: Any, **options: Any) -> str:
         return celery_producer.tasks[task].apply_async(args, queue=TO_NODE, **options).id
 
@@ -369,7 +369,7 @@ def close_node_connections(vhost: str) -> int:
 
 
 def test_node_worker_reconnects_and_consumes_again(
-        celery_producer: Celery, node_worker: NodeProcess, vhost: str) -> None:
+        node: str, celery_producer: Celery, node_worker: NodeProcess, vhost: str) -> None:
     """AMQP-025/026: after the broker drops its connection the Node worker connects
     again, declares its topology, registers its consumers, and runs the next job."""
     def ready(line: dict[str, Any]) -> bool:

@@ -381,3 +381,34 @@ def test_node_worker_reconnects_and_consumes_again(
     done = node_worker.wait_for(lambda line: line.get("id") == job and
                                 line.get("event") == "completed")
     assert done[0]["result"] == 9
+
+
+def test_node_worker_never_acks_a_retry_the_broker_returned(
+        node: str, node_env: dict[str, str], celery_producer: Celery, vhost: str) -> None:
+    """A retry copy that comes back through ``Basic.Return`` (its delay queue lost its
+    binding) is not a retry: the Node worker does not ack the delivery, and the job
+    is back in its queue, at the attempt that failed, once the worker is gone."""
+    queue = "polyglot-returned"
+    worker = NodeProcess(node, node_env, "worker.js", queue)
+    try:
+        worker.wait_for(lambda line: line.get("event") == "ready")
+        job = celery_producer.tasks["payment.charge"].apply_async(
+            ("cus_7", 5), queue=queue, ojs_retry={"max_attempts": 3, "initial_interval": "PT1S",
+                                                  "backoff_coefficient": 1, "jitter": False}).id
+        worker.wait_for(lambda line: line.get("id") == job and line.get("event") == "retrying")
+        connection = amqp.Connection(f"{HOST}:{PORT}", virtual_host=vhost)
+        connection.connect()
+        try:
+            channel = connection.channel()
+            channel.queue_unbind(f"ojs.queue.retry.{queue}.1000", "ojs.exchange.retry",
+                                 f"{queue}.1000")
+            assert worker.process.wait(30) == 1  # the second failure's retry was returned
+            back = wait_until(lambda: channel.basic_get(f"ojs.queue.{queue}"), 30,
+                              "the job back in its queue")
+            assert back.properties["message_id"] == job
+            assert back.properties["application_headers"]["x-ojs-attempt"] == 2
+            channel.basic_ack(back.delivery_tag)
+        finally:
+            connection.close()
+    finally:
+        worker.stop()

@@ -38,12 +38,11 @@ export async function runWorker({ queue, handlers, prefetch = 4, url }) {
     }
     const next = { ...job, attempt, errors: [...(job.errors ?? []), { code: 'HANDLER_ERROR',
       message: String(err.message || err), type: err.name ?? 'Error', attempt, occurred_at: isoNow() }] };
-    const { messageId, type, contentType, contentEncoding, timestamp, priority, correlationId,
-      appId } = msg.properties;
+    const { headers: _, expiration: __, ...properties } = msg.properties; // the rest is kept
     await new Promise((resolve, reject) => at.confirms.publish(RETRY, delayKey(queue, delayMs),
-      Buffer.from(JSON.stringify(next)), { messageId, type, contentType, contentEncoding, timestamp,
-        priority, correlationId, appId, headers, persistent: true, expiration: String(delayMs),
-        mandatory: true }, (e) => (e ? reject(e) : resolve())));
+      Buffer.from(JSON.stringify(next)), { ...properties, headers, persistent: true,
+        expiration: String(delayMs), mandatory: true }, (e) => (e ? reject(e) : resolve())));
+    if (at.returned.delete(properties.messageId)) throw new Error(`the retry of ${job.id} was unroutable`);
     at.jobs.ack(msg);
     return delayMs;
   }
@@ -142,9 +141,11 @@ export async function runWorker({ queue, handlers, prefetch = 4, url }) {
   // After every (re)connection: declare the topology, open the channels, consume.
   async function setup(conn) {
     await declareQueue(conn, queue); // eager declaration (section 7.3)
-    const at = { conn, jobs: await conn.createChannel(), closed: false,
+    const at = { conn, jobs: await conn.createChannel(), closed: false, returned: new Set(),
       confirms: await conn.createConfirmChannel(), control: await conn.createChannel() };
     at.jobs.on('close', () => { at.closed = true; });
+    // Basic.Return comes before the confirm: a returned retry must not be acked.
+    at.confirms.on('return', (m) => at.returned.add(m.properties.messageId));
     await at.jobs.prefetch(prefetch); // Basic.Qos before Basic.Consume (AMQP-007)
     at.consumerTag = (await at.jobs.consume(jobQueue(queue), (m) => consume(at, m),
       { noAck: false })).consumerTag;

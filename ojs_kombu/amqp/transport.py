@@ -229,10 +229,13 @@ class Transport(pyamqp.Transport):
                 transport.loop_wake()
 
     @staticmethod
-    def loop_reader(connection: Connection) -> LoopReads:
+    def loop_reader(connection: Connection) -> Any:
         """What kombu's event-loop reader reads through (its ``_make_reader``,
-        :mod:`.kombu_seam`)."""
-        return LoopReads(connection)
+        :mod:`.kombu_seam`): a connection that reads ahead wakes the loop for the frames
+        it holds; any other (TLS, py-amqp's own reader) is read as kombu reads it."""
+        if isinstance(connection.transport, ReadAheadTCPTransport):
+            return LoopReads(connection)
+        return connection
 
     def qos_semantics_matches_spec(self, connection: Any) -> bool:
         # Per-consumer prefetch (Basic.Qos global=false) as in the binding's

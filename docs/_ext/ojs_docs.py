@@ -64,8 +64,13 @@ def _walk(group: click.Group, prefix: str) -> list[tuple[str, click.Command]]:
     return found
 
 
-def command_rows() -> list[tuple[str, str]]:
-    """``(usage, summary)`` for every ``ojs-kombu`` command, as its ``--help`` says."""
+#: Options every broker command takes (named once, above the table), left out of its row.
+COMMON_OPTIONS = ("help", "json", "broker", "prefix", "connect_timeout")
+
+
+def command_rows() -> list[tuple[str, str, str]]:
+    """``(command, usage, summary)`` for every ``ojs-kombu`` command, as its ``--help``
+    says."""
     from ojs_kombu.cli.main import cli
 
     rows = []
@@ -75,12 +80,12 @@ def command_rows() -> list[tuple[str, str]]:
         flags = []
         for param in command.get_params(context):
             if isinstance(param, click.Option) and not param.hidden \
-                    and param.name not in ("help", "json", "broker", "prefix") \
-                    and "--app" not in param.opts:
+                    and param.name not in COMMON_OPTIONS \
+                    and "--app" not in param.opts and "--help" not in param.opts:
                 flags.append(max(param.opts, key=len))
         usage = " ".join([path, *pieces[1:]]) if pieces else path
         usage = f"{usage}  ({', '.join(flags)})" if flags else usage
-        rows.append((usage, command.get_short_help_str(limit=300)))
+        rows.append((path, usage, command.get_short_help_str(limit=300)))
     return rows
 
 
@@ -116,7 +121,7 @@ class SettingsTable(_Generated):
 
 class CommandsTable(_Generated):
     def lines(self) -> list[str]:
-        rows = [(f"``{usage}``", summary) for usage, summary in command_rows()]
+        rows = [(f"``{usage}``", summary) for _, usage, summary in command_rows()]
         return _table("", ["command", "does"], rows, "45 55")
 
 

@@ -8,11 +8,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent / "_ext"))
 
-import ojs_kombu  # noqa: E402
+import ojs_kombu
 
 project = "ojs_kombu"
 author = "the ojs_kombu authors"
-copyright = "2026, the ojs_kombu authors"  # noqa: A001
+copyright = "2026, the ojs_kombu authors"
 release = ojs_kombu.__version__
 version = ".".join(release.split(".")[:2])
 

@@ -12,9 +12,9 @@ pytest.importorskip("sphinx", reason="the docs extra (pip install -e '.[docs]') 
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "docs" / "_ext"))
 
-import ojs_docs  # noqa: E402
+import ojs_docs
 
-from ojs_kombu.spec.settings import OJSSettings  # noqa: E402
+from ojs_kombu.spec.settings import OJSSettings
 
 
 def rows_by_command() -> dict[str, str]:

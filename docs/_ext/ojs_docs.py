@@ -28,10 +28,7 @@ SETTINGS_MODULE = "ojs_kombu.spec.settings"
 
 
 def _default(field: Any) -> str:
-    if field.default_factory is not None:
-        value = field.default_factory()
-    else:
-        value = field.default
+    value = field.default_factory() if field.default_factory is not None else field.default
     if hasattr(value, "model_dump"):
         return "see below" if value.model_dump(exclude_defaults=True) else "``{}``"
     return f"``{value!r}``"

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from celery import Celery
 
 import ojs_kombu
 
-log = logging.getLogger("proj")
+from .observer import SlowJobs
 
 
 def subscribe(app: Celery) -> None:
@@ -49,15 +48,6 @@ def dashboard(ch: Any) -> None:
     # [/decode-events]
 
 
-# [observer]
-import ojs_kombu  # noqa: E402
-
-
-class SlowJobs(ojs_kombu.Observer):
-    def job_completed(self, job, duration_s, result):
-        if duration_s > 5:
-            log.warning("%s %s took %.1fs", job.job_type, job.job_id, duration_s)
-# [/observer]
 
 
 def add_observer(app: Celery) -> SlowJobs:

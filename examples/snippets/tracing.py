@@ -2,7 +2,7 @@
 creates the app)."""
 
 # [tracing]
-from celery.signals import worker_process_init, worker_init
+from celery.signals import worker_init, worker_process_init
 from opentelemetry.instrumentation.celery import CeleryInstrumentor
 
 

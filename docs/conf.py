@@ -37,3 +37,5 @@ autodoc_default_options = {"members": True, "show-inheritance": True}
 intersphinx_mapping: dict[str, tuple[str, str | None]] = {}
 suppress_warnings = ["ref.python"]
 autodoc_inherit_docstrings = False
+# Option names (--yes) and quotes in the generated tables stay as typed.
+smartquotes = False

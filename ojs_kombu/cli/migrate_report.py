@@ -15,7 +15,7 @@ from ..spec.naming import TopologyNames
 
 Level = Literal["blocker", "warning", "info"]
 JSON_SERIALIZERS = ("json", "application/json")
-#: Green pools: supported, with Celery's event dispatcher off (see README, Worker pools).
+#: Green pools: supported, with Celery's event dispatcher off (docs: getting started).
 GREEN_POOLS = ("gevent", "eventlet")
 
 

@@ -14,7 +14,7 @@ hide a difference), with pytest-timeout's ``--timeout`` (300 s, as Celery's own)
 
 Prints each run's pytest result line, then every test that passed on
 ``pyamqp://`` but not on ``ojs://``.  Exit status 0 when each of those is one of
-:data:`KNOWN_DIFFERENCES` (by-design differences, listed in the README), 1
+:data:`KNOWN_DIFFERENCES` (by-design differences, listed in docs/development.rst), 1
 otherwise.  Not part of the default test run: it takes several minutes.
 """
 

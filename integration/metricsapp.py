@@ -1,6 +1,6 @@
 """``celery -A integration.metricsapp worker`` in integration/test_metrics_recipe.py.
 
-The suite's worker app (:func:`integration.apps.cli_app`) plus the README's
+The suite's worker app (:func:`integration.apps.cli_app`) plus the docs'
 Prometheus recipe ("Events, metrics and tracing") as written there, but for the
 port, which comes from ``OJS_TEST_METRICS_PORT``.
 """

@@ -5,7 +5,7 @@ processes run on the test vhost:
 
 * ``celery -A proj flower`` (the app's own ``ojs://`` URL): its dashboard, tasks,
   task detail and worker pages;
-* the README's command for the Broker tab, ``celery -A proj --broker amqp://...
+* the docs' command for the Broker tab, ``celery -A proj --broker amqp://...
   flower --broker_api=http://.../api/``: Flower's Broker tab recognises only
   ``amqp``/``amqps`` URLs, and reads queue depths from RabbitMQ's management API.
 
@@ -299,8 +299,8 @@ def test_broker_tab_shows_the_ojs_queues(flower_setup: dict[str, Any], browser: 
                    lambda text: worker in text, f"{worker} on the dashboard")
 
 
-def test_readme_gives_the_broker_tab_flags_this_test_uses() -> None:
-    readme = (ROOT / "README.rst").read_text()
+def test_the_docs_give_the_broker_tab_flags_this_test_uses() -> None:
+    readme = (ROOT / "docs" / "getting-started.rst").read_text()
     assert "celery -A proj --broker amqp://" in readme
     assert "flower --broker_api=http://guest:guest@localhost:15672/api/" in readme
 
@@ -329,9 +329,9 @@ def test_flower_api_sends_ojs_jobs_from_the_apps_own_url(flower_setup: dict[str,
 
 def test_flower_api_jobs_are_dead_lettered_in_broker_tab_mode(
         flower_setup: dict[str, Any], amqp_channel: amqp.Channel) -> None:
-    """With ``--broker amqp://`` (the README's Broker tab command) Flower's own
+    """With ``--broker amqp://`` (the docs' Broker tab command) Flower's own
     connection is plain py-amqp: what its API sends is a plain Celery message, which
-    the OJS worker dead-letters instead of running (as the README says)."""
+    the OJS worker dead-letters instead of running (as the docs say)."""
     sent = _post_json(f"{flower_setup['broker_tab_flower']}/api/task/async-apply/flower.add",
                       {"args": [1, 1], "queue": QUEUE})
     seen: list[dict[str, Any]] = []

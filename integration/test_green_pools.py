@@ -109,7 +109,7 @@ def green(request: pytest.FixtureRequest, broker_url: str, vhost: str,
     ``--without-heartbeat --without-gossip``: with worker heartbeat events or gossip on,
     Celery 5.7's loop for green pools (``synloop``) waits up to 100 ms on the event
     connection after every message it reads from the broker, which caps any green
-    worker (plain Celery too) at about 10 deliveries a second (README, "Worker
+    worker (plain Celery too) at about 10 deliveries a second (docs/getting-started.rst, "Worker
     pools").
     """
     pool: str = request.param

@@ -1,6 +1,6 @@
-"""The README's Prometheus recipe, followed by a real worker in each pool.
+"""The docs' Prometheus recipe, followed by a real worker in each pool.
 
-``integration.metricsapp`` sets the global ``MeterProvider`` as the README says;
+``integration.metricsapp`` sets the global ``MeterProvider`` as the docs say;
 the tests scrape the worker's Prometheus endpoint over HTTP, as Prometheus does.
 """
 

@@ -151,6 +151,19 @@ def test_ctrl_c_stops_a_replay_between_jobs_and_loses_none(broker: Broker) -> No
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
+def test_a_script_replaying_then_purging_with_yes_replays_first(broker: Broker) -> None:
+    """``dlq replay ... --yes`` (the flags a rollback script gives purge too) replays: it
+    never asks, and the purge after it finds nothing left to lose."""
+    ids = [put_dead_job(broker, n) for n in (1, 2)]
+    replayed = dlq(broker, "replay", "-q", "email", "--all", "--yes")
+    assert replayed.exit_code == 0, replayed.output
+    assert ids_in(broker, JOB_QUEUE) == ids and ids_in(broker, DLQ) == []
+    purged = dlq(broker, "purge", "-q", "email", "--all", "--yes")
+    assert purged.exit_code == 0, purged.output
+    assert purged.stdout == f"deleted 0 dead letter(s) from {DLQ}\n"
+    assert ids_in(broker, JOB_QUEUE) == ids
+
+
 def test_purge_with_yes_deletes_every_dead_letter(broker: Broker) -> None:
     for n in (1, 2, 3):
         put_dead_job(broker, n)

@@ -181,7 +181,8 @@ def test_celery_retry_semantics_change_nothing_but_ojs_retry_tasks() -> None:
     assert "nothing changes versus plain Celery" in summary
     changed = summary.rpartition("would change the retries of: ")[2].split(", ")
     assert {"proj.fetch", "proj.send_email"} <= set(changed) and "proj.charge" not in changed
-    assert "max_attempts 1 (celery retries)" in render_report(report)
+    assert "max_attempts 1 on failure, self.retry() up to 4 attempts (max_retries 3) " \
+        "(celery retries)" in render_report(report)
 
 
 def test_ojs_retry_semantics_name_every_task_whose_retries_change() -> None:
@@ -272,3 +273,64 @@ def test_tasks_wrapped_in_a_lock_library_get_the_ojs_options_that_replace_it() -
     assert "acquire_lock.<locals>.with_lock" in hints["task proj.locked"]
     assert "task proj.plain" not in hints
     assert report.blockers == []
+
+
+def test_a_task_retried_only_by_self_retry_shows_how_often_it_can_run() -> None:
+    """A task without autoretry_for states max_attempts 1 (its failures are not retried),
+    yet ``self.retry()`` retries it within ``max_retries``: the report says both."""
+    app = make_app()
+
+    @app.task(bind=True, name="proj.poll", max_retries=5, shared=False)
+    def poll(self: object) -> None:
+        return None
+
+    @app.task(bind=True, name="proj.forever", max_retries=None, shared=False)
+    def forever(self: object) -> None:
+        return None
+
+    @app.task(name="proj.auto", autoretry_for=(IOError,), max_retries=2, shared=False)
+    def auto() -> None:
+        return None
+
+    report = build_report(app)
+    tasks = {t.name: t for t in report.tasks}
+    assert (tasks["proj.poll"].max_attempts, tasks["proj.poll"].self_retry,
+            tasks["proj.poll"].self_retry_attempts) == (1, True, 6)
+    assert (tasks["proj.forever"].self_retry, tasks["proj.forever"].self_retry_attempts) == (
+        True, None)
+    assert (tasks["proj.auto"].max_attempts, tasks["proj.auto"].self_retry) == (3, False)
+    lines = {line.split()[0]: line for line in render_report(report).splitlines()
+             if line.startswith("  proj.")}
+    assert "max_attempts 1 on failure, self.retry() up to 6 attempts (max_retries 5)" in (
+        lines["proj.poll"])
+    assert "self.retry() up to unbounded attempts" in lines["proj.forever"]
+    assert "max_attempts 3 (celery retries)" in lines["proj.auto"]
+    as_json = {t["name"]: t for t in report.to_dict()["tasks"]}
+    assert as_json["proj.poll"]["self_retry_attempts"] == 6
+
+
+def test_each_task_line_names_the_queue_its_jobs_are_routed_to() -> None:
+    app = make_app(task_routes={"proj.mail.*": {"queue": "email"}},
+                   task_default_queue="celery")
+
+    @app.task(name="proj.mail.send", shared=False)
+    def send() -> None:
+        return None
+
+    @app.task(name="proj.report", queue="reports", shared=False)
+    def report_task() -> None:
+        return None
+
+    @app.task(name="proj.ping", shared=False)
+    def ping() -> None:
+        return None
+
+    report = build_report(app)
+    tasks = {t.name: (t.queue, t.amqp_queue) for t in report.tasks
+             if t.name.startswith("proj.")}  # not the shared tasks other tests made
+    assert tasks == {"proj.mail.send": ("email", "ojs.queue.email"),
+                     "proj.report": ("reports", "ojs.queue.reports"),
+                     "proj.ping": ("celery", "ojs.queue.default")}
+    text = render_report(report)
+    assert "queue email (ojs.queue.email)" in text
+    assert "queue celery (ojs.queue.default)" in text

@@ -51,7 +51,7 @@ def test_one_set_of_instruments_per_provider() -> None:
 
 
 def test_the_global_provider_set_after_the_app_gets_every_metric() -> None:
-    """The README's recipe sets the global provider when the worker starts, after the
+    """The docs' recipe sets the global provider when the worker starts, after the
     app (and its binding) exist."""
     script = textwrap.dedent("""
         import json

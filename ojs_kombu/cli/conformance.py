@@ -30,7 +30,11 @@ from .conformance_report import (
     render_table,
     terminal_width,
 )
-from .conformance_worker import check_producer_behaviour, check_worker_behaviour
+from .conformance_worker import (
+    check_producer_behaviour,
+    check_worker_behaviour,
+    missing_probes,
+)
 from .topology import inspect_topology
 
 
@@ -146,8 +150,9 @@ def check_control_plane(results: Results, control: dict[str, Any], queue: str,
 
 def run_checks(connection: kombu.Connection, queue: str, info_timeout: float = 5.0,
                schedule: bool = False, job_timeout: float = 70.0, recovery: bool = False,
-               metrics_url: str | None = None) -> list[Check]:
-    """Every AMQP-001..032 check against the broker of ``connection`` and ``queue``."""
+               metrics_url: str | None = None, app: Any = None) -> list[Check]:
+    """Every AMQP-001..032 check against the broker of ``connection`` and ``queue``;
+    ``app`` (``-A``): its workers' checks are not run when it has no probe tasks."""
     amqp_connection = connection.connection
     binding = binding_of(connection)
     results = Results()
@@ -155,7 +160,8 @@ def run_checks(connection: kombu.Connection, queue: str, info_timeout: float = 5
     worker = check_control_plane(results, control, queue, connection, info_timeout)
     check_probes(results, amqp_connection, binding, schedule)
     if worker:
-        check_worker_behaviour(results, connection, binding, queue, job_timeout, recovery)
+        check_worker_behaviour(results, connection, binding, queue, job_timeout, recovery,
+                               missing_probes(app, queue))
     check_producer_behaviour(results, connection, binding, metrics_url)
     return results.ordered()
 
@@ -184,7 +190,9 @@ def conformance(ctx: click.Context, queue: str, info_timeout: float, schedule: b
     worker of QUEUE must run: conformance.fail (dead-lettered by the worker) and
     conformance.sleep (INFO, BEAT, CANCEL), which
     ojs_kombu.register_conformance_probes(app) registers (examples/proj does).  With
-    no worker consuming QUEUE those checks fail and say so.  Reconnects (through
+    no worker consuming QUEUE those checks fail and say so; when the -A app (or, on
+    the wire, the worker) has no probes they are n/a, say what to add, and leave
+    nothing in QUEUE's dead-letter queue.  Reconnects (through
     a local proxy) and concurrent publishing are ojs_kombu's own, in this
     process.
     Prints pass / fail / warn (a SHOULD not met) / n/a with a reason for each
@@ -193,7 +201,7 @@ def conformance(ctx: click.Context, queue: str, info_timeout: float, schedule: b
     ojs_queue = queue_name(queue)
     with connect(cli_options(ctx)) as connection:
         checks = run_checks(connection, ojs_queue, info_timeout, schedule, job_timeout,
-                            recovery, metrics_url)
+                            recovery, metrics_url, cli_options(ctx).app())
     code = exit_code(checks)
     emit(ctx, {"queue": ojs_queue, "ok": code == 0, "checks": [c.to_dict() for c in checks]},
          lambda: click.echo(f"conformance of queue {ojs_queue} (OJS AMQP binding "

@@ -37,6 +37,7 @@ from ..amqp.control import HEARTBEAT, ControlClient
 from ..amqp.dead_letters import open_dead_letter_queue
 from ..amqp.reconnect import ReconnectPolicy
 from ..celery.probes import FAIL_TYPE, SLEEP_TYPE
+from ..spec.decode import UNKNOWN_JOB_TYPE
 from ..spec.errors import ControlError
 from ..spec.job_ids import new_job_id
 from .broker import delete_queues, queue_state
@@ -50,6 +51,32 @@ AMQP_METRICS = ("ojs_amqp_messages_consumed", "ojs_amqp_messages_acked",
 NO_PROBE_TASK = ("no worker of {queue} ran a {kind} job within {timeout:.0f}s: run a worker of "
                  "an app that calls ojs_kombu.register_conformance_probes(app) (examples/proj "
                  "does)")
+#: Why the worker checks were not run (n/a, not fail): the worker cannot run the probes.
+ADD_PROBES = ("not checked: {who} has no conformance probes; add "
+              "ojs_kombu.register_conformance_probes(app) where the app is created and restart "
+              "the workers of {queue}")
+#: The checks that need the probe job types in the worker's app.
+PROBE_CHECKS = ("AMQP-009", "AMQP-019", "AMQP-020")
+
+
+def missing_probes(app: Any, queue: str) -> str | None:
+    """Why the worker checks cannot run with ``app`` (the ``-A`` app): it has no probe
+    tasks, so its workers would dead-letter the probes as ``UNKNOWN_JOB_TYPE`` into the
+    queue's real DLQ.  ``None`` when it has them (or no app was given)."""
+    if app is None or {FAIL_TYPE, SLEEP_TYPE} <= set(app.tasks):
+        return None
+    return ADD_PROBES.format(who=f"the app {app.main or app!s}", queue=queue)
+
+
+def unknown_probe(message: amqp.Message | None, queue: str) -> str | None:
+    """The n/a reason when a probe's dead letter says the worker has no such task."""
+    if message is None:
+        return None
+    headers = message.properties.get("application_headers") or {}
+    if headers.get("x-ojs-error-code") != UNKNOWN_JOB_TYPE:
+        return None
+    return ADD_PROBES.format(who=f"the worker of {queue} (it dead-lettered the probe as "
+                             f"{UNKNOWN_JOB_TYPE})", queue=queue)
 
 
 class Watch:
@@ -71,15 +98,34 @@ class Watch:
                 return message
         return None
 
+    def poll(self, match: Callable[[amqp.Message], bool]) -> amqp.Message | None:
+        """The first message that matches among those here now; ``None`` if none does."""
+        while (message := self.channel.basic_get(self.name, no_ack=True)) is not None:
+            if match(message):
+                return message
+        return None
+
     def close(self) -> None:
         with suppress(Exception):
             self.channel.close()
 
 
 def check_worker_behaviour(results: Results, connection: kombu.Connection, binding: Binding,
-                           queue: str, job_timeout: float, recovery: bool) -> None:
-    """AMQP-009, 019, 020, 026, 027: what the running workers of ``queue`` do."""
+                           queue: str, job_timeout: float, recovery: bool,
+                           without_probes: str | None = None) -> None:
+    """AMQP-009, 019, 020, 026, 027: what the running workers of ``queue`` do.
+
+    ``without_probes`` (see :func:`missing_probes`): the worker cannot run the probe
+    jobs, so none is sent (nothing lands in the queue's DLQ) and their checks are n/a
+    with that reason."""
     amqp_connection = connection.connection
+    if without_probes is not None:
+        for check_id in PROBE_CHECKS:
+            results.set(check_id, "n/a", without_probes)
+        _each(results, ((["AMQP-026", "AMQP-027"],
+                         lambda: _recovery(results, amqp_connection, binding, queue,
+                                           recovery)),))
+        return
     _each(results, (
         (["AMQP-009"], lambda: _discard(results, connection, binding, queue, job_timeout)),
         (["AMQP-019", "AMQP-020"],
@@ -130,8 +176,11 @@ def _discard(results: Results, connection: kombu.Connection, binding: Binding, q
                                                              timeout=timeout)
                     + "; or the worker did not dead-letter it")
         return
-    with suppress(Exception), open_dead_letter_queue(connection.clone(), queue) as dlq:
-        dlq.delete(job_id)  # the probe leaves nothing behind
+    _delete_dead_letter(connection, queue, job_id)  # the probe leaves nothing behind
+    unknown = unknown_probe(dead, queue)
+    if unknown is not None:
+        results.set("AMQP-009", "n/a", unknown)
+        return
     deaths = (dead.properties.get("application_headers") or {}).get("x-death") or []
     latest = deaths[0] if deaths else {}
     if latest.get("reason") == "rejected" and latest.get("queue") == names.job_queue(queue):
@@ -144,25 +193,43 @@ def _discard(results: Results, connection: kombu.Connection, binding: Binding, q
                     "ojs_dead_letter_mode='republish'?)")
 
 
+def _delete_dead_letter(connection: kombu.Connection, queue: str, job_id: str) -> None:
+    with suppress(Exception), open_dead_letter_queue(connection.clone(), queue) as dlq:
+        dlq.delete(job_id)
+
+
 def _cancel_and_beat(results: Results, connection: kombu.Connection, binding: Binding,
                      queue: str, timeout: float) -> None:
     names = binding.names
     control = names.control_queue(queue)
     watch = Watch(connection.connection, names.direct_exchange, control)
+    dead_letters = Watch(connection.connection, names.dlx_exchange, queue)
     try:
         with ControlClient(_Source(connection)) as client:
             job_id = _publish(connection, binding, queue, SLEEP_TYPE, [timeout + 60])
+            dead: list[amqp.Message] = []
 
             def state() -> str | None:
                 with suppress(ControlError):
                     return client.info(job_id, queue, timeout=2).get("state")
                 return None
 
-            if not _until(lambda: state() == "active", timeout):
-                reason = NO_PROBE_TASK.format(queue=queue, kind=SLEEP_TYPE, timeout=timeout)
-                results.set("AMQP-019", "fail", reason)
-                results.set("AMQP-020", "fail", reason)
+            def started_or_dead() -> bool:
+                found = dead_letters.poll(
+                    lambda m: m.properties.get("message_id") == job_id)
+                if found is not None:
+                    dead.append(found)
+                    return True
+                return state() == "active"
+
+            if not _until(started_or_dead, timeout) or dead:
+                reason = unknown_probe(dead[0] if dead else None, queue) or NO_PROBE_TASK.format(
+                    queue=queue, kind=SLEEP_TYPE, timeout=timeout)
+                status = "n/a" if dead and reason.startswith("not checked") else "fail"
+                results.set("AMQP-019", status, reason)
+                results.set("AMQP-020", status, reason)
                 client.cancel(job_id, queue)
+                _delete_dead_letter(connection, queue, job_id)
                 return
             beat = watch.wait_for(lambda m: m.properties.get("type") == HEARTBEAT
                                   and json.loads(m.body).get("job_id") == job_id, timeout)
@@ -184,6 +251,7 @@ def _cancel_and_beat(results: Results, connection: kombu.Connection, binding: Bi
                             "after CANCEL")
     finally:
         watch.close()
+        dead_letters.close()
 
 
 def _reconnect(results: Results, connection: kombu.Connection) -> None:

@@ -136,6 +136,9 @@ def _one_or_all(job_id: str | None, every: bool) -> None:
 @click.argument("job_id", metavar="[JOB_ID]", required=False)
 @legacy_id_option
 @click.option("--all", "every", is_flag=True, help="Replay every dead letter present now.")
+@click.option("--yes", "-y", is_flag=True, expose_value=False,
+              help="Accepted and ignored: replay never asks (it loses nothing), and scripts "
+                   "pass the same flags to replay and purge.")
 @common_options
 @click.pass_context
 def replay(ctx: click.Context, queue: str, job_id: str | None, legacy_id: str | None,

@@ -1,7 +1,7 @@
 """Exit codes scripts can rely on, and the error that carries one.
 
-Also in ``ojs-kombu --help`` and the README's "Command line" table; a test
-keeps the three in step.
+Also in ``ojs-kombu --help`` and the docs' "Command line" page, whose table is
+written from :data:`EXIT_CODES`.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ import click
 from ..spec.envelope import RetryPolicy
 from ..spec.errors import JobTypeError, OJSConfigurationError
 from ..spec.job_types import JobTypeRegistry
-from ..spec.naming import DEFAULT_QUEUE_ALIASES
+from ..spec.naming import DEFAULT_QUEUE_ALIASES, TopologyNames
 from ..spec.settings import OJSSettings
 from .common import EXIT_FAILED, OJSGroup, emit, options, store_option
 from .config import load_app
@@ -128,6 +128,12 @@ def _check_tasks(app: Any, settings: OJSSettings, report: MigrationReport,
     from ..celery.retries import task_retry_policy
 
     registry = JobTypeRegistry(settings.job_types, lambda: app.tasks)
+    try:
+        names: TopologyNames | None = TopologyNames(
+            prefix=settings.prefix, queue_aliases={**DEFAULT_QUEUE_ALIASES,
+                                                   **settings.queue_aliases})
+    except OJSConfigurationError:
+        names = None  # check_queues reports it
     claimed: dict[str, str] = {}
     semantics = settings.retry_semantics
     changed: list[str] = []  # tasks whose retries differ between the two semantics
@@ -152,8 +158,13 @@ def _check_tasks(app: Any, settings: OJSSettings, report: MigrationReport,
         except OJSConfigurationError as exc:
             report.add("blocker", f"task {name}", str(exc))
         own_policy = getattr(task, "ojs_retry", None) is not None
-        report.tasks.append(TaskReport(name, job_type, source, attempts, builtin,
-                                       "ojs" if own_policy else semantics))
+        entry = TaskReport(name, job_type, source, attempts, builtin,
+                           "ojs" if own_policy else semantics)
+        if not builtin:
+            entry.queue, entry.amqp_queue = _routed_queue(app, task, names)
+            if attempts is not None and not own_policy and semantics == "celery":
+                entry.self_retry, entry.self_retry_attempts = _self_retry(task, attempts)
+        report.tasks.append(entry)
         if job_type is not None:
             other = claimed.setdefault(job_type, name)
             if other != name:
@@ -169,6 +180,42 @@ def _check_tasks(app: Any, settings: OJSSettings, report: MigrationReport,
         if policy is not None and (own_policy or semantics == "ojs"):
             report.add("warning", f"task {name}", _retry_change(task, policy, own_policy))
     _report_semantics(semantics, changed, report)
+
+
+def _self_retry(task: Any, max_attempts: int) -> tuple[bool, int | None]:
+    """Whether ``self.retry()`` retries the task past ``max_attempts``, and how often: a
+    task without ``autoretry_for`` states ``max_attempts`` 1, yet ``self.retry()`` retries
+    it within Celery's ``max_retries`` (``None``: unbounded)."""
+    from ..celery.retries import UNBOUNDED_ATTEMPTS
+
+    max_retries = getattr(task, "max_retries", None)
+    attempts = None if max_retries is None else int(max_retries) + 1
+    if attempts is not None and attempts >= UNBOUNDED_ATTEMPTS:
+        attempts = None
+    if attempts is not None and attempts <= max_attempts:
+        return False, None
+    return True, attempts
+
+
+def _routed_queue(app: Any, task: Any, names: TopologyNames | None
+                  ) -> tuple[str | None, str | None]:
+    """The Celery queue ``task``'s jobs go to, as ``apply_async`` routes them (its
+    ``queue`` option, then ``task_routes``, then ``task_default_queue``), and its AMQP
+    name under ojs_kombu (``None`` when the name is not an OJS queue name)."""
+    options = {"queue": task.queue} if getattr(task, "queue", None) else {}
+    try:
+        route = app.amqp.router.route(options, task.name)
+    except Exception:  # a route Celery itself cannot resolve: check_queues names it
+        return None, None
+    queue = route.get("queue")
+    name = getattr(queue, "name", queue)
+    if not name:
+        return None, None
+    try:
+        amqp = names.job_queue(names.ojs_queue(str(name))) if names is not None else None
+    except OJSConfigurationError:
+        amqp = None
+    return str(name), amqp
 
 
 def _retry_change(task: Any, policy: RetryPolicy, own_policy: bool) -> str:

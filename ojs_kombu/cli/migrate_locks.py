@@ -57,4 +57,4 @@ def _library(module: str) -> tuple[str, str] | None:
 def _hint(what: str, instead: str) -> str:
     return (f"wrapped in a lock ({what}): under ojs_kombu use {instead} with "
             "app.conf.ojs_dedup_url; the job carries the guarantee, no lock outlives a "
-            "crash (README 'Unique jobs and idempotency keys')")
+            "crash (docs: 'Unique jobs and idempotency keys')")

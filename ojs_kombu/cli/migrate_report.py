@@ -15,7 +15,7 @@ from ..spec.naming import TopologyNames
 
 Level = Literal["blocker", "warning", "info"]
 JSON_SERIALIZERS = ("json", "application/json")
-#: Green pools: supported, with Celery's event dispatcher off (see README, Worker pools).
+#: Green pools: supported, with Celery's event dispatcher off (docs: getting started).
 GREEN_POOLS = ("gevent", "eventlet")
 
 
@@ -36,6 +36,15 @@ class TaskReport:
     #: whose rules decide its retries under the app's ``ojs_retry_semantics``:
     #: ``"celery"`` (as plain Celery) or ``"ojs"`` (every failure is a failed attempt)
     retry_semantics: str | None = None
+    #: whether ``self.retry()`` can retry the task beyond ``max_attempts`` (a task
+    #: without ``autoretry_for`` states ``max_attempts`` 1: its failures are not retried)
+    self_retry: bool = False
+    #: attempts a job can then make (``max_retries + 1``; ``None``: unbounded)
+    self_retry_attempts: int | None = None
+    #: the Celery queue its jobs are routed to (``task_routes``, its ``queue`` option,
+    #: ``task_default_queue``) and that queue's AMQP name under ojs_kombu
+    queue: str | None = None
+    amqp_queue: str | None = None
 
 
 @dataclass
@@ -190,6 +199,24 @@ def check_worker(conf: Mapping[str, Any], report: MigrationReport,
                    "the OJS job id")
 
 
+def _queue_text(task: TaskReport) -> str:
+    if task.queue is None:
+        return ""
+    return f"  queue {task.queue} ({task.amqp_queue or 'not an OJS queue'})"
+
+
+def _attempts_text(task: TaskReport) -> str:
+    if task.max_attempts is None:
+        return ""
+    text = f"  max_attempts {task.max_attempts}"
+    if task.self_retry:
+        text += (" on failure, self.retry() up to " + (
+            "unbounded attempts" if task.self_retry_attempts is None else
+            f"{task.self_retry_attempts} attempts (max_retries "
+            f"{task.self_retry_attempts - 1})"))
+    return text + f" ({task.retry_semantics} retries)"
+
+
 def render_report(report: MigrationReport) -> str:
     """The report as text: one line per task, then the findings, blockers first."""
     lines = [f"app {report.app}: {len(report.tasks)} task(s)"
@@ -200,9 +227,8 @@ def render_report(report: MigrationReport) -> str:
         if task.builtin:
             continue
         job_type = task.job_type or "-- NEEDS A MAPPING --"
-        attempts = "" if task.max_attempts is None else (
-            f"  max_attempts {task.max_attempts} ({task.retry_semantics} retries)")
-        lines.append(f"  {task.name:<{width}}  -> {job_type}  ({task.source}){attempts}")
+        lines.append(f"  {task.name:<{width}}  -> {job_type}  ({task.source})"
+                     f"{_queue_text(task)}{_attempts_text(task)}")
     builtin = sum(t.builtin for t in report.tasks)
     if builtin:
         lines.append(f"  (+ {builtin} Celery built-in task(s), all mappable)"

@@ -2,8 +2,8 @@
 
 Instruments come from the OpenTelemetry metrics API: without an SDK (a
 ``MeterProvider``) every call is a no-op.  Labels are ``job_type`` and
-``queue`` only, never a job id (section 7.3).  The README's "Events, metrics
-and tracing" section has the Prometheus recipe.
+``queue`` only, never a job id (section 7.3).  The docs' "Events, metrics
+and tracing" page has the Prometheus recipe.
 
 Names are the specs' own.  ``ojs.jobs.duration_ms`` and ``ojs.jobs.wait_ms``
 carry their unit in the name, so their instruments declare none: exporters

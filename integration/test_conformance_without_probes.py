@@ -1,0 +1,86 @@
+"""``ojs-kombu conformance`` against a worker whose app has no conformance probes: the
+worker checks are n/a and say what to add, and the app's dead-letter queue is left as
+it was (a real worker subprocess in a vhost of its own)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from ojs_kombu.cli import cli
+
+from .conftest import HOST, PORT, private_vhost, rabbitmqctl, stop_worker, wait_until
+
+APP = textwrap.dedent("""
+    import os
+
+    from celery import Celery
+
+    import ojs_kombu
+
+    app = Celery("noprobes", broker=os.environ["OJS_BROKER_URL"])
+    ojs_kombu.install(app)
+
+
+    @app.task(name="email.send")
+    def send(to):
+        return to
+""")
+
+
+@pytest.fixture(scope="module")
+def url() -> Iterator[str]:
+    with private_vhost("ojs-kombu-noprobes") as vhost:
+        yield f"ojs://guest:guest@{HOST}:{PORT}/{vhost}"
+
+
+@pytest.fixture(scope="module")
+def worker(url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    home = tmp_path_factory.mktemp("noprobes")
+    (home / "noprobes.py").write_text(APP)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "noprobes", "worker", "-Q", "email", "-P",
+         "threads", "-c", "2", "--without-mingle", "--without-gossip", "-l", "WARNING"],
+        cwd=home, env={**os.environ, "OJS_BROKER_URL": url},
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        vhost = url.rsplit("/", 1)[1]
+        wait_until(lambda: "ojs.queue.control.email\t1" in rabbitmqctl(
+            "list_queues", "-p", vhost, "name", "consumers"), 60, "the worker consumes")
+        yield home
+    finally:
+        stop_worker(process)
+
+
+def dead_letters(url: str) -> int:
+    return int(dict(line.split("\t") for line in rabbitmqctl(
+        "list_queues", "-p", url.rsplit("/", 1)[1], "name", "messages").splitlines()
+        if "\t" in line)["ojs.queue.dlx.email"])
+
+
+def conformance(url: str, *args: str) -> dict[str, dict[str, str]]:
+    result = CliRunner().invoke(cli, ["--broker", url, *args, "conformance", "-q", "email",
+                                      "--job-timeout", "20", "--json"])
+    data = json.loads(result.stdout)
+    return {check["id"]: check for check in data["checks"]}
+
+
+@pytest.mark.parametrize("with_app", [False, True], ids=["on the wire", "with -A"])
+def test_the_worker_checks_say_what_to_add_and_leave_no_dead_letter(
+        url: str, worker: Path, with_app: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(worker)
+    monkeypatch.setenv("OJS_BROKER_URL", url)
+    before = dead_letters(url)
+    checks = conformance(url, *(["-A", "noprobes"] if with_app else []))
+    for check_id in ("AMQP-009", "AMQP-019", "AMQP-020"):
+        assert checks[check_id]["status"] == "n/a", checks[check_id]
+        assert "ojs_kombu.register_conformance_probes(app)" in checks[check_id]["reason"]
+    assert dead_letters(url) == before == 0

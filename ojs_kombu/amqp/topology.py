@@ -74,19 +74,42 @@ def job_queue_arguments(
     }
 
 
+def dlx_exchange_arguments(names: TopologyNames) -> dict[str, Any]:
+    """``ojs.exchange.dlx``'s arguments: its alternate exchange.
+
+    Dead-lettering is not a confirmed publish: RabbitMQ drops a dead letter that
+    ``ojs.exchange.dlx`` cannot route (``ojs.queue.dlx.{q}`` deleted by an operator,
+    a policy or a cleanup).  It applies the exchange's ``alternate-exchange`` to
+    dead letters too, so such a job lands in ``ojs.queue.dlx.unroutable``."""
+    return {"alternate-exchange": names.dlx_unroutable_exchange}
+
+
+def declare_dead_letter_exchange(channel: DeclaringChannel, names: TopologyNames,
+                                 unroutable_arguments: Mapping[str, Any] | None = None) -> None:
+    """``ojs.exchange.dlx`` and, behind it, ``ojs.exchange.dlx.unroutable`` (fanout) into
+    ``ojs.queue.dlx.unroutable`` (declared with ``unroutable_arguments``, see
+    :meth:`~ojs_kombu.spec.settings.OJSSettings.unroutable_dead_letter_arguments`)."""
+    _exchange(channel, names.dlx_unroutable_exchange, "fanout")
+    _queue(channel, names.dlx_unroutable_queue, dict(unroutable_arguments or {}))
+    channel.queue_bind(names.dlx_unroutable_queue, names.dlx_unroutable_exchange)
+    _exchange(channel, names.dlx_exchange, "direct", dlx_exchange_arguments(names))
+
+
 def declare_queue_topology(
     channel: DeclaringChannel,
     names: TopologyNames,
     queue: str,
     arguments: Mapping[str, Any] | None = None,
+    unroutable_arguments: Mapping[str, Any] | None = None,
 ) -> None:
-    """Declare both exchanges, ``ojs.queue.{q}``, ``ojs.queue.dlx.{q}``,
+    """Declare both exchanges (the DLX with its alternate exchange and queue),
+    ``ojs.queue.{q}``, ``ojs.queue.dlx.{q}``,
     ``ojs.queue.control.{q}`` (routing key: its own name, section 5.6) and their bindings;
     for a ``drop_oldest`` queue also ``ojs.queue.dropped.{q}``, which gets a copy of
     every dead letter of ``q`` so that its workers can report the dropped ones."""
     job_args = job_queue_arguments(names, queue, arguments)
     _exchange(channel, names.direct_exchange)
-    _exchange(channel, names.dlx_exchange)
+    declare_dead_letter_exchange(channel, names, unroutable_arguments)
     _queue(channel, names.job_queue(queue), job_args)
     _queue(channel, names.dead_letter_queue(queue), dead_letter_queue_arguments(arguments))
     _queue(channel, names.control_queue(queue), control_queue_arguments(arguments))
@@ -319,8 +342,9 @@ class DeclaredTopology:
         outcome channel's, without waiting for replies), by default :func:`declare_on`."""
         if queue in self._declared:
             return
-        (via or self._declare)(declare_queue_topology, queue,
-                               self._connection.ojs.declare_arguments(queue))
+        ojs = self._connection.ojs
+        (via or self._declare)(declare_queue_topology, queue, ojs.declare_arguments(queue),
+                               ojs.settings.unroutable_dead_letter_arguments())
         self._declared.add(queue)
 
     def ensure_retry_queue(self, queue: str, delay_ms: int, via: Declarer | None = None) -> None:

@@ -207,16 +207,46 @@ class ControlQueues(bootsteps.StartStopStep):
         if binding.settings.control_queues:
             channel.basic_qos(0, 16, False)
             amqp_connection: JobConnection = parent.connection.connection
+            self._channel = channel
             for queue in consumed_queues(parent.app):
                 amqp_connection.ensure_topology(queue)
-                channel.basic_consume(
-                    binding.names.control_queue(queue),
-                    callback=lambda message, p=parent: self.on_message(p, message))
+                self._consume(parent, channel, queue)
         self._channel = channel
         interval = binding.settings.job_heartbeat
         if interval and parent.timer is not None:
             self._timer = parent.timer.call_repeatedly(interval, self.beat, (parent, interval),
                                                        priority=10)
+
+    def _consume(self, parent: Any, channel: JobChannel, queue: str) -> None:
+        channel.basic_consume(
+            parent.app.amqp.binding.names.control_queue(queue),
+            callback=lambda message, p=parent: self.on_message(p, message),
+            on_cancel=lambda _tag, p=parent, q=queue: self._cancelled(p, q))
+
+    def _cancelled(self, parent: Any, queue: str) -> None:
+        """The broker cancelled the consumer of ``queue``'s control queue (deleted by an
+        operator or ``ojs-kombu conformance --recovery``): declare it again and consume
+        it, on this channel, from the event loop (AMQP-026/027), instead of the
+        connection loss an unhandled ``Basic.Cancel`` would be."""
+        logger.warning("the control queue of OJS queue %r was deleted; declaring it again",
+                       queue)
+
+        def resume() -> None:
+            channel = self._channel
+            if channel is None or not channel.is_open:
+                return  # stopped, or a reconnect already consumes it again
+            try:
+                connection: JobConnection = parent.connection.connection
+                connection.forget_topology(queue)
+                connection.ensure_topology(queue)
+                self._consume(parent, channel, queue)
+            except Exception:
+                logger.exception("could not consume the control queue of %r again", queue)
+
+        if parent.timer is not None:
+            parent.timer.call_after(0, resume)
+        else:
+            resume()
 
     def stop(self, parent: Any) -> None:
         if self._timer is not None:

@@ -88,14 +88,24 @@ def list_(ctx: click.Context, queue: str, limit: int) -> None:
     def human() -> None:
         click.echo(f"{total} dead letter(s) in {dead_letters.dlq}")
         for d in found:
-            message = (d["error_message"] or "")[:60]
             click.echo(f"  {d['job_id']}  {d['type'] or '-'}  attempt {d['attempt'] or '-'}  "
-                       f"{d['error_code'] or '-'}  {message}")
+                       f"{_error_column(d)}")
         if total > len(found):
             click.echo(f"  ... {total - len(found)} more (--limit)")
 
     emit(ctx, {"queue": dead_letters.queue, "dead_letter_queue": dead_letters.dlq,
                "count": total, "dead_letters": found}, human)
+
+
+def _error_column(dead: dict[str, Any]) -> str:
+    """What ``dlq list`` says about a dead letter's error.  A job the worker nacked
+    (AMQP-009) is the message as its last attempt was delivered: its error headers, if
+    any, are an earlier attempt's, and the last error is elsewhere; say where."""
+    code, message = dead["error_code"], (dead["error_message"] or "")[:60]
+    if dead["death_reason"] != "rejected":
+        return f"{code or dead['death_reason'] or '-'}  {message}".rstrip()
+    earlier = f"; earlier: {code}  {message}".rstrip() if code else ""
+    return f"nacked (last error: job.discarded event, result backend){earlier}"
 
 
 @dlq.command()

@@ -35,7 +35,7 @@ from ..amqp.delivery import JobMessage
 from ..amqp.job_channel import JobChannel, JobConnection
 from ..spec.times import format_time
 from .events import consumed_queues
-from .scheduled import SCHEDULED
+from .scheduled import recorded_scheduled_at
 
 logger = logging.getLogger(__name__)
 
@@ -168,10 +168,9 @@ def job_info(app: Celery, job_id: str, timeout: float = 1.0) -> dict[str, Any]:
             state = result.state
         except NotImplementedError:  # a backend that cannot look results up
             state = "PENDING"
-        if state == SCHEDULED:  # recorded by its producer: it waits in the broker's schedule
-            meta = result.info
-            return {"job_id": job_id, "state": "scheduled",
-                    "scheduled_at": meta.get("scheduled_at") if isinstance(meta, dict) else None}
+        scheduled_at = recorded_scheduled_at(state, result.info if state == "PENDING" else None)
+        if scheduled_at is not None:  # recorded by its producer: it waits in the schedule
+            return {"job_id": job_id, "state": "scheduled", "scheduled_at": scheduled_at}
     except Exception:
         logger.exception("INFO for job %s: the result backend could not be asked", job_id)
         return {"job_id": job_id, "state": "unknown", "reason": BACKEND_FAILED}

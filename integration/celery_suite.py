@@ -46,8 +46,6 @@ _JSON_ARGS = ("OJS args are JSON values: the test passes bytes (in a linked call
 _REJECT = ("Reject(requeue=True) is a failed attempt that the broker retries while "
            "max_attempts allows (1 here, so the job is dead-lettered), never an "
            "immediate requeue that comes back with redelivered=True")
-_EXPIRED = ("a job that expired before it started is dead-lettered as EXPIRED, not "
-            "stored as REVOKED, so result.get() waits")
 _APP_ID = "job messages carry the binding's properties (app_id 'ojs'): app_id=... does not travel"
 _ETA = ("countdown jobs wait in the broker and reach the worker when due, without a "
         "Celery eta (request.eta is None; the due time is x-ojs-scheduled-at)")
@@ -67,7 +65,6 @@ KNOWN_DIFFERENCES: dict[str, str] = {
        _JSON_ARGS for name in ("from_simple", "from_chain", "from_chain_tail", "from_group")},
     "t.integration.test_tasks.test_tasks::test_reject_with_requeue_redelivers_and_succeeds":
         _REJECT,
-    "t.integration.test_tasks.test_tasks::test_expired": _EXPIRED,
     "t.integration.test_tasks.test_tasks::test_properties": _APP_ID,
     "t.integration.test_canvas.test_chord::test_group_or_task_countdown_delays_header": _ETA,
     "t.integration.test_tasks.test_task_replacement::test_replaced_task_nesting_level_0":

@@ -295,3 +295,25 @@ def test_ojs_retry_semantics_retry_a_task_without_options_three_times(
         except subprocess.TimeoutExpired:
             os.killpg(worker.pid, signal.SIGKILL)
             worker.wait(10)
+
+
+def test_a_caller_waiting_on_an_expired_job_is_told(app: Celery, worker: Any,
+                                                     amqp_channel: amqp.Channel) -> None:
+    """Dead-lettered as EXPIRED when it arrives too late (the transport, before Celery
+    sees it), and stored as Celery's REVOKED, as Celery stores an expired task: get()
+    raises instead of waiting for a result that never comes."""
+    from datetime import UTC, datetime, timedelta
+
+    from celery.exceptions import TaskRevokedError
+
+    result = app.tasks["email.send"].apply_async(
+        ("late@example.com", "x"), queue="retries", countdown=1,
+        expires=datetime.now(UTC) + timedelta(seconds=0.3))
+    with pytest.raises(TaskRevokedError):
+        result.get(timeout=30)
+    assert result.state == "REVOKED"
+    from ojs_kombu.celery.dead_letters import dead_letter_queue
+
+    with dead_letter_queue(app, "retries") as dlq:  # kept, never lost
+        assert dlq.get(result.id).job_type == "email.send"
+    assert app.calls.count(result.id) == 0

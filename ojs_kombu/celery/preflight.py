@@ -15,6 +15,7 @@ from ..amqp.entities import JobQueue
 from ..spec.errors import OJSConfigurationError
 from .conf import pickle_settings
 from .events import consumed_queues
+from .expired import ExpiredResults
 from .retries import RETRY_SEMANTICS, task_retry_policy, task_sets
 from .task import OJSTask
 
@@ -70,12 +71,15 @@ def _check_acks(name: str, task: Any) -> None:
 
 
 class OJSPreflight(bootsteps.Step):
-    """Worker bootstep: a worker that cannot speak OJS does not start."""
+    """Worker bootstep: a worker that cannot speak OJS does not start; one that does
+    tells callers of expired jobs (:class:`~ojs_kombu.celery.expired.ExpiredResults`)."""
 
     name = "ojs_kombu.preflight"
 
     def __init__(self, parent: Any, **kwargs: Any) -> None:
         check_app(parent.app)
         # one line for the queues this worker consumes (-Q), not the app's whole table
-        parent.app.amqp.binding.warn_unbounded(consumed_queues(parent.app))
+        binding = parent.app.amqp.binding
+        binding.warn_unbounded(consumed_queues(parent.app))
+        binding.hook.add(ExpiredResults(parent.app))
         super().__init__(parent, **kwargs)

@@ -167,6 +167,11 @@ def register_tasks(app: Celery) -> None:
             raise TimeoutError("busy")
         return "done"
 
+    @app.task(name="delivery.priority", bind=True, shared=False)
+    def delivery_priority(self: Any) -> Any:
+        """The priority Celery's request reports (kombu's producer always sends one)."""
+        return self.request.delivery_info["priority"]
+
     @app.task(name="retry.new_args", bind=True, shared=False)
     def retry_new_args(self: Any, value: int) -> int:
         calls.add(id=self.request.id, task="retry.new_args", args=[value])

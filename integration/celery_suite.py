@@ -4,8 +4,9 @@
 
 Fetches the source distribution of the installed Celery with pip (``pip download
 --no-binary :all: --no-deps celery==<version>``) into a cache directory, never into
-this repository, and runs its ``t/integration/test_tasks.py`` and
-``test_canvas.py`` unedited, twice: on ``pyamqp://`` and on ``ojs://`` with
+this repository, and runs its ``t/integration/test_tasks.py``, ``test_canvas.py``,
+``test_inspect.py``, ``test_group_chains.py`` and ``test_redis_backend.py``
+unedited, twice: on ``pyamqp://`` and on ``ojs://`` with
 ``ojs_kombu.install(app)`` applied to Celery's test apps by
 :mod:`integration.celery_suite_plugin`.  Each run gets a RabbitMQ vhost of its
 own (``rabbitmqctl``); the result backend is Redis (``--backend``).  Each test
@@ -36,7 +37,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 PROJECT = Path(__file__).resolve().parent.parent
-TEST_FILES = ("t/integration/test_tasks.py", "t/integration/test_canvas.py")
+TEST_FILES = tuple(f"t/integration/{name}.py" for name in (
+    "test_tasks", "test_canvas", "test_inspect", "test_group_chains", "test_redis_backend"))
 PLUGIN = "integration.celery_suite_plugin"
 
 _UUID7 = ("OJS job ids are UUIDv7: the test passes task_id=str(uuid.uuid4()), which "
@@ -186,7 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         lines[scheme] = run_suite(root, scheme, args.host, args.backend, args.timeout,
                                   report, args.pytest_args)
         print(f"{scheme}://: {lines[scheme]}", flush=True)
-    print(f"\nCelery {version} t/integration/test_tasks.py + test_canvas.py")
+    print(f"\nCelery {version} {' + '.join(TEST_FILES)}")
     for scheme, line in lines.items():
         print(f"  {scheme + '://':10} {line}")
     if len(schemes) < 2:

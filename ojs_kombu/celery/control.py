@@ -220,15 +220,19 @@ class ControlQueues(bootsteps.StartStopStep):
         channel.basic_consume(
             parent.app.amqp.binding.names.control_queue(queue),
             callback=lambda message, p=parent: self.on_message(p, message),
-            on_cancel=lambda _tag, p=parent, q=queue: self._cancelled(p, q))
+            on_cancel=lambda tag, p=parent, q=queue: self._cancelled(p, q, tag))
 
-    def _cancelled(self, parent: Any, queue: str) -> None:
+    def _cancelled(self, parent: Any, queue: str, consumer_tag: str) -> None:
         """The broker cancelled the consumer of ``queue``'s control queue (deleted by an
         operator or ``ojs-kombu conformance --recovery``): declare it again and consume
         it, on this channel, from the event loop (AMQP-026/027), instead of the
         connection loss an unhandled ``Basic.Cancel`` would be."""
-        logger.warning("the control queue of OJS queue %r was deleted; declaring it again",
-                       queue)
+        logger.warning("the broker cancelled consumer %s of the control queue of OJS queue "
+                       "%r (was it deleted?); declaring it again and consuming it",
+                       consumer_tag, queue)
+        binding = parent.app.amqp.binding
+        binding.hook.consumer_cancelled(binding.names.control_queue(queue),
+                                        {"consumer_tag": consumer_tag, "retry_in_ms": 0})
 
         def resume() -> None:
             channel = self._channel

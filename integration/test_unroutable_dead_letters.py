@@ -2,7 +2,7 @@
 
 Discarded jobs are ``Basic.Nack(requeue=false)``-ed into ``ojs.exchange.dlx``;
 with ``ojs.queue.dlx.{q}`` deleted (an operator, a policy, a cleanup) RabbitMQ
-would drop them.  The DLX's alternate exchange keeps them in
+would drop them.  ``ojs.exchange.dlx.guard``'s alternate exchange keeps them in
 ``ojs.queue.dlx.unroutable``, where ``ojs-kombu dlq list --queue unroutable``
 shows them and a replay puts each back on its own queue.
 """
@@ -93,6 +93,9 @@ def test_dead_letters_survive_the_deletion_of_their_dlq(
     before = publish_failing(amqp_channel, queue, 2)
     wait_until(lambda: set(before) <= browse(vhost, f"ojs.queue.dlx.{queue}"), 30,
                "the first dead letters in their DLQ")
+    # each once, though two routes lead there (ojs.exchange.dlx and its guard)
+    assert amqp_channel.queue_declare(f"ojs.queue.dlx.{queue}", passive=True
+                                      ).message_count == len(before)
     amqp_channel.queue_delete(f"ojs.queue.dlx.{queue}")  # under the running worker
 
     published = publish_failing(amqp_channel, queue, 5)

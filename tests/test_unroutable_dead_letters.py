@@ -2,8 +2,9 @@
 
 Dead-lettering is not a confirmed publish: with ``ojs.queue.dlx.{q}`` deleted,
 RabbitMQ would drop the job nacked into it (AMQP-009).  These are the exact
-declarations sent, routed the way RabbitMQ routes a dead letter: the DLX's
-bindings, else its ``alternate-exchange``.
+declarations sent, routed the way RabbitMQ routes a dead letter: through queue
+and exchange bindings to a set of queues (each once), an exchange that routes
+nowhere handing the message to its ``alternate-exchange``.
 """
 
 from __future__ import annotations
@@ -24,12 +25,15 @@ class Broker:
         self.exchanges: dict[str, tuple[str, dict[str, Any]]] = {}
         self.queues: dict[str, dict[str, Any]] = {}
         self.bindings: list[tuple[str, str, str]] = []  # (exchange, queue, key)
+        self.exchange_bindings: list[tuple[str, str, str]] = []  # (source, dest., key)
 
     def exchange_declare(self, exchange: str, type: str, *args: Any, **kwargs: Any) -> None:
         self.exchanges[exchange] = (type, dict(kwargs.get("arguments") or {}))
 
-    def exchange_bind(self, *args: Any, **kwargs: Any) -> None:
-        pass
+    def exchange_bind(self, destination: str, source: str = "", routing_key: str = "",
+                      *args: Any, **kwargs: Any) -> None:
+        if (source, destination, routing_key) not in self.exchange_bindings:
+            self.exchange_bindings.append((source, destination, routing_key))
 
     def queue_declare(self, queue: str = "", *args: Any, **kwargs: Any) -> None:
         self.queues[queue] = dict(kwargs["arguments"])
@@ -44,13 +48,18 @@ class Broker:
         self.bindings = [b for b in self.bindings if b[1] != queue]
 
     def route(self, exchange: str, key: str) -> list[str]:
+        """The queues a message published to ``exchange`` with ``key`` reaches, each once."""
         kind, arguments = self.exchanges[exchange]
-        found = [q for e, q, k in self.bindings
-                 if e == exchange and q in self.queues and (kind == "fanout" or k == key)]
+        matches = (lambda k: True) if kind == "fanout" else (lambda k: k == key)
+        found = [q for e, q, k in self.bindings if e == exchange and q in self.queues
+                 and matches(k)]
+        for source, destination, k in self.exchange_bindings:
+            if source == exchange and matches(k):
+                found += self.route(destination, key)
         alternate = arguments.get("alternate-exchange")
         if not found and alternate in self.exchanges:
-            return self.route(alternate, key)
-        return found
+            found = self.route(alternate, key)
+        return sorted(set(found))
 
 
 def declared(**options: Any) -> Broker:
@@ -78,9 +87,12 @@ def test_a_dead_letter_whose_dlq_was_deleted_lands_in_the_unroutable_queue(
     assert broker.route("ojs.exchange.dlx", "reports") == ["ojs.queue.dlx.reports"]
 
 
-def test_the_dlx_names_its_alternate_exchange_and_the_catch_all_is_shared() -> None:
+def test_the_dlx_stays_plain_and_the_catch_all_is_shared() -> None:
     broker = declared()
-    assert broker.exchanges["ojs.exchange.dlx"] == (
+    # other OJS clients declare ojs.exchange.dlx without arguments (AMQP-002): they must
+    # not meet a 406 for an argument ojs_kombu added
+    assert broker.exchanges["ojs.exchange.dlx"] == ("direct", {})
+    assert broker.exchanges["ojs.exchange.dlx.guard"] == (
         "direct", {"alternate-exchange": "ojs.exchange.dlx.unroutable"})
     assert broker.exchanges["ojs.exchange.dlx.unroutable"] == ("fanout", {})
     assert broker.queues["ojs.queue.dlx.unroutable"] == {}  # no TTL, no bound: kept

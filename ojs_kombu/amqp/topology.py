@@ -74,25 +74,30 @@ def job_queue_arguments(
     }
 
 
-def dlx_exchange_arguments(names: TopologyNames) -> dict[str, Any]:
-    """``ojs.exchange.dlx``'s arguments: its alternate exchange.
+def dlx_guard_arguments(names: TopologyNames) -> dict[str, Any]:
+    """``ojs.exchange.dlx.guard``'s arguments: its alternate exchange.
 
     Dead-lettering is not a confirmed publish: RabbitMQ drops a dead letter that
     ``ojs.exchange.dlx`` cannot route (``ojs.queue.dlx.{q}`` deleted by an operator,
-    a policy or a cleanup).  It applies the exchange's ``alternate-exchange`` to
-    dead letters too, so such a job lands in ``ojs.queue.dlx.unroutable``."""
+    a policy or a cleanup).  ``ojs.exchange.dlx`` stays the plain direct exchange
+    other OJS clients declare (AMQP-002); it also routes each queue's dead letters
+    (exchange binding, key ``q``) to ``ojs.exchange.dlx.guard``, which routes them to
+    the same DLQ (RabbitMQ delivers a message to a queue once, however many routes
+    lead there) or, once the DLQ is gone, to its alternate exchange, which keeps
+    them in ``ojs.queue.dlx.unroutable``."""
     return {"alternate-exchange": names.dlx_unroutable_exchange}
 
 
-def declare_dead_letter_exchange(channel: DeclaringChannel, names: TopologyNames,
-                                 unroutable_arguments: Mapping[str, Any] | None = None) -> None:
-    """``ojs.exchange.dlx`` and, behind it, ``ojs.exchange.dlx.unroutable`` (fanout) into
-    ``ojs.queue.dlx.unroutable`` (declared with ``unroutable_arguments``, see
+def declare_dead_letter_exchanges(channel: DeclaringChannel, names: TopologyNames,
+                                  unroutable_arguments: Mapping[str, Any] | None = None) -> None:
+    """``ojs.exchange.dlx``, ``ojs.exchange.dlx.guard`` and ``ojs.exchange.dlx.unroutable``
+    (fanout) into ``ojs.queue.dlx.unroutable`` (declared with ``unroutable_arguments``, see
     :meth:`~ojs_kombu.spec.settings.OJSSettings.unroutable_dead_letter_arguments`)."""
+    _exchange(channel, names.dlx_exchange)
     _exchange(channel, names.dlx_unroutable_exchange, "fanout")
     _queue(channel, names.dlx_unroutable_queue, dict(unroutable_arguments or {}))
     channel.queue_bind(names.dlx_unroutable_queue, names.dlx_unroutable_exchange)
-    _exchange(channel, names.dlx_exchange, "direct", dlx_exchange_arguments(names))
+    _exchange(channel, names.dlx_guard_exchange, "direct", dlx_guard_arguments(names))
 
 
 def declare_queue_topology(
@@ -102,14 +107,14 @@ def declare_queue_topology(
     arguments: Mapping[str, Any] | None = None,
     unroutable_arguments: Mapping[str, Any] | None = None,
 ) -> None:
-    """Declare both exchanges (the DLX with its alternate exchange and queue),
+    """Declare both exchanges (the DLX with its guard, see :func:`dlx_guard_arguments`),
     ``ojs.queue.{q}``, ``ojs.queue.dlx.{q}``,
     ``ojs.queue.control.{q}`` (routing key: its own name, section 5.6) and their bindings;
     for a ``drop_oldest`` queue also ``ojs.queue.dropped.{q}``, which gets a copy of
     every dead letter of ``q`` so that its workers can report the dropped ones."""
     job_args = job_queue_arguments(names, queue, arguments)
     _exchange(channel, names.direct_exchange)
-    declare_dead_letter_exchange(channel, names, unroutable_arguments)
+    declare_dead_letter_exchanges(channel, names, unroutable_arguments)
     _queue(channel, names.job_queue(queue), job_args)
     _queue(channel, names.dead_letter_queue(queue), dead_letter_queue_arguments(arguments))
     _queue(channel, names.control_queue(queue), control_queue_arguments(arguments))
@@ -117,6 +122,8 @@ def declare_queue_topology(
                        routing_key=names.control_queue(queue))
     channel.queue_bind(names.job_queue(queue), names.direct_exchange, routing_key=queue)
     channel.queue_bind(names.dead_letter_queue(queue), names.dlx_exchange, routing_key=queue)
+    channel.exchange_bind(names.dlx_guard_exchange, names.dlx_exchange, routing_key=queue)
+    channel.queue_bind(names.dead_letter_queue(queue), names.dlx_guard_exchange, routing_key=queue)
     if drops_head(job_args):
         _queue(channel, names.dropped_queue(queue), dropped_queue_arguments(arguments))
         channel.queue_bind(names.dropped_queue(queue), names.dlx_exchange, routing_key=queue)

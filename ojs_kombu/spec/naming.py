@@ -102,8 +102,14 @@ class TopologyNames:
         return f"{self.prefix}ojs.exchange.dlx"
 
     @property
+    def dlx_guard_exchange(self) -> str:
+        """Between ``ojs.exchange.dlx`` and each DLQ: a dead letter whose DLQ is gone
+        goes on to its alternate exchange, :attr:`dlx_unroutable_exchange`."""
+        return f"{self.prefix}ojs.exchange.dlx.guard"
+
+    @property
     def dlx_unroutable_exchange(self) -> str:
-        """Alternate exchange of ``ojs.exchange.dlx``: takes what it cannot route."""
+        """Takes the dead letters no DLQ took (fanout into :attr:`dlx_unroutable_queue`)."""
         return f"{self.prefix}ojs.exchange.dlx.unroutable"
 
     @property

@@ -75,24 +75,18 @@ def job_queue_arguments(
 
 
 def dlx_guard_arguments(names: TopologyNames) -> dict[str, Any]:
-    """``ojs.exchange.dlx.guard``'s arguments: its alternate exchange.
-
-    Dead-lettering is not a confirmed publish: RabbitMQ drops a dead letter that
-    ``ojs.exchange.dlx`` cannot route (``ojs.queue.dlx.{q}`` deleted by an operator,
-    a policy or a cleanup).  ``ojs.exchange.dlx`` stays the plain direct exchange
-    other OJS clients declare (AMQP-002); it also routes each queue's dead letters
-    (exchange binding, key ``q``) to ``ojs.exchange.dlx.guard``, which routes them to
-    the same DLQ (RabbitMQ delivers a message to a queue once, however many routes
-    lead there) or, once the DLQ is gone, to its alternate exchange, which keeps
-    them in ``ojs.queue.dlx.unroutable``."""
+    """``ojs.exchange.dlx.guard``'s alternate exchange.  RabbitMQ drops a dead letter
+    whose ``ojs.queue.dlx.{q}`` was deleted (dead-lettering is not confirmed); the plain
+    ``ojs.exchange.dlx`` (AMQP-002) also routes it (key ``q``) to the guard, bound to
+    the same DLQ (a queue gets a message once) or, the DLQ gone, to this exchange and
+    ``ojs.queue.dlx.unroutable``."""
     return {"alternate-exchange": names.dlx_unroutable_exchange}
 
 
 def declare_dead_letter_exchanges(channel: DeclaringChannel, names: TopologyNames,
                                   unroutable_arguments: Mapping[str, Any] | None = None) -> None:
-    """``ojs.exchange.dlx``, ``ojs.exchange.dlx.guard`` and ``ojs.exchange.dlx.unroutable``
-    (fanout) into ``ojs.queue.dlx.unroutable`` (declared with ``unroutable_arguments``, see
-    :meth:`~ojs_kombu.spec.settings.OJSSettings.unroutable_dead_letter_arguments`)."""
+    """``ojs.exchange.dlx``, its guard and ``ojs.exchange.dlx.unroutable`` (fanout) into
+    ``ojs.queue.dlx.unroutable`` (``unroutable_arguments``: the settings')."""
     _exchange(channel, names.dlx_exchange)
     _exchange(channel, names.dlx_unroutable_exchange, "fanout")
     _queue(channel, names.dlx_unroutable_queue, dict(unroutable_arguments or {}))
@@ -107,9 +101,9 @@ def declare_queue_topology(
     arguments: Mapping[str, Any] | None = None,
     unroutable_arguments: Mapping[str, Any] | None = None,
 ) -> None:
-    """Declare both exchanges (the DLX with its guard, see :func:`dlx_guard_arguments`),
-    ``ojs.queue.{q}``, ``ojs.queue.dlx.{q}``,
-    ``ojs.queue.control.{q}`` (routing key: its own name, section 5.6) and their bindings;
+    """Declare both exchanges (and the DLX's guard, :func:`dlx_guard_arguments`),
+    ``ojs.queue.{q}``, ``ojs.queue.dlx.{q}``, ``ojs.queue.control.{q}`` (routing key:
+    its own name, section 5.6) and their bindings;
     for a ``drop_oldest`` queue also ``ojs.queue.dropped.{q}``, which gets a copy of
     every dead letter of ``q`` so that its workers can report the dropped ones."""
     job_args = job_queue_arguments(names, queue, arguments)

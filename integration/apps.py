@@ -142,6 +142,36 @@ def register_tasks(app: Celery) -> None:
             raise self.retry(countdown=0.5, exc=TimeoutError("upstream busy"))
         return "done"
 
+    @app.task(name="retry.after", bind=True, shared=False)
+    def retry_after(self: Any, countdown: float, how: str = "self.retry") -> str:
+        """Fails its first attempt, asking for its next one ``countdown`` s later:
+        ``self.retry(countdown=...)``, or (``how="raise"``) by raising, for the job's
+        own OJS retry policy or Celery's ``autoretry_for`` to time the retry."""
+        attempt = getattr(self.request, "x-ojs-attempt", None) or self.request.retries + 1
+        calls.add(id=self.request.id, task="retry.after", args=[countdown, how],
+                  attempt=attempt, at=time.time())
+        if attempt == 1:
+            if how == "raise":
+                raise TimeoutError("429 Too Many Requests")
+            raise self.retry(countdown=countdown, exc=TimeoutError("Retry-After"))
+        return "done"
+
+    @app.task(name="retry.backoff", bind=True, shared=False, autoretry_for=(TimeoutError,),
+              retry_backoff=5, retry_jitter=False, max_retries=1)
+    def retry_backoff(self: Any) -> str:
+        """``retry_backoff=5`` without jitter: Celery asks for its first retry after 5 s
+        (just past the 4.096 s rung, the nearest one)."""
+        calls.add(id=self.request.id, task="retry.backoff", args=[],
+                  attempt=self.request.retries + 1, at=time.time())
+        if self.request.retries == 0:
+            raise TimeoutError("busy")
+        return "done"
+
+    @app.task(name="delivery.priority", bind=True, shared=False)
+    def delivery_priority(self: Any) -> Any:
+        """The priority Celery's request reports (kombu's producer always sends one)."""
+        return self.request.delivery_info["priority"]
+
     @app.task(name="retry.new_args", bind=True, shared=False)
     def retry_new_args(self: Any, value: int) -> int:
         calls.add(id=self.request.id, task="retry.new_args", args=[value])

@@ -4,8 +4,9 @@
 
 Fetches the source distribution of the installed Celery with pip (``pip download
 --no-binary :all: --no-deps celery==<version>``) into a cache directory, never into
-this repository, and runs its ``t/integration/test_tasks.py`` and
-``test_canvas.py`` unedited, twice: on ``pyamqp://`` and on ``ojs://`` with
+this repository, and runs its ``t/integration/test_tasks.py``, ``test_canvas.py``,
+``test_inspect.py``, ``test_group_chains.py`` and ``test_redis_backend.py``
+unedited, twice: on ``pyamqp://`` and on ``ojs://`` with
 ``ojs_kombu.install(app)`` applied to Celery's test apps by
 :mod:`integration.celery_suite_plugin`.  Each run gets a RabbitMQ vhost of its
 own (``rabbitmqctl``); the result backend is Redis (``--backend``).  Each test
@@ -36,7 +37,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 PROJECT = Path(__file__).resolve().parent.parent
-TEST_FILES = ("t/integration/test_tasks.py", "t/integration/test_canvas.py")
+TEST_FILES = tuple(f"t/integration/{name}.py" for name in (
+    "test_tasks", "test_canvas", "test_inspect", "test_group_chains", "test_redis_backend"))
 PLUGIN = "integration.celery_suite_plugin"
 
 _UUID7 = ("OJS job ids are UUIDv7: the test passes task_id=str(uuid.uuid4()), which "
@@ -46,8 +48,6 @@ _JSON_ARGS = ("OJS args are JSON values: the test passes bytes (in a linked call
 _REJECT = ("Reject(requeue=True) is a failed attempt that the broker retries while "
            "max_attempts allows (1 here, so the job is dead-lettered), never an "
            "immediate requeue that comes back with redelivered=True")
-_EXPIRED = ("a job that expired before it started is dead-lettered as EXPIRED, not "
-            "stored as REVOKED, so result.get() waits")
 _APP_ID = "job messages carry the binding's properties (app_id 'ojs'): app_id=... does not travel"
 _ETA = ("countdown jobs wait in the broker and reach the worker when due, without a "
         "Celery eta (request.eta is None; the due time is x-ojs-scheduled-at)")
@@ -67,7 +67,6 @@ KNOWN_DIFFERENCES: dict[str, str] = {
        _JSON_ARGS for name in ("from_simple", "from_chain", "from_chain_tail", "from_group")},
     "t.integration.test_tasks.test_tasks::test_reject_with_requeue_redelivers_and_succeeds":
         _REJECT,
-    "t.integration.test_tasks.test_tasks::test_expired": _EXPIRED,
     "t.integration.test_tasks.test_tasks::test_properties": _APP_ID,
     "t.integration.test_canvas.test_chord::test_group_or_task_countdown_delays_header": _ETA,
     "t.integration.test_tasks.test_task_replacement::test_replaced_task_nesting_level_0":
@@ -189,7 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         lines[scheme] = run_suite(root, scheme, args.host, args.backend, args.timeout,
                                   report, args.pytest_args)
         print(f"{scheme}://: {lines[scheme]}", flush=True)
-    print(f"\nCelery {version} t/integration/test_tasks.py + test_canvas.py")
+    print(f"\nCelery {version} {' + '.join(TEST_FILES)}")
     for scheme, line in lines.items():
         print(f"  {scheme + '://':10} {line}")
     if len(schemes) < 2:

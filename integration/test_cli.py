@@ -193,8 +193,10 @@ def test_topology_declare_then_show(broker_url: str, amqp_channel: amqp.Channel,
     code, declared = run_json(broker_url, "topology", "declare", "-q", "cli-topo")
     assert code == 0
     assert [q["name"] for q in declared["declared"][0]["queues"]] == [
-        "ojs.queue.cli-topo", "ojs.queue.dlx.cli-topo", "ojs.queue.control.cli-topo"]
+        "ojs.queue.cli-topo", "ojs.queue.dlx.cli-topo", "ojs.queue.control.cli-topo",
+        "ojs.queue.dlx.unroutable"]
     queue_depth(amqp_channel, "ojs.queue.dlx.cli-topo")  # really declared (passive)
+    queue_depth(amqp_channel, "ojs.queue.dlx.unroutable")
 
     for _ in range(2):
         assert run(broker_url, "enqueue", "math.add", "[1, 2]", "-q", "cli-topo").returncode == 0
@@ -209,7 +211,9 @@ def test_topology_declare_then_show(broker_url: str, amqp_channel: amqp.Channel,
     assert topo["problems"] == []
     assert email["queues"][0]["consumers"] >= 1  # the session worker
     assert {b["routing_key"] for b in topo["bindings"]} == {"cli-topo",
-                                                            "ojs.queue.control.cli-topo"}
+                                                            "ojs.queue.control.cli-topo", ""}
+    dlx = next(e for e in topo["exchanges"] if e["name"] == "ojs.exchange.dlx")
+    assert dlx["exists"] and dlx["differences"] == {}  # its alternate exchange is there
 
     human = run(broker_url, "topology", "show", "-q", "cli-topo")
     assert human.returncode == 0

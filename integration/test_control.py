@@ -34,6 +34,28 @@ def test_control_queues_are_part_of_the_topology(app: Celery, worker: Any, vhost
     assert "ojs.queue.control.email\t1" in consumers  # the worker consumes it
 
 
+def consumers_of(vhost: str, queue: str) -> set[tuple[str, str]]:
+    """(channel, consumer tag) of each consumer of ``queue``: a reconnect changes both."""
+    listing = rabbitmqctl("list_consumers", "--no-table-headers", "-p", vhost, "queue_name",
+                          "channel_pid", "consumer_tag")
+    return {(line.split("\t")[1], line.split("\t")[2]) for line in listing.splitlines()
+            if line.split("\t")[0] == queue}
+
+
+def test_a_deleted_control_queue_is_declared_and_consumed_again_without_a_reconnect(
+        app: Celery, worker: Any, vhost: str, amqp_channel: amqp.Channel) -> None:
+    """What ``ojs-kombu conformance --recovery`` does to a live worker (AMQP-026/027):
+    the worker handles the broker's ``Basic.Cancel`` and its job consumers stay."""
+    jobs = consumers_of(vhost, "ojs.queue.email")
+    assert jobs
+    amqp_channel.queue_delete("ojs.queue.control.email")
+    wait_until(lambda: consumers_of(vhost, "ojs.queue.control.email"), 30,
+               "the control queue consumed again")
+    assert consumers_of(vhost, "ojs.queue.email") == jobs  # same channel, same consumer
+    result = app.tasks["email.send"].apply_async(("a@b.c", "after"), queue="email")
+    assert result.get(timeout=30) == "sent after to a@b.c"
+
+
 def test_cancel_before_start_means_never_start(app: Celery, worker: Any, broker_url: str,
                                               amqp_channel: amqp.Channel) -> None:
     result = app.tasks["email.send"].apply_async(("a@b.c", "never"), queue="email",

@@ -62,3 +62,10 @@ def test_broker_nack_raises_and_the_job_is_not_enqueued(app: Celery,
     assert info.value.queue == "full"
     assert queue_depth(amqp_channel, "ojs.queue.full") == 0
     assert queue_depth(amqp_channel, "ojs.queue.dlx.full") == 0
+
+
+def test_the_requests_priority_is_0_unless_the_job_has_one(app: Celery, worker: Any) -> None:
+    """As on ``amqp://``, where kombu's producer sends priority 0 when none is given."""
+    task = app.tasks["delivery.priority"]
+    assert task.apply_async(queue="email").get(timeout=30) == 0
+    assert task.apply_async(queue="email", priority=7).get(timeout=30) == 7

@@ -9,6 +9,7 @@ import uuid
 from pathlib import Path
 
 import amqp
+import kombu
 import pytest
 from celery import Celery
 
@@ -103,3 +104,28 @@ def test_purge_without_queues_empties_the_apps_queues() -> None:
             connection.close()
     finally:
         rabbitmqctl("delete_vhost", vhost)
+
+
+def test_kombus_own_purge_acts_on_the_queue_it_names(
+        broker_url: str, client: Celery, amqp_channel: amqp.Channel) -> None:
+    """Migration: old workers' plain queue ``pq`` beside the job queue ``ojs.queue.pq``.
+    kombu's ``Queue('pq').purge()`` through ``ojs://`` empties ``pq``, as on ``amqp://``;
+    ``celery purge -Q pq`` (a Celery queue name) empties the job queue."""
+    name = f"pq-{uuid.uuid4().hex[:8]}"
+    amqp_channel.queue_declare(name, durable=True, auto_delete=False)
+    for n in range(2):
+        amqp_channel.basic_publish(amqp.Message(f"old {n}"), exchange="", routing_key=name)
+    enqueue(client, amqp_channel, name, 1)
+    wait_until(lambda: queue_depth(amqp_channel, name) == 2, what="the plain messages")
+    try:
+        with kombu.Connection(broker_url) as connection:
+            purged = kombu.Queue(name, channel=connection.default_channel).purge()
+        assert purged == 2
+        assert (queue_depth(amqp_channel, name), queue_depth(amqp_channel, f"ojs.queue.{name}")
+                ) == (0, 1)
+
+        result = celery_purge(broker_url, "-Q", name)
+        assert "Purged 1 message from 1 known task queue." in result.stdout, result.stdout
+        assert queue_depth(amqp_channel, f"ojs.queue.{name}") == 0
+    finally:
+        amqp_channel.queue_delete(name)

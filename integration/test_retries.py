@@ -45,19 +45,58 @@ def test_task_failing_twice_completes_on_attempt_3(app: Celery, worker: Any) -> 
 
 
 def test_retries_wait_in_retry_queues(app: Celery, worker: Any, vhost: str) -> None:
-    """``self.retry(countdown=0.5)`` takes the same path: ``ojs.queue.retry.{q}.{ms}``."""
+    """``self.retry(countdown=0.5)`` takes the same path: ``ojs.queue.retry.{q}.{ms}``
+    of the longest rung not longer than 500 ms (384), the rest through the ladder."""
     result = app.tasks["explicit.retry"].apply_async(queue="retries")
     assert result.get(timeout=30) == "done"
     queues = rabbitmqctl("list_queues", "--no-table-headers", "-p", vhost, "name",
                          "arguments").splitlines()
-    retry_queue = next(line for line in queues if line.startswith("ojs.queue.retry.retries.512"))
+    retry_queue = next(line for line in queues if line.startswith("ojs.queue.retry.retries.384"))
     for argument in ('{"x-dead-letter-exchange","ojs.exchange.direct"}',
-                     '{"x-dead-letter-routing-key","retries"}', '{"x-message-ttl",512}',
+                     '{"x-dead-letter-routing-key","retries"}', '{"x-message-ttl",384}',
                      '{"x-expires",'):
         assert argument in retry_queue
     bindings = rabbitmqctl("list_bindings", "--no-table-headers", "-p", vhost, "source_name",
                            "destination_name", "routing_key")
-    assert "ojs.exchange.retry\tojs.queue.retry.retries.512\tretries.512" in bindings
+    assert "ojs.exchange.retry\tojs.queue.retry.retries.384\tretries.384" in bindings
+
+
+def _next_attempt_after(app: Celery, job_id: str, task: str) -> float:
+    """Seconds from the moment attempt 1 failed to the start of attempt 2."""
+    first = app.calls.wait_for(job_id, task=task, attempt=1)
+    second = app.calls.wait_for(job_id, timeout=30, task=task, attempt=2)
+    return float(second["at"] - first["at"])
+
+
+@pytest.mark.parametrize("countdown", [1.1, 3.3])
+def test_self_retry_never_starts_before_its_countdown(app: Celery, worker: Any,
+                                                      countdown: float) -> None:
+    """A retry after an API's ``Retry-After`` must not start early: 1.1 s and 3.3 s lie
+    just past a rung (1.024 s, 3.072 s), the nearest one, which is shorter."""
+    result = app.tasks["retry.after"].apply_async((countdown,), queue="retries")
+    assert result.get(timeout=30) == "done"
+    assert _next_attempt_after(app, result.id, "retry.after") >= countdown
+
+
+def test_autoretry_backoff_never_starts_before_its_delay(app: Celery, worker: Any) -> None:
+    result = app.tasks["retry.backoff"].apply_async(queue="retries")
+    assert result.get(timeout=30) == "done"
+    assert _next_attempt_after(app, result.id, "retry.backoff") >= 5.0
+
+
+def test_a_foreign_jobs_retry_policy_never_starts_early(
+        app: Celery, worker: Any, amqp_channel: amqp.Channel) -> None:
+    job_id = new_job_id()
+    job = {"specversion": "1.0", "id": job_id, "type": "retry.after", "queue": "retries",
+           "args": [0, "raise"], "retry": {"max_attempts": 2, "initial_interval": "PT1.1S",
+                                           "jitter": False}}
+    amqp_channel.basic_publish(
+        amqp.Message(json.dumps(job), content_type="application/openjobspec+json",
+                     message_id=job_id, type="retry.after", delivery_mode=2,
+                     application_headers={"x-ojs-queue": "retries", "x-ojs-attempt": 1,
+                                          "x-ojs-max-attempts": 2}),
+        exchange="ojs.exchange.direct", routing_key="retries", mandatory=True)
+    assert _next_attempt_after(app, job_id, "retry.after") >= 1.1
 
 
 def test_retry_with_new_args_publishes_one_new_job_only(app: Celery, worker: Any) -> None:
@@ -256,3 +295,25 @@ def test_ojs_retry_semantics_retry_a_task_without_options_three_times(
         except subprocess.TimeoutExpired:
             os.killpg(worker.pid, signal.SIGKILL)
             worker.wait(10)
+
+
+def test_a_caller_waiting_on_an_expired_job_is_told(app: Celery, worker: Any,
+                                                     amqp_channel: amqp.Channel) -> None:
+    """Dead-lettered as EXPIRED when it arrives too late (the transport, before Celery
+    sees it), and stored as Celery's REVOKED, as Celery stores an expired task: get()
+    raises instead of waiting for a result that never comes."""
+    from datetime import UTC, datetime, timedelta
+
+    from celery.exceptions import TaskRevokedError
+
+    result = app.tasks["email.send"].apply_async(
+        ("late@example.com", "x"), queue="retries", countdown=1,
+        expires=datetime.now(UTC) + timedelta(seconds=0.3))
+    with pytest.raises(TaskRevokedError):
+        result.get(timeout=30)
+    assert result.state == "REVOKED"
+    from ojs_kombu.celery.dead_letters import dead_letter_queue
+
+    with dead_letter_queue(app, "retries") as dlq:  # kept, never lost
+        assert dlq.get(result.id).job_type == "email.send"
+    assert app.calls.count(result.id) == 0

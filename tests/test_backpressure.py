@@ -181,10 +181,22 @@ def test_retry_and_dead_letter_queues_follow_the_job_queue_type() -> None:
     assert dead_letter_queue_arguments({"x-max-length": 5}) == {}
 
 
-def test_unbounded_queues_are_reported(caplog: pytest.LogCaptureFixture) -> None:
-    binding = Binding.from_settings(settings(queues={"email": {"max_depth": 5}}))
-    assert binding.warn_unbounded(["email", "reports", "default"]) == ["default", "reports"]
-    assert "'reports' has no bound" in caplog.text and "'email'" not in caplog.text
+def test_unbounded_queues_are_reported_in_one_line(caplog: pytest.LogCaptureFixture) -> None:
+    binding = Binding.from_settings(settings(queues={"email": {"max_depth": 5},
+                                                     "firehose": {"max_depth": 0}}))
+    assert binding.warn_unbounded(["email", "reports", "default", "firehose"]) == [
+        "default", "reports"]
+    assert len(caplog.records) == 1
+    line = caplog.records[0].getMessage()
+    assert "'default', 'reports' have no bound" in line and "max_depth=0" in line
+    assert "'email'" not in line and "'firehose'" not in line  # bounded, unbounded on purpose
+
+
+def test_unbounded_on_purpose_by_default_reports_nothing(
+        caplog: pytest.LogCaptureFixture) -> None:
+    binding = Binding.from_settings(settings(queue_defaults={"max_depth": 0}))
+    assert binding.warn_unbounded(["email", "default"]) == []
+    assert caplog.records == []
 
 
 # -- the monitor ----------------------------------------------------------------------------
@@ -605,16 +617,24 @@ def celery_app(**conf: Any) -> Any:
     return app
 
 
-def test_worker_start_warns_about_unbounded_queues(caplog: pytest.LogCaptureFixture) -> None:
+def test_worker_start_warns_once_about_the_unbounded_queues_it_consumes(
+        caplog: pytest.LogCaptureFixture) -> None:
+    from types import SimpleNamespace
+
     from kombu import Queue
 
     import ojs_kombu
+    from ojs_kombu.celery.preflight import OJSPreflight
 
-    app = celery_app(task_queues=[Queue("email"), Queue("reports")],
+    app = celery_app(task_queues=[Queue("email"), Queue("reports"), Queue("audit")],
                      ojs_queues={"email": {"max_depth": 100}})
     ojs_kombu.check_app(app)
-    assert "'reports' has no bound" in caplog.text
-    assert "'email' has no bound" not in caplog.text
+    assert "no bound" not in caplog.text  # checking an app is not starting a worker
+    app.amqp.queues.select(["email", "reports"])  # celery worker -Q email,reports
+    OJSPreflight(SimpleNamespace(app=app))
+    warnings = [r.getMessage() for r in caplog.records if "no bound" in r.getMessage()]
+    assert len(warnings) == 1 and "'reports' have no bound" in warnings[0]
+    assert "'audit'" not in warnings[0] and "'default'" not in warnings[0]
 
 
 def test_worker_start_refuses_a_quorum_celery_queue_with_priorities() -> None:

@@ -43,10 +43,23 @@ def test_list_shows_each_dead_letter_oldest_first_and_leaves_them(broker: Broker
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     assert lines[0] == f"3 dead letter(s) in {DLQ}"
-    assert lines[1].split() == [ids[0], "email.send", "attempt", "2", "HANDLER_ERROR", "SMTP",
-                                "timeout", "1"]
+    # nacked: the message as attempt 2 was delivered, with attempt 1's error headers
+    assert lines[1] == (f"  {ids[0]}  email.send  attempt 2  nacked (last error: "
+                        "job.discarded event, result backend); earlier: HANDLER_ERROR  "
+                        "SMTP timeout 1")
     assert lines[2].split()[0] == ids[1] and lines[3] == "  ... 1 more (--limit)"
     assert ids_in(broker, DLQ) == ids
+
+
+def test_list_says_where_the_error_of_a_first_attempt_nack_is(broker: Broker) -> None:
+    """A job that failed its first attempt and was nacked carries no error at all."""
+    none = {"x-ojs-error-code": None, "x-ojs-error-message": None}
+    nacked = put_dead_job(broker, 1, attempt=1, **none)
+    expired = put_dead_job(broker, 2, attempt=1, reason="expired", **none)
+    lines = dlq(broker, "list", "-q", "email").stdout.splitlines()
+    assert lines[1] == (f"  {nacked}  email.send  attempt 1  nacked (last error: "
+                        "job.discarded event, result backend)")
+    assert lines[2] == f"  {expired}  email.send  attempt 1  expired"
 
 
 def test_list_as_json(broker: Broker) -> None:

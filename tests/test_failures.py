@@ -35,6 +35,20 @@ def test_failed_attempt_keeps_the_job_and_adds_the_error(job_check: Any) -> None
     assert not [k for k in headers if k.startswith(("x-death", "x-first-death", "x-last-death"))]
 
 
+def test_a_retry_carries_the_time_its_next_attempt_may_start(job_check: Any) -> None:
+    """The retry queue's rung may be shorter than the delay: ``scheduled_at`` holds the
+    job back until the exact time (section 9's early-arrival path)."""
+    due = datetime(2026, 11, 21, 12, 0, 13, 250_000, tzinfo=UTC)
+    body, headers = record_failure(json.dumps(JOB).encode(), HEADERS, JobFailure.from_exception(
+        TimeoutError("429")), attempt=1, state="retryable", now=NOW, due=due)
+    job = json.loads(body)
+    job_check.validate(job)
+    assert job["scheduled_at"] == headers["x-ojs-scheduled-at"] == "2026-11-21T12:00:13.250Z"
+    discarded, _ = record_failure(body, headers, JobFailure.from_exception(ValueError()),
+                                  attempt=2, state="discarded", now=NOW)
+    assert json.loads(discarded)["scheduled_at"] == "2026-11-21T12:00:13.250Z"
+
+
 def test_history_accumulates_and_stays_bounded() -> None:
     body = json.dumps(JOB).encode()
     for attempt in range(1, 26):

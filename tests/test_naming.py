@@ -55,7 +55,7 @@ def test_celery_queue_names_map_to_ojs_names() -> None:
 
 
 @pytest.mark.parametrize("bad", ["High", "with_underscore", "-dash", "a" * 129, "", "a b",
-                                 "dlx.email", "retry.x", "control.y", "dropped.z"])
+                                 "dlx.email", "retry.x", "control.y", "dropped.z", "unroutable"])
 def test_invalid_queue_names_are_explained(bad: str) -> None:
     with pytest.raises(QueueNameError) as info:
         check_queue_name(bad)

@@ -72,7 +72,8 @@ def declared(**options: Any) -> dict[str, dict[str, Any]]:
     binding = Binding.from_settings(settings(**options))
     channel = Declared()
     arguments = binding.declare_arguments("email")
-    declare_queue_topology(channel, binding.names, "email", arguments)
+    declare_queue_topology(channel, binding.names, "email", arguments,
+                           binding.settings.unroutable_dead_letter_arguments())
     declare_retry_queue(channel, binding.names, "email", 2000, arguments)
     declare_schedule_ladder(channel, binding.names, binding.settings.schedule_arguments())
     return channel.queues
@@ -93,6 +94,7 @@ def test_one_setting_makes_every_queue_a_job_waits_in_quorum_with_at_least_once(
     assert queues["ojs.queue.schedule.unroutable"] == AT_LEAST_ONCE
     # dead letters and control messages live on while a node is away
     assert queues["ojs.queue.dlx.email"] == {"x-queue-type": "quorum"}
+    assert queues["ojs.queue.dlx.unroutable"] == {"x-queue-type": "quorum"}
     assert queues["ojs.queue.control.email"] == {"x-queue-type": "quorum"}
 
 

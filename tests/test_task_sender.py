@@ -111,6 +111,26 @@ def test_every_way_of_sending_sends_the_same_job_through_celerys_signals(
     assert stored.properties["content_type"] == "application/openjobspec+json"
 
 
+def test_task_protocol_1_sends_the_same_runnable_job(app: Celery, broker: Broker) -> None:
+    """``task_protocol=1`` (Celery's old message format) must not publish a message no
+    worker can run (its caller would wait for ever): the job is the protocol-2 one."""
+    old = Celery("sender-v1", broker="ojs://guest:guest@in-memory//", set_as_current=False)
+    ojs_kombu.install(old)
+    old.conf.update(broker_transport=app.conf.broker_transport, task_protocol=1)
+    old.task(name="math.add", shared=False)(app.tasks["math.add"].run)
+    for sender in (app, old):
+        sender.send_task("math.add", (1,), {"y": 2}, countdown=5, link=app.signature(
+            "math.add", (9,)))
+    v2, v1 = jobs(broker)
+    assert broker.published[1].properties["content_type"] == "application/openjobspec+json"
+    assert (v1["type"], v1["args"], v1["x_celery"]["kwargs"]) == ("math.add", [1], {"y": 2})
+    assert "scheduled_at" in v1
+    ignore = PER_PUBLISH | {"scheduled_at"}
+    v1["x_celery"].pop("origin", None), v2["x_celery"].pop("origin", None)
+    assert {k: v for k, v in v1.items() if k not in ignore} == \
+        {k: v for k, v in v2.items() if k not in ignore}
+
+
 def test_a_chain_travels_in_the_first_job(app: Celery, broker: Broker) -> None:
     add = app.tasks["math.add"]
     chain(add.s(1), add.s(2), add.s(3)).apply_async()

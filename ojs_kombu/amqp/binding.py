@@ -129,14 +129,24 @@ class Binding:
                                    metrics=self.metrics)
 
     def warn_unbounded(self, queues: Iterable[str]) -> list[str]:
-        """Log a warning for each of ``queues`` without a bound (section 6.3); return them."""
-        unbounded = sorted({q for q in queues if not self.bounds(q).bounded})
-        for queue in unbounded:
+        """Log one warning naming those of ``queues`` without a bound (backpressure 6.3);
+        return them.  A queue whose ``max_depth`` is set to 0 (unbounded on purpose, in
+        ``ojs_queues`` or ``ojs_queue_defaults``) is not named."""
+        unbounded = sorted({q for q in queues if not self.bounds(q).bounded
+                            and not self._unbounded_on_purpose(q)})
+        if unbounded:
             logger.warning(
-                "OJS queue %r has no bound: producers can fill it without limit. Set "
-                "app.conf.ojs_queues = {%r: {'max_depth': ...}} (or ojs_queue_defaults)",
-                queue, queue)
+                "OJS queue(s) %s have no bound: producers can fill them without limit. "
+                "Bound them with app.conf.ojs_queues = {'<queue>': {'max_depth': N}} (or "
+                "ojs_queue_defaults), or set max_depth=0 to keep them unbounded on purpose",
+                ", ".join(repr(q) for q in unbounded))
         return unbounded
+
+    def _unbounded_on_purpose(self, queue: str) -> bool:
+        settings = self.settings
+        return any(config is not None and "max_depth" in config.model_fields_set
+                   and config.max_depth == 0
+                   for config in (settings.queues.get(queue), settings.queue_defaults))
 
     def add_queue_arguments(self, queue: str, arguments: Mapping[str, Any]) -> None:
         """Record extra arguments for ``queue``; two different definitions are an error."""

@@ -234,16 +234,24 @@ class Channel(pyamqp.Channel):
 
     # -- the rest ------------------------------------------------------------------
 
-    def queue_purge(self, queue: str = "", *args: Any, **kwargs: Any) -> Any:
-        """``celery purge -Q email`` names the Celery queue: purge its job queue
-        ``ojs.queue.email`` when that exists.  Other names are purged as given."""
+    def queue_purge(self, *args: Any, **kwargs: Any) -> Any:
+        """kombu's entity API (``Queue('pq').purge()``, which names ``queue=``) and every
+        other call purge the queue they name.  ``celery purge`` alone passes one name and
+        nothing else, and it passes Celery queue names (``-Q email``, or the app's queue
+        table): that one becomes the job queue ``ojs.queue.email`` when it exists."""
+        if len(args) == 1 and not kwargs and isinstance(args[0], str):
+            args = (self._celery_queue(args[0]),)
+        return super().queue_purge(*args, **kwargs)
+
+    def _celery_queue(self, queue: str) -> str:
+        """The job queue of Celery queue name ``queue`` if it exists, else ``queue``."""
         names = self.ojs.names
         with suppress(QueueNameError, amqp.exceptions.NotFound):
             ojs_queue = names.ojs_queue(queue)
             if names.job_queue(ojs_queue) != queue:
                 self.connection.queue_depth(ojs_queue)  # NotFound: no such job queue
-                queue = names.job_queue(ojs_queue)
-        return super().queue_purge(queue, *args, **kwargs)
+                return names.job_queue(ojs_queue)
+        return queue
 
     def close(self, *args: Any, **kwargs: Any) -> Any:
         connection = self.connection

@@ -21,6 +21,7 @@ import kombu
 
 from ..spec.errors import DeadLetterNotFound, OJSConfigurationError
 from ..spec.failures import reset_for_replay, without_failure_headers
+from ..spec.naming import UNROUTABLE
 from .channel import Channel
 from .job_channel import JobConnection
 
@@ -87,8 +88,31 @@ class DeadLetter:
         )
 
 
+def own_queue(message: amqp.Message) -> str | None:
+    """The OJS queue a dead letter belongs to: ``x-ojs-queue``, else its envelope's
+    ``queue``, else the routing key it died with."""
+    headers = message.properties.get("application_headers") or {}
+    queue = headers.get("x-ojs-queue")
+    if not isinstance(queue, str):
+        try:
+            envelope = json.loads(message.body)
+        except ValueError:
+            envelope = None
+        queue = envelope.get("queue") if isinstance(envelope, dict) else None
+    if not isinstance(queue, str):
+        deaths = headers.get("x-death")
+        keys = deaths[0].get("routing-keys") if isinstance(deaths, list) and deaths \
+            and isinstance(deaths[0], dict) else None
+        queue = keys[0] if isinstance(keys, list) and keys else None
+    return queue.decode() if isinstance(queue, bytes) else queue
+
+
 class DeadLetterQueue:
-    """The DLQ of one OJS queue, on an ``ojs://`` kombu connection."""
+    """The DLQ of one OJS queue, on an ``ojs://`` kombu connection.
+
+    ``queue="unroutable"`` opens ``ojs.queue.dlx.unroutable``: the dead letters of every
+    queue whose own DLQ was missing; each is listed, and replayed, with its own queue.
+    """
 
     def __init__(self, connection: kombu.Connection, queue: str) -> None:
         self._connection = connection
@@ -97,6 +121,10 @@ class DeadLetterQueue:
             raise OJSConfigurationError("dead-letter queues need an ojs:// connection")
         self._amqp = transport_connection
         self.names = transport_connection.ojs.names
+        self.unroutable = queue == UNROUTABLE
+        if self.unroutable:
+            self.queue, self.dlq = UNROUTABLE, self.names.dlx_unroutable_queue
+            return
         self.queue = self.names.ojs_queue(queue)
         self.dlq = self.names.dead_letter_queue(self.queue)
         transport_connection.ensure_topology(self.queue)
@@ -110,7 +138,7 @@ class DeadLetterQueue:
         def browse(channel: Channel) -> list[DeadLetter]:
             found = []
             for message in self._browse(channel):
-                found.append(DeadLetter.from_message(self.queue, message))
+                found.append(self._dead_letter(message))
                 if limit is not None and len(found) >= limit:
                     break
             return found
@@ -121,7 +149,7 @@ class DeadLetterQueue:
         def find(channel: Channel) -> DeadLetter:
             for message in self._browse(channel):
                 if message.properties.get("message_id") == job_id:
-                    return DeadLetter.from_message(self.queue, message)
+                    return self._dead_letter(message)
             raise DeadLetterNotFound(f"no dead letter with job id {job_id} in {self.dlq!r}")
         return self._with_channel(find)
 
@@ -154,7 +182,7 @@ class DeadLetterQueue:
             for message in self._browse(channel):
                 if message.properties.get("message_id") == job_id:
                     channel.basic_ack(message.delivery_tag)
-                    return DeadLetter.from_message(self.queue, message)
+                    return self._dead_letter(message)
             raise DeadLetterNotFound(f"no dead letter with job id {job_id} in {self.dlq!r}")
         return self._with_channel(delete_one)
 
@@ -162,17 +190,23 @@ class DeadLetterQueue:
         """Delete every dead letter; returns how many there were."""
         return self._with_channel(lambda channel: channel.queue_purge(self.dlq) or 0)
 
+    def _dead_letter(self, message: amqp.Message) -> DeadLetter:
+        queue = self.queue
+        if self.unroutable:
+            queue = self.names.ojs_queue(own_queue(message) or "")
+        return DeadLetter.from_message(queue, message)
+
     def _replay(self, channel: Channel, message: amqp.Message) -> str:
-        dead = DeadLetter.from_message(self.queue, message)
+        dead = self._dead_letter(message)
         if dead.envelope is not None:
             body, headers = reset_for_replay(dead.body, dead.headers)
         else:  # not an OJS job (dead-lettered as malformed): replay it as it came
             body, headers = dead.body, without_failure_headers(dead.headers)
         properties = dict(message.properties)
         properties["application_headers"] = headers
-        self._amqp.ensure_topology(self.queue)
+        self._amqp.ensure_topology(dead.queue)
         channel.publish_confirmed(amqp.Message(body, **properties), self.names.direct_exchange,
-                                  self.queue, job_id=dead.job_id, queue=self.queue)
+                                  dead.queue, job_id=dead.job_id, queue=dead.queue)
         channel.basic_ack(message.delivery_tag)
         return dead.job_id
 

@@ -179,6 +179,8 @@ class JobReceiver:
             properties = raw.properties
             properties["application_headers"] = job.headers
             properties["correlation_id"] = envelope.id
+            if properties.get("priority") is None:  # kombu's producer always sends one: 0
+                properties["priority"] = 0
             properties[_PAYLOAD_KEY] = job.payload
             properties[_DELIVERY_KEY] = delivery
             return callback(raw)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import amqp
@@ -40,6 +41,9 @@ from .outcomes import PendingOutcome
 from .publisher import schedule_route
 
 logger = logging.getLogger(__name__)
+#: A retry's ``scheduled_at`` is at most this far ahead (about 95 years: a datetime
+#: goes no further than the year 9999).
+MAX_DUE_S = 3e9
 
 
 def settle(channel: JobChannel, delivery: JobDelivery, delivery_tag: int, outcome: Outcome,
@@ -85,15 +89,20 @@ def _retry(channel: JobChannel, delivery: JobDelivery, delivery_tag: int, outcom
            on_settled: Callable[[], None] | None) -> None:
     assert outcome.failure is not None
     delay_ms = retry_delay_ms(outcome.delay_s)
+    now = datetime.now(UTC)
+    # the retry queue's rung may be shorter than the delay, never longer: the job's
+    # scheduled_at sends it on through the scheduling ladder for the rest
     body, headers = record_failure(delivery.body, delivery.headers, outcome.failure,
-                                   attempt=delivery.attempt, state="retryable")
+                                   attempt=delivery.attempt, state="retryable", now=now,
+                                   due=now + timedelta(seconds=min(outcome.delay_s, MAX_DUE_S)))
     headers["x-ojs-attempt"] = delivery.attempt + 1
     queue, connection = delivery.queue, channel.connection
     _send(channel, "retry", delivery, delivery_tag, _copy(delivery, body, headers),
           connection.ojs.names.retry_exchange, f"{queue}.{delay_ms}",
           lambda via: connection.ensure_retry_queue(queue, delay_ms, via), on_settled)
-    logger.info("job %s failed attempt %d (%s: %s); retrying in %d ms", delivery.job_id,
-                delivery.attempt, outcome.failure.code, outcome.failure.message, delay_ms)
+    logger.info("job %s failed attempt %d (%s: %s); retrying in %.3f s", delivery.job_id,
+                delivery.attempt, outcome.failure.code, outcome.failure.message,
+                outcome.delay_s)
 
 
 def _wait(channel: JobChannel, delivery: JobDelivery, delivery_tag: int, seconds: float,

@@ -74,19 +74,41 @@ def job_queue_arguments(
     }
 
 
+def dlx_guard_arguments(names: TopologyNames) -> dict[str, Any]:
+    """``ojs.exchange.dlx.guard``'s alternate exchange.  RabbitMQ drops a dead letter
+    whose ``ojs.queue.dlx.{q}`` was deleted (dead-lettering is not confirmed); the plain
+    ``ojs.exchange.dlx`` (AMQP-002) also routes it (key ``q``) to the guard, bound to
+    the same DLQ (a queue gets a message once) or, the DLQ gone, to this exchange and
+    ``ojs.queue.dlx.unroutable``."""
+    return {"alternate-exchange": names.dlx_unroutable_exchange}
+
+
+def declare_dead_letter_exchanges(channel: DeclaringChannel, names: TopologyNames,
+                                  unroutable_arguments: Mapping[str, Any] | None = None) -> None:
+    """``ojs.exchange.dlx``, its guard and ``ojs.exchange.dlx.unroutable`` (fanout) into
+    ``ojs.queue.dlx.unroutable`` (``unroutable_arguments``: the settings')."""
+    _exchange(channel, names.dlx_exchange)
+    _exchange(channel, names.dlx_unroutable_exchange, "fanout")
+    _queue(channel, names.dlx_unroutable_queue, dict(unroutable_arguments or {}))
+    channel.queue_bind(names.dlx_unroutable_queue, names.dlx_unroutable_exchange)
+    _exchange(channel, names.dlx_guard_exchange, "direct", dlx_guard_arguments(names))
+
+
 def declare_queue_topology(
     channel: DeclaringChannel,
     names: TopologyNames,
     queue: str,
     arguments: Mapping[str, Any] | None = None,
+    unroutable_arguments: Mapping[str, Any] | None = None,
 ) -> None:
-    """Declare both exchanges, ``ojs.queue.{q}``, ``ojs.queue.dlx.{q}``,
-    ``ojs.queue.control.{q}`` (routing key: its own name, section 5.6) and their bindings;
+    """Declare both exchanges (and the DLX's guard, :func:`dlx_guard_arguments`),
+    ``ojs.queue.{q}``, ``ojs.queue.dlx.{q}``, ``ojs.queue.control.{q}`` (routing key:
+    its own name, section 5.6) and their bindings;
     for a ``drop_oldest`` queue also ``ojs.queue.dropped.{q}``, which gets a copy of
     every dead letter of ``q`` so that its workers can report the dropped ones."""
     job_args = job_queue_arguments(names, queue, arguments)
     _exchange(channel, names.direct_exchange)
-    _exchange(channel, names.dlx_exchange)
+    declare_dead_letter_exchanges(channel, names, unroutable_arguments)
     _queue(channel, names.job_queue(queue), job_args)
     _queue(channel, names.dead_letter_queue(queue), dead_letter_queue_arguments(arguments))
     _queue(channel, names.control_queue(queue), control_queue_arguments(arguments))
@@ -94,6 +116,8 @@ def declare_queue_topology(
                        routing_key=names.control_queue(queue))
     channel.queue_bind(names.job_queue(queue), names.direct_exchange, routing_key=queue)
     channel.queue_bind(names.dead_letter_queue(queue), names.dlx_exchange, routing_key=queue)
+    channel.exchange_bind(names.dlx_guard_exchange, names.dlx_exchange, routing_key=queue)
+    channel.queue_bind(names.dead_letter_queue(queue), names.dlx_guard_exchange, routing_key=queue)
     if drops_head(job_args):
         _queue(channel, names.dropped_queue(queue), dropped_queue_arguments(arguments))
         channel.queue_bind(names.dropped_queue(queue), names.dlx_exchange, routing_key=queue)
@@ -319,8 +343,9 @@ class DeclaredTopology:
         outcome channel's, without waiting for replies), by default :func:`declare_on`."""
         if queue in self._declared:
             return
-        (via or self._declare)(declare_queue_topology, queue,
-                               self._connection.ojs.declare_arguments(queue))
+        ojs = self._connection.ojs
+        (via or self._declare)(declare_queue_topology, queue, ojs.declare_arguments(queue),
+                               ojs.settings.unroutable_dead_letter_arguments())
         self._declared.add(queue)
 
     def ensure_retry_queue(self, queue: str, delay_ms: int, via: Declarer | None = None) -> None:

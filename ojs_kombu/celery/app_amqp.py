@@ -106,6 +106,13 @@ class OJSAMQP(AMQP):
         Celery's ``_create_task_sender``, :mod:`.celery_seam`)."""
         return job_task_sender(sender, self.binding, self.app)
 
+    def as_task_v1(self, task_id: str, name: str, *args: Any, **kwargs: Any) -> Any:
+        """``task_protocol=1``: the task message is written in protocol 2, which an OJS
+        job maps (a protocol-1 message would be dead-lettered as not a job, and a caller
+        waiting on its result would wait for ever).  Celery passes the same arguments
+        to both writers, and its workers read either protocol."""
+        return self.as_task_v2(task_id, name, *args, **kwargs)
+
     def as_task_v2(self, task_id: str, name: str, *args: Any, **kwargs: Any) -> Any:
         """Celery's task message, without the ``argsrepr``/``kwargsrepr`` it would compute
         and with the process's ``origin`` worked out once.

@@ -35,7 +35,7 @@ from ..amqp.delivery import JobMessage
 from ..amqp.job_channel import JobChannel, JobConnection
 from ..spec.times import format_time
 from .events import consumed_queues
-from .scheduled import SCHEDULED
+from .scheduled import recorded_scheduled_at
 
 logger = logging.getLogger(__name__)
 
@@ -168,10 +168,9 @@ def job_info(app: Celery, job_id: str, timeout: float = 1.0) -> dict[str, Any]:
             state = result.state
         except NotImplementedError:  # a backend that cannot look results up
             state = "PENDING"
-        if state == SCHEDULED:  # recorded by its producer: it waits in the broker's schedule
-            meta = result.info
-            return {"job_id": job_id, "state": "scheduled",
-                    "scheduled_at": meta.get("scheduled_at") if isinstance(meta, dict) else None}
+        scheduled_at = recorded_scheduled_at(state, result.info if state == "PENDING" else None)
+        if scheduled_at is not None:  # recorded by its producer: it waits in the schedule
+            return {"job_id": job_id, "state": "scheduled", "scheduled_at": scheduled_at}
     except Exception:
         logger.exception("INFO for job %s: the result backend could not be asked", job_id)
         return {"job_id": job_id, "state": "unknown", "reason": BACKEND_FAILED}
@@ -207,16 +206,50 @@ class ControlQueues(bootsteps.StartStopStep):
         if binding.settings.control_queues:
             channel.basic_qos(0, 16, False)
             amqp_connection: JobConnection = parent.connection.connection
+            self._channel = channel
             for queue in consumed_queues(parent.app):
                 amqp_connection.ensure_topology(queue)
-                channel.basic_consume(
-                    binding.names.control_queue(queue),
-                    callback=lambda message, p=parent: self.on_message(p, message))
+                self._consume(parent, channel, queue)
         self._channel = channel
         interval = binding.settings.job_heartbeat
         if interval and parent.timer is not None:
             self._timer = parent.timer.call_repeatedly(interval, self.beat, (parent, interval),
                                                        priority=10)
+
+    def _consume(self, parent: Any, channel: JobChannel, queue: str) -> None:
+        channel.basic_consume(
+            parent.app.amqp.binding.names.control_queue(queue),
+            callback=lambda message, p=parent: self.on_message(p, message),
+            on_cancel=lambda tag, p=parent, q=queue: self._cancelled(p, q, tag))
+
+    def _cancelled(self, parent: Any, queue: str, consumer_tag: str) -> None:
+        """The broker cancelled the consumer of ``queue``'s control queue (deleted by an
+        operator or ``ojs-kombu conformance --recovery``): declare it again and consume
+        it, on this channel, from the event loop (AMQP-026/027), instead of the
+        connection loss an unhandled ``Basic.Cancel`` would be."""
+        logger.warning("the broker cancelled consumer %s of the control queue of OJS queue "
+                       "%r (was it deleted?); declaring it again and consuming it",
+                       consumer_tag, queue)
+        binding = parent.app.amqp.binding
+        binding.hook.consumer_cancelled(binding.names.control_queue(queue),
+                                        {"consumer_tag": consumer_tag, "retry_in_ms": 0})
+
+        def resume() -> None:
+            channel = self._channel
+            if channel is None or not channel.is_open:
+                return  # stopped, or a reconnect already consumes it again
+            try:
+                connection: JobConnection = parent.connection.connection
+                connection.forget_topology(queue)
+                connection.ensure_topology(queue)
+                self._consume(parent, channel, queue)
+            except Exception:
+                logger.exception("could not consume the control queue of %r again", queue)
+
+        if parent.timer is not None:
+            parent.timer.call_after(0, resume)
+        else:
+            resume()
 
     def stop(self, parent: Any) -> None:
         if self._timer is not None:

@@ -14,6 +14,8 @@ from celery import Celery, bootsteps
 from ..amqp.entities import JobQueue
 from ..spec.errors import OJSConfigurationError
 from .conf import pickle_settings
+from .events import consumed_queues
+from .expired import ExpiredResults
 from .retries import RETRY_SEMANTICS, task_retry_policy, task_sets
 from .task import OJSTask
 
@@ -39,8 +41,9 @@ def check_app(app: Celery) -> dict[str, str]:
             "'json' as result_serializer/event_serializer")
     binding = app.amqp.binding
     queues = app.amqp.queues
-    # Bad ojs_queues / argument combinations fail here, before any warning is logged.
-    binding.warn_unbounded(q.ojs_queue for q in queues.values() if isinstance(q, JobQueue))
+    for queue in queues.values():  # bad ojs_queues / argument combinations fail here
+        if isinstance(queue, JobQueue):
+            binding.bounds(queue.ojs_queue)
     types = binding.job_types.validate()
     for name, task in app.tasks.items():
         for semantics in RETRY_SEMANTICS:  # raises RetryPolicyError for an invalid ojs_retry
@@ -68,10 +71,15 @@ def _check_acks(name: str, task: Any) -> None:
 
 
 class OJSPreflight(bootsteps.Step):
-    """Worker bootstep: a worker that cannot speak OJS does not start."""
+    """Worker bootstep: a worker that cannot speak OJS does not start; one that does
+    tells callers of expired jobs (:class:`~ojs_kombu.celery.expired.ExpiredResults`)."""
 
     name = "ojs_kombu.preflight"
 
     def __init__(self, parent: Any, **kwargs: Any) -> None:
         check_app(parent.app)
+        # one line for the queues this worker consumes (-Q), not the app's whole table
+        binding = parent.app.amqp.binding
+        binding.warn_unbounded(consumed_queues(parent.app))
+        binding.hook.add(ExpiredResults(parent.app))
         super().__init__(parent, **kwargs)

@@ -1,10 +1,12 @@
-"""The ``SCHEDULED`` result state: a delayed job the producer recorded as it published it.
+"""A delayed job the producer recorded as it published it: Celery's ``PENDING`` with
+the job's ``scheduled_at``.
 
 A job published with ``countdown``/``eta`` waits in the broker's schedule
 (:mod:`ojs_kombu.spec.delays`), in no worker's memory and in no result
 backend, so INFO (section 5.8) could not tell it from a job nobody sent.  With
 a result backend, and a task that keeps its result, the producer writes
-``SCHEDULED`` with the job's ``scheduled_at`` *before* publishing it: a worker
+``PENDING`` (the state Celery shows for such a job) with the job's
+``scheduled_at`` as its result *before* publishing it: a worker
 can only write its own states after the job exists, so the producer never
 overwrites them, even for a delay of a millisecond.  A failed publish forgets
 the record again.  A failing backend never stops a publish: the job matters
@@ -21,7 +23,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from celery import Celery
+from celery import Celery, states
 from celery.backends.base import DisabledBackend
 from celery.backends.rpc import RPCBackend
 
@@ -30,8 +32,18 @@ from ..spec.times import format_time
 
 logger = logging.getLogger(__name__)
 
-#: The Celery result state of a job waiting for its ``scheduled_at`` in the broker.
-SCHEDULED = "SCHEDULED"
+#: The key of a ``PENDING`` record's result that makes it a job waiting for its
+#: ``scheduled_at`` in the broker.
+SCHEDULED_AT = "ojs_scheduled_at"
+
+
+def recorded_scheduled_at(state: str | None, result: Any) -> str | None:
+    """The ``scheduled_at`` of a job its producer recorded as scheduled, from the state
+    and result a result backend holds for it; ``None`` for any other record."""
+    if state == states.PENDING and isinstance(result, dict):
+        value = result.get(SCHEDULED_AT)
+        return value if isinstance(value, str) else None
+    return None
 
 
 def wants_record(app: Celery, ignore_result: bool | None) -> bool:
@@ -56,10 +68,10 @@ def scheduled_at_of(headers: Mapping[str, Any]) -> str | None:
 
 
 def record_scheduled(app: Celery, job_id: str, scheduled_at: str) -> bool:
-    """Write ``SCHEDULED`` for ``job_id``; ``False`` (with a warning) when the backend
+    """Record ``job_id`` as scheduled; ``False`` (with a warning) when the backend
     failed, so there is nothing to forget."""
     try:
-        app.backend.store_result(job_id, {"scheduled_at": scheduled_at}, SCHEDULED)
+        app.backend.store_result(job_id, {SCHEDULED_AT: scheduled_at}, states.PENDING)
     except Exception as exc:
         logger.warning("job %s: the result backend did not record it as scheduled (%s); "
                        "INFO will not know it until a worker holds it", job_id, exc)
@@ -68,13 +80,14 @@ def record_scheduled(app: Celery, job_id: str, scheduled_at: str) -> bool:
 
 
 def forget_scheduled(app: Celery, job_ids: list[str]) -> None:
-    """Drop the ``SCHEDULED`` records of jobs whose publish failed, unless a worker
-    wrote a state of its own since (a publish can fail after the broker took it)."""
+    """Drop the scheduled records of jobs whose publish failed, unless a worker wrote a
+    state of its own since (a publish can fail after the broker took it)."""
     backend = app.backend
     for job_id in job_ids:
         try:
-            if backend.get_task_meta(job_id, cache=False).get("status") == SCHEDULED:
+            meta = backend.get_task_meta(job_id, cache=False)
+            if recorded_scheduled_at(meta.get("status"), meta.get("result")) is not None:
                 backend.forget(job_id)
         except Exception as exc:
-            logger.warning("job %s was not published, but its SCHEDULED record could not "
+            logger.warning("job %s was not published, but its scheduled record could not "
                            "be removed (%s): INFO may answer scheduled for it", job_id, exc)

@@ -95,8 +95,8 @@ class JobProducer:
 
 def job_task_sender(send: SendTaskMessage, binding: Binding, app: Celery) -> SendTaskMessage:
     """Celery's ``send`` publishing through a :class:`JobProducer` on ``ojs`` connections,
-    recording a delayed job as ``SCHEDULED`` in the result backend first
-    (:mod:`ojs_kombu.celery.scheduled`).
+    recording a delayed job as scheduled (``PENDING`` with its ``scheduled_at``) in the
+    result backend first (:mod:`ojs_kombu.celery.scheduled`).
 
     ``declare`` is Celery's (the task's queue, as for any app), so the publish
     signals and the tracing that reads them see what a plain Celery app shows
@@ -137,7 +137,7 @@ def job_task_sender(send: SendTaskMessage, binding: Binding, app: Celery) -> Sen
 
 
 def _record_if_scheduled(app: Celery, headers: dict[str, Any]) -> str | None:
-    """The id of the job recorded as ``SCHEDULED`` before its publish, if it is one."""
+    """The id of the job recorded as scheduled before its publish, if it is one."""
     scheduled_at = scheduled_at_of(headers)
     job_id = headers.get("id")
     if scheduled_at is None or not isinstance(job_id, str) \

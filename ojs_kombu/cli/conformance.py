@@ -175,7 +175,8 @@ def run_checks(connection: kombu.Connection, queue: str, info_timeout: float = 5
 @click.option("--job-timeout", type=click.FloatRange(min=1), default=70.0, show_default=True,
               help="Seconds to wait for a worker to run a probe job, and for its BEAT.")
 @click.option("--recovery", is_flag=True,
-              help="Delete QUEUE's control queue and watch its workers recover (AMQP-026/027).")
+              help="Delete QUEUE's control queue and watch its workers declare it again and "
+                   "consume it, on the same connection (AMQP-026/027; each logs a warning).")
 @click.option("--metrics-url", help="A worker's Prometheus endpoint, to read AMQP-024 back.")
 @common_options
 @click.pass_context

@@ -324,7 +324,7 @@ def _recovery(results: Results, amqp_connection: Any, binding: Binding, queue: s
     control = binding.names.control_queue(queue)
     if not recovery:
         reason = (f"not run: --recovery deletes {control} (a queue the workers consume) and "
-                  "watches them declare it again and consume it")
+                  "watches them declare it again and consume it (their job consumers stay)")
         results.set("AMQP-026", "n/a", reason)
         results.set("AMQP-027", "n/a", reason)
         return

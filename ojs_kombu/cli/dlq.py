@@ -18,6 +18,7 @@ from typing import Any
 import click
 
 from ..amqp.dead_letters import DeadLetter, DeadLetterQueue
+from ..spec.naming import UNROUTABLE
 from .broker import binding_of, connect, queue_name, require_queue
 from .common import (
     EXIT_INTERRUPTED,
@@ -30,7 +31,10 @@ from .common import (
     options,
 )
 
-queue_option = click.option("--queue", "-q", required=True, help="OJS queue whose DLQ to use.")
+queue_option = click.option(
+    "--queue", "-q", required=True,
+    help="OJS queue whose DLQ to use; 'unroutable': ojs.queue.dlx.unroutable, the dead "
+         "letters whose own DLQ was missing (replayed to their own queues).")
 
 
 def _job_id(ctx: click.Context, job_id: str | None, legacy: str | None) -> str | None:
@@ -46,10 +50,12 @@ def dlq() -> None:
 @contextmanager
 def open_dlq(ctx: click.Context, queue: str) -> Iterator[DeadLetterQueue]:
     """The DLQ of ``queue``; exit 4 when the queue has none (nothing is declared)."""
-    ojs_queue = queue_name(queue)
+    ojs_queue = queue if queue == UNROUTABLE else queue_name(queue)
     with connect(options(ctx)) as connection:
         names = binding_of(connection).names
-        require_queue(connection.connection, names.dead_letter_queue(ojs_queue),
+        dlq_name = (names.dlx_unroutable_queue if ojs_queue == UNROUTABLE
+                    else names.dead_letter_queue(ojs_queue))
+        require_queue(connection.connection, dlq_name,
                       f"no dead-letter queue for OJS queue {ojs_queue!r}")
         yield DeadLetterQueue(connection, ojs_queue)
 
@@ -82,14 +88,24 @@ def list_(ctx: click.Context, queue: str, limit: int) -> None:
     def human() -> None:
         click.echo(f"{total} dead letter(s) in {dead_letters.dlq}")
         for d in found:
-            message = (d["error_message"] or "")[:60]
             click.echo(f"  {d['job_id']}  {d['type'] or '-'}  attempt {d['attempt'] or '-'}  "
-                       f"{d['error_code'] or '-'}  {message}")
+                       f"{_error_column(d)}")
         if total > len(found):
             click.echo(f"  ... {total - len(found)} more (--limit)")
 
     emit(ctx, {"queue": dead_letters.queue, "dead_letter_queue": dead_letters.dlq,
                "count": total, "dead_letters": found}, human)
+
+
+def _error_column(dead: dict[str, Any]) -> str:
+    """What ``dlq list`` says about a dead letter's error.  A job the worker nacked
+    (AMQP-009) is the message as its last attempt was delivered: its error headers, if
+    any, are an earlier attempt's, and the last error is elsewhere; say where."""
+    code, message = dead["error_code"], (dead["error_message"] or "")[:60]
+    if dead["death_reason"] != "rejected":
+        return f"{code or dead['death_reason'] or '-'}  {message}".rstrip()
+    earlier = f"; earlier: {code}  {message}".rstrip() if code else ""
+    return f"nacked (last error: job.discarded event, result backend){earlier}"
 
 
 @dlq.command()
@@ -126,6 +142,12 @@ def show(ctx: click.Context, queue: str, job_id: str | None, legacy_id: str | No
     emit(ctx, data, human)
 
 
+def _target(dead_letters: DeadLetterQueue) -> str:
+    if dead_letters.unroutable:
+        return "their own job queues"
+    return dead_letters.names.job_queue(dead_letters.queue)
+
+
 def _one_or_all(job_id: str | None, every: bool) -> None:
     if bool(job_id) == every:
         raise click.UsageError("give JOB_ID or --all")
@@ -155,7 +177,7 @@ def replay(ctx: click.Context, queue: str, job_id: str | None, legacy_id: str | 
         if job_id:
             dead_letters.replay(job_id)
             emit(ctx, {"queue": dead_letters.queue, "replayed": [job_id]},
-                 f"replayed {job_id} to {dead_letters.names.job_queue(dead_letters.queue)}")
+                 f"replayed {job_id} to {_target(dead_letters)}")
             return
         total = len(dead_letters)
         replayed: list[str] = []
@@ -183,7 +205,7 @@ def replay(ctx: click.Context, queue: str, job_id: str | None, legacy_id: str | 
         finally:
             signal.signal(signal.SIGINT, previous)
     emit(ctx, {"queue": dead_letters.queue, "replayed": replayed},
-         f"replayed {len(replayed)} job(s) to {dead_letters.names.job_queue(dead_letters.queue)}")
+         f"replayed {len(replayed)} job(s) to {_target(dead_letters)}")
 
 
 @dlq.command()

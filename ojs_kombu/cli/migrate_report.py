@@ -85,8 +85,9 @@ def check_serializers(conf: Mapping[str, Any], report: MigrationReport) -> None:
         report.add("blocker", "task_compression",
                    f"{conf.get('task_compression')!r}: OJS bodies are plain JSON")
     if conf.get("task_protocol", 2) != 2:
-        report.add("blocker", "task_protocol",
-                   "ojs_kombu maps Celery's task protocol 2; remove task_protocol=1")
+        report.add("info", "task_protocol",
+                   "task messages are written in protocol 2 under ojs_kombu (an OJS job maps "
+                   "it); Celery workers read both")
     for setting in ("accept_content", "result_accept_content"):
         accept = _serializer_names(conf.get(setting))
         for unsafe in ("pickle", "application/x-python-serialize"):

@@ -12,6 +12,7 @@ from ..amqp.topology import (
     OWNED_ARGUMENTS,
     control_queue_arguments,
     dead_letter_queue_arguments,
+    dlx_guard_arguments,
     dropped_queue_arguments,
     job_queue_arguments,
     ready_queue_arguments,
@@ -97,12 +98,17 @@ def expected_topology(binding: Binding, queue: str) -> dict[str, Any]:
     topology: dict[str, Any] = {
         "queue": queue,
         "exchanges": [{"name": names.direct_exchange, "type": "direct"},
-                      {"name": names.dlx_exchange, "type": "direct"}],
+                      {"name": names.dlx_exchange, "type": "direct"},
+                      {"name": names.dlx_guard_exchange, "type": "direct",
+                       "arguments": dlx_guard_arguments(names)},
+                      {"name": names.dlx_unroutable_exchange, "type": "fanout"}],
         "queues": [
             {"name": names.job_queue(queue), "role": "job", "arguments": job_arguments},
             {"name": names.dead_letter_queue(queue), "role": "dead letters",
              "arguments": dead_letter_queue_arguments(arguments)},
             {"name": control, "role": "control", "arguments": control_queue_arguments(arguments)},
+            {"name": names.dlx_unroutable_queue, "role": "unroutable dead letters",
+             "arguments": binding.settings.unroutable_dead_letter_arguments()},
         ],
         "bindings": [
             {"source": names.direct_exchange, "destination": names.job_queue(queue),
@@ -110,6 +116,12 @@ def expected_topology(binding: Binding, queue: str) -> dict[str, Any]:
             {"source": names.dlx_exchange, "destination": names.dead_letter_queue(queue),
              "routing_key": queue},
             {"source": names.direct_exchange, "destination": control, "routing_key": control},
+            {"source": names.dlx_exchange, "destination": names.dlx_guard_exchange,
+             "routing_key": queue},
+            {"source": names.dlx_guard_exchange, "destination": names.dead_letter_queue(queue),
+             "routing_key": queue},
+            {"source": names.dlx_unroutable_exchange, "destination": names.dlx_unroutable_queue,
+             "routing_key": ""},
         ],
     }
     if drops_head(job_arguments):
@@ -143,7 +155,8 @@ def inspect_topology(amqp_connection: Any, binding: Binding, queue: str) -> dict
         if not found["exists"]:
             problems.append(f"exchange {exchange['name']} does not exist")
         else:
-            eq = exchange_equivalence(amqp_connection, exchange["name"], exchange["type"])
+            eq = exchange_equivalence(amqp_connection, exchange["name"], exchange["type"],
+                                      exchange.get("arguments"))
             found["differences"] = _differences(eq.differences)
             if not eq.equivalent:
                 problems.append(f"exchange {exchange['name']}: {eq.reply}")

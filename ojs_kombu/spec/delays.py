@@ -2,10 +2,13 @@
 
 Retries (binding section 8) use the spec's per-delay queues
 ``ojs.queue.retry.{q}.{delay_ms}``.  Jittered delays would make one queue per
-random millisecond, so a delay is rounded to the nearest rung of a ladder with
-two rungs per octave (1, 1.5, 2, 3, 4, 6, 8, 12 ... ms): the rounding error is
-at most 20 %, well inside the spec's own +-50 % jitter, and the default policy
-(0.5 s to 7.5 min with jitter) touches at most 19 retry queues per OJS queue.
+random millisecond, so a retry waits in the longest rung not longer than its
+delay, on a ladder with two rungs per octave (1, 1.5, 2, 3, 4, 6, 8, 12 ... ms):
+the default policy (0.5 s to 7.5 min with jitter) touches at most 20 retry
+queues per OJS queue.  A retry never starts early: its envelope carries the
+exact ``scheduled_at``, and the worker that receives it from the shorter rung
+sends it through the scheduling ladder for the rest (at most a third of the
+delay), as it does with any job that arrives before its ``scheduled_at``.
 
 Scheduled jobs (section 9) need any delay from 1 ms to 49 days, exactly.  They
 go through a binary ladder: level ``k`` is a queue whose messages all wait
@@ -28,17 +31,19 @@ MIN_RETRY_DELAY_MS = 1
 
 
 def retry_delay_rung(delay_ms: float) -> int:
-    """The ladder rung (``2**e`` or ``3 * 2**(e-1)`` ms) nearest to ``delay_ms``."""
-    if delay_ms <= MIN_RETRY_DELAY_MS:
+    """The longest ladder rung (``2**e`` or ``3 * 2**(e-1)`` ms) not longer than
+    ``delay_ms`` (1 ms at least): a job never leaves its retry queue early."""
+    if delay_ms < 2:
         return MIN_RETRY_DELAY_MS
     octave = 2 ** math.floor(math.log2(delay_ms))
-    candidates = (octave, octave * 3 // 2 if octave >= 2 else 2, octave * 2)
-    return min(candidates, key=lambda rung: (abs(rung - delay_ms), rung))
+    half_step = octave * 3 // 2
+    return half_step if octave >= 2 and half_step <= delay_ms else octave
 
 
 def retry_delay_ms(delay_s: float) -> int:
-    """The delay queue (ms) a retry after ``delay_s`` seconds waits in."""
-    return min(retry_delay_rung(max(delay_s, 0.001) * 1000), MAX_SCHEDULE_DELAY_MS)
+    """The delay queue (ms) a retry after ``delay_s`` seconds waits in (the rest of the
+    delay it waits through the scheduling ladder)."""
+    return retry_delay_rung(min(max(delay_s, 0.001) * 1000, MAX_SCHEDULE_DELAY_MS))
 
 
 def schedule_levels(delay_ms: int) -> list[int]:

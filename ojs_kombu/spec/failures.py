@@ -85,11 +85,14 @@ def record_failure(
     attempt: int,
     state: str,
     now: datetime | None = None,
+    due: datetime | None = None,
 ) -> tuple[bytes, dict[str, Any]]:
     """Envelope and headers of a job whose attempt ``attempt`` failed.
 
     ``state`` is ``retryable`` (the caller then sets ``x-ojs-attempt`` to the
-    next attempt) or ``discarded``.
+    next attempt) or ``discarded``.  ``due``, for a retry, is when its next attempt
+    may start: the envelope's ``scheduled_at`` (and ``x-ojs-scheduled-at``), which
+    holds back a job that leaves a shorter retry queue before it.
     """
     occurred = format_time(now or datetime.now(UTC))
     job = json.loads(body)
@@ -105,6 +108,8 @@ def record_failure(
     job["state"] = state
     job["attempt"] = max(attempt, 1)
     out = with_error_headers(headers, failure.code, failure.message or failure.type)
+    if due is not None:
+        job["scheduled_at"] = out["x-ojs-scheduled-at"] = format_time(due)
     return json.dumps(job, separators=(",", ":"), ensure_ascii=False).encode(), out
 
 

@@ -26,6 +26,9 @@ JOB_ID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}
 #: control and dropped-job queues and the scheduling ladder (``ojs.queue.dlx.email``
 #: is the DLQ of ``email``, so an OJS queue called ``dlx.email`` cannot exist).
 RESERVED_QUEUE_PREFIXES = ("dlx.", "retry.", "control.", "schedule.", "dropped.", "ready.")
+#: The name under which ``ojs-kombu dlq`` reaches the dead letters no DLQ took
+#: (``ojs.queue.dlx.unroutable``), so no OJS queue may have it.
+UNROUTABLE = "unroutable"
 
 #: Celery's built-in default queue name maps onto OJS's default queue.
 DEFAULT_QUEUE_ALIASES: Mapping[str, str] = {"celery": "default"}
@@ -52,6 +55,9 @@ def check_queue_name(name: str) -> str:
         )
     if "ojs.queue." in name or "ojs.exchange." in name:
         raise QueueNameError(name, "it would collide with the routing keys of control queues")
+    if name == UNROUTABLE:
+        raise QueueNameError(name, "ojs.queue.dlx.unroutable holds the dead letters whose "
+                             "own dead-letter queue was missing")
     if name.startswith(RESERVED_QUEUE_PREFIXES):
         raise QueueNameError(
             name, f"names starting with {', '.join(RESERVED_QUEUE_PREFIXES)} collide "
@@ -94,6 +100,22 @@ class TopologyNames:
     @property
     def dlx_exchange(self) -> str:
         return f"{self.prefix}ojs.exchange.dlx"
+
+    @property
+    def dlx_guard_exchange(self) -> str:
+        """Between ``ojs.exchange.dlx`` and each DLQ: a dead letter whose DLQ is gone
+        goes on to its alternate exchange, :attr:`dlx_unroutable_exchange`."""
+        return f"{self.prefix}ojs.exchange.dlx.guard"
+
+    @property
+    def dlx_unroutable_exchange(self) -> str:
+        """Takes the dead letters no DLQ took (fanout into :attr:`dlx_unroutable_queue`)."""
+        return f"{self.prefix}ojs.exchange.dlx.unroutable"
+
+    @property
+    def dlx_unroutable_queue(self) -> str:
+        """Dead letters whose ``ojs.queue.dlx.{q}`` was missing (deleted) when they died."""
+        return f"{self.prefix}ojs.queue.dlx.{UNROUTABLE}"
 
     @property
     def retry_exchange(self) -> str:

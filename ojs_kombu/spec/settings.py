@@ -143,6 +143,12 @@ class OJSSettings(BaseModel):
         return {"x-queue-type": "quorum", "x-dead-letter-strategy": "at-least-once",
                 "x-overflow": "reject-publish"}
 
+    def unroutable_dead_letter_arguments(self) -> dict[str, Any]:
+        """``Queue.Declare`` arguments of ``ojs.queue.dlx.unroutable``, which every queue
+        shares: a quorum queue when ``queue_defaults`` makes job queues (and their
+        DLQs) quorum."""
+        return {"x-queue-type": "quorum"} if self.queue_defaults.type == "quorum" else {}
+
     @classmethod
     def from_options(cls, options: Mapping[str, Any], *, source: str) -> OJSSettings:
         """Build from the ``ojs_*`` keys of ``options``; ``source`` names them in errors."""

@@ -1,7 +1,8 @@
 """Entry point for ``celery -A integration.cliapp worker`` in the integration suite.
 
 ``OJS_TEST_RESULT_BACKEND`` replaces the app's result backend (``none``: no backend),
-for workers whose INFO answers depend on it.
+for workers whose INFO answers depend on it; ``OJS_TEST_CANCEL_GRACE`` sets
+``ojs_cancel_grace``.
 """
 
 import os
@@ -12,3 +13,5 @@ app = cli_app()
 if "OJS_TEST_RESULT_BACKEND" in os.environ:
     backend = os.environ["OJS_TEST_RESULT_BACKEND"]
     app.conf.result_backend = None if backend == "none" else backend
+if "OJS_TEST_CANCEL_GRACE" in os.environ:
+    app.conf.ojs_cancel_grace = float(os.environ["OJS_TEST_CANCEL_GRACE"])

@@ -155,10 +155,12 @@ def test_client_errors_are_clear(broker_url: str) -> None:
             client.cancel("not-a-job-id", "email")
 
 
-def _start(broker_url: str, name: str, log: Path, events: Path, *, control: bool
-           ) -> subprocess.Popen[bytes]:
+def _start(broker_url: str, name: str, log: Path, events: Path, *, control: bool,
+           cancel_grace: float | None = None) -> subprocess.Popen[bytes]:
     env = {**os.environ, "OJS_TEST_BROKER_URL": broker_url,
            "OJS_TEST_EVENTS_FILE": str(events)}
+    if cancel_grace is not None:
+        env["OJS_TEST_CANCEL_GRACE"] = str(cancel_grace)
     if not control:
         env["OJS_TEST_NO_CONTROL"] = "1"
     with log.open("ab") as out:
@@ -185,6 +187,59 @@ def test_cooperative_cancel_reaches_a_prefork_pool_process(broker_url: str,
             result.get(timeout=20)
     finally:
         stop_worker(worker)
+
+
+def test_a_running_job_that_never_checks_is_ended_after_the_grace_period(
+        broker_url: str, tmp_path: Path, amqp_channel: amqp.Channel) -> None:
+    """AMQP-019's "attempt to abort": a prefork job that never looks at
+    ``self.ojs.cancelled`` is ended once ``ojs_cancel_grace`` passes, and reported
+    cancelled everywhere; the worker goes on with the next job."""
+    client_app = make_app("grace-client", broker_url, "rpc://")
+    events_file = tmp_path / "e.jsonl"
+    worker = _start(broker_url, "grace", tmp_path / "w.log", events_file, control=True,
+                    cancel_grace=1.0)
+    try:
+        wait_until(lambda: client_app.control.inspect(timeout=1).ping(), timeout=60,
+                   what="the worker")
+        result = client_app.tasks["sleep.for"].apply_async((60,), queue="ctl")
+        with ControlClient(client_app) as client:
+            wait_until(lambda: client.info(result.id, "ctl")["state"] == "active", timeout=30,
+                       what="the job running")
+            client.cancel(result.id, "ctl", reason="too slow")  # no terminate
+            with pytest.raises(TaskRevokedError):  # long before its 60 s
+                result.get(timeout=30)
+            answer = wait_until(lambda: (a := client.info(result.id, "ctl"))["state"]
+                                == "cancelled" and a, timeout=20, what="INFO cancelled")
+        cancelled = wait_until(lambda: [
+            e for e in map(json.loads, events_file.read_text().splitlines())
+            if e["type"] == "job.cancelled" and e["subject"] == result.id], timeout=20,
+            what="job.cancelled")
+        after = client_app.tasks["math.add"].apply_async((2, 3), queue="ctl")
+        assert after.get(timeout=30) == 5
+    finally:
+        stop_worker(worker)
+    assert answer["state"] == "cancelled"
+    assert cancelled[0]["data"]["reason"] == "too slow"
+    assert "still running 1.0s after the cancel" in (tmp_path / "w.log").read_text()
+    assert queue_depth(amqp_channel, "ojs.queue.dlx.ctl") == 0  # cancelled, not failed
+
+
+def test_the_threads_pool_says_it_cannot_end_a_running_job(app: Celery, worker: Any) -> None:
+    """The threads pool cannot stop a thread: the job runs to its end, and INFO says the
+    cancel was requested and not carried out, while it runs and after."""
+    running = app.tasks["sleep.for"].apply_async((3,), queue="canvas")
+    with ControlClient(app) as client:
+        wait_until(lambda: client.info(running.id, "canvas")["state"] == "active",
+                   timeout=20, what="the job running")
+        client.cancel(running.id, "canvas")
+        during = wait_until(lambda: (a := client.info(running.id, "canvas")).get("cancel")
+                            and a, timeout=20, what="INFO naming the cancel")
+        running.get(timeout=20)
+        after = client.info(running.id, "canvas")
+    assert during["state"] == "active"
+    assert "threads pool cannot end a running job" in during["cancel"]
+    assert after["state"] == "completed"
+    assert after["cancel"] == during["cancel"]
 
 
 def test_cancel_reaches_the_worker_that_holds_the_job(broker_url: str, tmp_path: Path,

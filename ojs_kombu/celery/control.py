@@ -85,7 +85,9 @@ def ojs_cancel(state: Any, job_id: str, reason: str | None = None,
     held = _held(job_id)
     revoke(state, job_id, terminate=terminate, signal="SIGTERM")
     if held is not None and held[0] == "active" and not terminate:
-        _ask_to_stop(held[1], getattr(state.consumer, "pool", None))
+        pool = getattr(state.consumer, "pool", None)
+        _ask_to_stop(held[1], pool)
+        _end_after_grace(state, job_id, held[1], pool)
     if held is None:
         logger.info("cancel of job %s: not on this worker now; it will not start here", job_id)
     return {"ok": f"job {job_id} cancelled", "held": held}
@@ -97,11 +99,57 @@ def ojs_job_info(state: Any, job_id: str) -> dict[str, Any] | None:
     held = _held(job_id)
     if held is not None:
         request = held[1]
-        message = getattr(request, "_message", None)
+        message = request.message
         attempt = message.ojs.attempt if isinstance(message, JobMessage) else None
-        return {"state": "active" if held[0] == "active" else "available",
-                "worker_id": state.consumer.hostname, "attempt": attempt}
+        answer = {"state": "active" if held[0] == "active" else "available",
+                  "worker_id": state.consumer.hostname, "attempt": attempt}
+        if job_id in unstoppable:
+            answer["cancel"] = unstoppable[job_id]
+        return answer
     return outcomes.get(job_id)
+
+
+#: job id -> why a CANCEL could not stop it (its pool cannot end a running job)
+unstoppable = _Recent()
+#: Celery's pool modules -> the names ``celery worker -P`` takes
+POOL_NAMES = {"thread": "threads"}
+
+
+def can_end_running_jobs(pool: Any) -> bool:
+    """Whether ``pool`` can end one running job: Celery's prefork, gevent and eventlet
+    pools can (``terminate_job``), its threads and solo pools cannot."""
+    from celery.concurrency.base import BasePool
+    from celery.concurrency.prefork import TaskPool as PreforkPool
+
+    return isinstance(pool, PreforkPool) or (
+        pool is not None and type(pool).terminate_job is not BasePool.terminate_job)
+
+
+def _end_after_grace(state: Any, job_id: str, request: Any, pool: Any) -> None:
+    """The default attempt of AMQP-019: a job still running ``ojs_cancel_grace`` seconds
+    after its CANCEL is ended as Celery's terminate ends it, and reported cancelled
+    (``job.cancelled``, INFO, ``REVOKED``)."""
+    grace = state.consumer.app.amqp.binding.settings.cancel_grace
+    if grace is None:
+        return
+    if not can_end_running_jobs(pool):
+        kind = type(pool).__module__.rsplit(".", 1)[-1]
+        why = (f"requested: the {POOL_NAMES.get(kind, kind)} pool cannot end a running job; "
+               "it runs to its end unless the task checks self.ojs.cancelled")
+        unstoppable.remember(job_id, why)
+        logger.warning("cancel of job %s: %s", job_id, why)
+        return
+
+    def end_if_still_running() -> None:
+        held = _held(job_id)
+        if held is not None and held[0] == "active" and held[1] is request:
+            logger.warning("cancel of job %s: still running %ss after the cancel; ending it "
+                           "(ojs_cancel_grace)", job_id, grace)
+            from celery.worker.control import revoke
+
+            revoke(state, job_id, terminate=True, signal="SIGTERM")
+
+    state.consumer.timer.call_after(grace, end_if_still_running)
 
 
 #: Set in a prefork pool process when its running job was cancelled (cooperatively);
@@ -341,7 +389,7 @@ class ControlQueues(bootsteps.StartStopStep):
         now = time.time()
         visible_until = datetime.now(UTC) + timedelta(seconds=2 * interval)
         for request in list(worker_state.active_requests):
-            message = getattr(request, "_message", None)
+            message = request.message
             started = getattr(request, "time_start", None)
             if not isinstance(message, JobMessage) or not started or now - started < interval:
                 continue

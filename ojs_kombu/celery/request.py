@@ -37,7 +37,7 @@ from ..spec.failures import (
 )
 from ..spec.retry import Backoff
 from .celery_seam import request_context, request_hooks
-from .control import cancellations, outcomes
+from .control import cancellations, outcomes, unstoppable
 from .events import count_completed
 from .retries import failure_retryable, job_retry_policy
 from .task import REPUBLISHED, JobCancelled
@@ -190,8 +190,11 @@ class JobRequest(Request):
         return None
 
     def _remember(self, state: str, message: JobMessage) -> None:
-        outcomes.remember(self.id, {"state": state, "attempt": message.ojs.attempt,
-                                    "worker_id": self.hostname})
+        record = {"state": state, "attempt": message.ojs.attempt, "worker_id": self.hostname}
+        refused = unstoppable.get(self.id)
+        if refused is not None:  # a CANCEL its pool could not carry out (INFO says so)
+            record["cancel"] = refused
+        outcomes.remember(self.id, record)
 
     _ojs_expired = False
 

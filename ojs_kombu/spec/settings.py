@@ -92,6 +92,12 @@ class OJSSettings(BaseModel):
     #: A job running longer than this many seconds gets an ``ojs.control.heartbeat``
     #: (and a ``job.heartbeat`` event) every as many seconds (0: none).
     job_heartbeat: float = Field(default=30.0, ge=0)
+    #: Seconds a running job has, after a CANCEL, to stop on its own (a task that checks
+    #: ``self.ojs.cancelled``) before its worker ends it as Celery's ``revoke(terminate=
+    #: True)`` does: the prefork pool ends the job's process, gevent and eventlet kill its
+    #: greenlet.  The threads and solo pools cannot stop a running job (it runs to its
+    #: end, and INFO says so).  ``None``: cancel running jobs cooperatively only.
+    cancel_grace: float | None = Field(default=10.0, ge=0)
     #: Whether workers consume the control queues of their queues (CANCEL, INFO).
     control_queues: bool = True
     #: OpenTelemetry ``MeterProvider`` for ojs_kombu's metrics (default: the global one).

@@ -1,6 +1,6 @@
 """Every private member of the OpenTelemetry API that ojs_kombu uses: the OTel seam.
 
-Checked with opentelemetry-api 1.25.0 and 1.45.2 (:data:`CHECKED`), pinned by
+Checked with opentelemetry-api 1.30.0 and 1.45.2 (:data:`CHECKED`), pinned by
 ``tests/test_seams.py``.  The API has no public way to ask whether a metric
 instrument has an SDK behind it; ojs_kombu asks so that it buffers nothing the
 API would drop.  Without the hook every measurement is buffered and handed to
@@ -17,7 +17,7 @@ from opentelemetry.metrics._internal import instrument as api_instrument
 
 from ..spec.seams import Hook, verify
 
-CHECKED = "1.25.0, 1.45.2"
+CHECKED = "1.30.0, 1.45.2"
 NO_DISCARD_CHECK = ("buffering every measurement, also those the API drops while no SDK "
                     "is set")
 _MISSING = object()

@@ -42,6 +42,7 @@ CLUSTER_PORTS = tuple(int(p) for p in os.environ.get(
     "OJS_CLUSTER_PORTS", "5681,5682,5683").split(","))
 CLUSTER_DIST_PORTS = tuple(int(p) for p in os.environ.get(
     "OJS_CLUSTER_DIST_PORTS", "25681,25682,25683").split(","))
+CLUSTER_NAME = os.environ.get("OJS_CLUSTER_NAME", "ojs-c")
 
 
 def rabbitmqctl(*args: str, timeout: float = 120, check: bool = True) -> str:
@@ -102,7 +103,8 @@ def broker_app_running(fault_node: str) -> Iterator[None]:
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
     """The suite's own three-node cluster; stopped and deleted at the end, also on failure."""
-    with Cluster(CLUSTER_PORTS, CLUSTER_DIST_PORTS) as nodes:  # type: ignore[arg-type]
+    with Cluster(CLUSTER_PORTS, CLUSTER_DIST_PORTS,  # type: ignore[arg-type]
+                 CLUSTER_NAME) as nodes:
         yield nodes
 
 

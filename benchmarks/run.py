@@ -333,6 +333,21 @@ def publish(side: Side, n: int) -> list[float]:
     return latencies
 
 
+#: ojs_kombu publishing without waiting for each confirm (issue 39).
+DEFERRED_CONF = {"ojs_publish_confirms": "deferred"}
+
+
+def publish_deferred(side: Side, n: int) -> list[float]:
+    """:func:`publish` on a side with :data:`DEFERRED_CONF`, then
+    ``ojs_kombu.flush_confirms()``: the block's time includes every confirm (the calls'
+    latencies do not; the flush is the last call's)."""
+    latencies = publish(side, n)
+    started = time.perf_counter()
+    ojs_kombu.flush_confirms()
+    latencies[-1] += time.perf_counter() - started
+    return latencies
+
+
 def publish_batches(side: Side, n: int, size: int) -> list[float]:
     """``n`` jobs as ``enqueue_many`` calls of ``size`` signatures; each call's latency.
 
@@ -585,6 +600,18 @@ def sides(broker: Broker, broker_url: str
 
 
 @contextmanager
+def deferred_side(broker: Broker, broker_url: str) -> Iterator[Side]:
+    """ojs_kombu with ``ojs_publish_confirms="deferred"``; deleted on exit."""
+    side = make_ojs_side(broker_url, os.getpid(), prefix=f"bench{os.getpid()}d",
+                         label="ojs_kombu deferred confirms", conf=DEFERRED_CONF)
+    try:
+        yield side
+    finally:
+        side.app.close()
+        broker.delete_side(side)
+
+
+@contextmanager
 def dramatiq_publishers(broker: Broker, broker_url: str, queue: str
                         ) -> Iterator[tuple[DramatiqPublisher, DramatiqPublisher]]:
     """Dramatiq without and with ``confirm_delivery`` on ``queue``; on exit their
@@ -745,8 +772,9 @@ def run_throughput(broker: Broker, args: argparse.Namespace) -> dict[str, Any]:
     with sides(broker, args.broker) as (plain, plain_nc, plain_pq, ojs, ojs_multi,
                                         ojs_classic), \
             dramatiq_publishers(broker, args.broker, dramatiq_queue) as (dq, dq_confirm), \
-            raw_publisher(broker, args.broker, ojs) as raw, _workdir() as workdir:
-        for side in (plain, plain_nc, plain_pq, ojs, ojs_multi, ojs_classic):
+            raw_publisher(broker, args.broker, ojs) as raw, _workdir() as workdir, \
+            deferred_side(broker, args.broker) as ojs_deferred:
+        for side in (plain, plain_nc, plain_pq, ojs, ojs_multi, ojs_classic, ojs_deferred):
             warm_up(side, broker)
         for side in (ojs, ojs_classic):
             publish_batches(side, WARMUP, WARMUP)
@@ -762,6 +790,8 @@ def run_throughput(broker: Broker, args: argparse.Namespace) -> dict[str, Any]:
             "ojs_publish": (lambda k: publish(ojs, k), ojs.amqp_queue, single),
             "ojsclassic_publish": (lambda k: publish(ojs_classic, k), ojs_classic.amqp_queue,
                                    single),
+            "ojs_publish_deferred": (lambda k: publish_deferred(ojs_deferred, k),
+                                     ojs_deferred.amqp_queue, fast),
             "ojs_batch": (lambda k: publish_batches(ojs, k, args.batch_size),
                           ojs.amqp_queue, fast),
             "ojsclassic_batch": (lambda k: publish_batches(ojs_classic, k, args.batch_size),

@@ -247,7 +247,16 @@ class Channel(pyamqp.Channel):
 
     def close(self, *args: Any, **kwargs: Any) -> Any:
         connection = self.connection
-        if (self.ojs_acks and self.is_open and connection is not None
-                and connection.transport is not None):
-            self.flush_acks()
+        if self.is_open and connection is not None and connection.transport is not None:
+            if self.ojs_acks:
+                self.flush_acks()
+            self.flush_confirms()
         return super().close(*args, **kwargs)
+
+    def flush_confirms(self) -> None:
+        """Wait for the confirms of the jobs published without waiting on this channel
+        (:mod:`ojs_kombu.amqp.deferred`); what was not accepted is logged, or given to
+        ``ojs_on_publish_error``."""
+        deferred = self.ojs_publisher.deferred
+        if deferred.outstanding:
+            deferred.flush(raise_errors=False)

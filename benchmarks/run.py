@@ -70,11 +70,13 @@ from ojs_kombu.celery.events import events_exchange
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # also when imported, not run
 import cluster_drain
 import dedup_drain
+import dlq_scale
 import events_scenario
 import green_drain
 import poison_storm
 import prefork_drain
 import report
+import scale
 import scheduling
 import traced_publish
 from drain_app import TASK_NAME, common_conf
@@ -89,7 +91,8 @@ POOL = "threads"
 CONCURRENCY = 4
 #: Jobs per batch of ``enqueue_many`` (``--batch-size``).
 BATCH_SIZE = 1000
-PARTS = ("throughput", "traced_publish", "events", "schedule", "storm", "green", "dedup")
+PARTS = ("throughput", "traced_publish", "events", "schedule", "storm", "green", "dedup",
+         "scale", "dlq_scale")
 #: Parts that run only when ``--only`` names them (they start brokers of their own).
 EXTRA_PARTS = ("cluster_drain",)
 
@@ -529,6 +532,10 @@ def render(results: dict[str, dict[str, Any]]) -> str:
         tables.append(green_drain.render(results["green"]))
     if "dedup" in results:
         tables.append(dedup_drain.render(results["dedup"]))
+    if "scale" in results:
+        tables.append(scale.render(results["scale"]))
+    if "dlq_scale" in results:
+        tables.append(dlq_scale.render(results["dlq_scale"]))
     if "cluster_drain" in results:
         tables.append(cluster_drain.render(results["cluster_drain"]))
     return "\n\n".join("\n".join(table) for table in tables)
@@ -600,10 +607,14 @@ def sides(broker: Broker, broker_url: str
 
 
 @contextmanager
-def deferred_side(broker: Broker, broker_url: str) -> Iterator[Side]:
-    """ojs_kombu with ``ojs_publish_confirms="deferred"``; deleted on exit."""
-    side = make_ojs_side(broker_url, os.getpid(), prefix=f"bench{os.getpid()}d",
-                         label="ojs_kombu deferred confirms", conf=DEFERRED_CONF)
+def deferred_side(broker: Broker, broker_url: str, classic: bool = False) -> Iterator[Side]:
+    """ojs_kombu with ``ojs_publish_confirms="deferred"`` (``classic``: on a job queue
+    without ``x-max-priority``, as plain Celery's); deleted on exit."""
+    conf: dict[str, Any] = {**DEFERRED_CONF, "ojs_max_priority": None} if classic \
+        else DEFERRED_CONF
+    side = make_ojs_side(broker_url, os.getpid(),
+                         prefix=f"bench{os.getpid()}{'dc' if classic else 'd'}",
+                         label="ojs_kombu deferred confirms", conf=conf)
     try:
         yield side
     finally:
@@ -691,6 +702,11 @@ def run(broker: Broker, args: argparse.Namespace) -> dict[str, Any]:
                                      timeout_s=args.timeout, work_ms=args.dedup_work_ms)
         results["dedup"] = dedup_drain.run(broker, args.broker, _ojs_url(args.broker), dedup,
                                            log=_progress)
+    if "scale" in args.parts:
+        results["scale"] = scale.run(args.broker, scale.Settings(counts=args.scale_queues),
+                                     log=_progress)
+    if "dlq_scale" in args.parts:
+        results["dlq_scale"] = dlq_scale.run(args.broker, args.dlq_sizes, log=_progress)
     if "cluster_drain" in args.parts:
         results["cluster_drain"] = run_cluster_drain(args)
     return results
@@ -773,8 +789,10 @@ def run_throughput(broker: Broker, args: argparse.Namespace) -> dict[str, Any]:
                                         ojs_classic), \
             dramatiq_publishers(broker, args.broker, dramatiq_queue) as (dq, dq_confirm), \
             raw_publisher(broker, args.broker, ojs) as raw, _workdir() as workdir, \
-            deferred_side(broker, args.broker) as ojs_deferred:
-        for side in (plain, plain_nc, plain_pq, ojs, ojs_multi, ojs_classic, ojs_deferred):
+            deferred_side(broker, args.broker) as ojs_deferred, \
+            deferred_side(broker, args.broker, classic=True) as ojs_deferred_classic:
+        for side in (plain, plain_nc, plain_pq, ojs, ojs_multi, ojs_classic, ojs_deferred,
+                     ojs_deferred_classic):
             warm_up(side, broker)
         for side in (ojs, ojs_classic):
             publish_batches(side, WARMUP, WARMUP)
@@ -792,6 +810,9 @@ def run_throughput(broker: Broker, args: argparse.Namespace) -> dict[str, Any]:
                                    single),
             "ojs_publish_deferred": (lambda k: publish_deferred(ojs_deferred, k),
                                      ojs_deferred.amqp_queue, fast),
+            "ojsclassic_publish_deferred": (
+                lambda k: publish_deferred(ojs_deferred_classic, k),
+                ojs_deferred_classic.amqp_queue, fast),
             "ojs_batch": (lambda k: publish_batches(ojs, k, args.batch_size),
                           ojs.amqp_queue, fast),
             "ojsclassic_batch": (lambda k: publish_batches(ojs_classic, k, args.batch_size),
@@ -971,8 +992,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "off), events (ojs_kombu "
                         "with events off vs on), schedule, storm (poison messages), green "
                         "(gevent and eventlet drains), dedup (drain with idempotency keys on "
-                        "and off) or cluster_drain (a three-node cluster with quorum queues; "
-                        "only with --only)")
+                        "and off), scale (apps of 1, 10 and 100 job queues), dlq_scale (the "
+                        "dlq commands on 10,000 and 100,000 dead letters) or "
+                        "cluster_drain (a three-node cluster with quorum queues; only with "
+                        "--only)")
     parser.add_argument("--skip-traced-publish", action="store_true",
                         help="leave out the traced publish part")
     parser.add_argument("--skip-events", action="store_true", help="leave out the events part")
@@ -1009,6 +1032,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--lateness-grace", type=float, default=30.0,
                         help="scheduling: seconds after the last due time before jobs that "
                         "have not run count as missing")
+    parser.add_argument("--scale-queues", type=_counts, default=scale.COUNTS,
+                        help="scale: comma-separated job-queue counts of the apps compared")
+    parser.add_argument("--dlq-sizes", type=_counts, default=dlq_scale.SIZES,
+                        help="dlq_scale: comma-separated dead-letter queue lengths")
+    parser.add_argument("--skip-scale", action="store_true",
+                        help="leave out the scale parts (apps of 1, 10 and 100 job queues; "
+                        "dead letters at scale)")
     parser.add_argument("--cluster-jobs", type=int, default=cluster_drain.Settings.jobs,
                         help="cluster_drain: jobs per drain")
     parser.add_argument("--cluster-ports", type=_three_ports,
@@ -1037,7 +1067,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.green_jobs < 1 or args.cluster_jobs < 2:
         parser.error("--green-jobs must be at least 1, --cluster-jobs at least 2")
     if args.only and (args.skip_traced_publish or args.skip_events or args.skip_schedule
-                      or args.skip_storm or args.skip_green or args.skip_dedup):
+                      or args.skip_storm or args.skip_green or args.skip_dedup
+                      or args.skip_scale):
         parser.error("--only cannot be combined with --skip-traced-publish, --skip-events, "
                      "--skip-schedule, --skip-storm, --skip-green or --skip-dedup")
     skipped = {"traced_publish"} if args.skip_traced_publish else set()
@@ -1046,6 +1077,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     skipped |= {"storm"} if args.skip_storm else set()
     skipped |= {"green"} if args.skip_green else set()
     skipped |= {"dedup"} if args.skip_dedup else set()
+    skipped |= {"scale", "dlq_scale"} if args.skip_scale else set()
     args.parts = (args.only,) if args.only else tuple(p for p in PARTS if p not in skipped)
     return args
 
@@ -1059,6 +1091,17 @@ def _three_ports(value: str) -> tuple[int, int, int]:
     if len(ports) != 3 or len(set(ports)) != 3:
         raise argparse.ArgumentTypeError(f"three distinct ports, got {value!r}")
     return ports  # type: ignore[return-value]
+
+
+def _counts(value: str) -> tuple[int, ...]:
+    """``--scale-queues``: comma-separated positive counts."""
+    try:
+        counts = tuple(sorted({int(c) for c in value.split(",") if c.strip()}))
+    except ValueError:
+        counts = ()
+    if not counts or counts[0] < 1:
+        raise argparse.ArgumentTypeError(f"positive counts, got {value!r}")
+    return counts
 
 
 def _pools(value: str) -> tuple[str, ...]:

@@ -11,7 +11,7 @@ import kombu
 import pytest
 
 from ojs_kombu.amqp.dead_letters import DeadLetter, DeadLetterQueue, open_dead_letter_queue
-from ojs_kombu.spec.errors import DeadLetterNotFound, OJSConfigurationError
+from ojs_kombu.spec.errors import DeadLetterNotFound, JobNackedError, OJSConfigurationError
 
 from .dead_jobs import DLQ, JOB_QUEUE, TRACE, failed_attempts, ids_in, job_id, put_dead_job
 from .in_memory_broker import Broker
@@ -117,7 +117,7 @@ def test_a_replay_the_broker_refuses_leaves_the_dead_letter_in_place(
     broker.nack_publishes = True
     with pytest.raises(amqp.exceptions.MessageNacked):
         dead_letters.replay(ids[1])
-    with pytest.raises(amqp.exceptions.MessageNacked):
+    with pytest.raises(JobNackedError, match=f"job {ids[0]} .* stay in"):
         dead_letters.replay_all()
     assert ids_in(broker, DLQ) == ids and ids_in(broker, JOB_QUEUE) == []
 

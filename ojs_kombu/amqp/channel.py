@@ -126,9 +126,11 @@ class Channel(pyamqp.Channel):
             timeout=timeout, confirm_timeout=confirm_timeout, measure=measure)
 
     def publish_many_confirmed(self, messages: list[tuple[amqp.Message, str, str]],
-                               confirm_timeout: float | None = None) -> list[bool]:
-        """Pipelined publishes (not mandatory) and one wait for all their confirms."""
-        return self.ojs_publisher.publish_many_confirmed(messages, confirm_timeout)
+                               confirm_timeout: float | None = None, *,
+                               mandatory: bool = False) -> list[bool]:
+        """Pipelined publishes and one wait for all their confirms."""
+        return self.ojs_publisher.publish_many_confirmed(messages, confirm_timeout,
+                                                         mandatory=mandatory)
 
     # -- consume (ojs_kombu.amqp.receiver) --------------------------------------
 

@@ -5,7 +5,8 @@ unacknowledged, and closing the channel puts them back where they were.
 A replay republishes the job to its queue (same id, attempt reset, error
 history kept), waits for the broker's confirm, and only then acks the dead
 letter: an interruption leaves the job in the DLQ, the job queue, or both
-(at-least-once), never in neither.
+(at-least-once), never in neither.  Replaying every dead letter does the same a
+window of jobs at a time (pipelined publishes, one ack for the window).
 """
 
 from __future__ import annotations
@@ -19,12 +20,18 @@ from typing import Any, TypeVar
 import amqp
 import kombu
 
-from ..spec.errors import DeadLetterNotFound, OJSConfigurationError
+from ..spec.errors import DeadLetterNotFound, JobNackedError, OJSConfigurationError
 from ..spec.failures import reset_for_replay, without_failure_headers
 from .channel import Channel
+from .drain import drain_until
 from .job_channel import JobConnection
 
 T = TypeVar("T")
+
+#: Dead letters a replay consumes, republishes (pipelined) and acks at a time.
+REPLAY_WINDOW = 500
+#: Longest wait for the next window of dead letters to arrive.
+REPLAY_WAIT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -135,17 +142,65 @@ class DeadLetterQueue:
             raise DeadLetterNotFound(f"no dead letter with job id {job_id} in {self.dlq!r}")
         self._with_channel(replay_one)
 
-    def replay_all(self, progress: Callable[[str], None] | None = None) -> list[str]:
-        """Replay every dead letter present when called; returns the job ids, in order."""
+    def replay_all(self, progress: Callable[[str], None] | None = None,
+                   stop: Callable[[], bool] | None = None) -> list[str]:
+        """Replay every dead letter present when called; returns the job ids, in order.
+
+        Streams: :data:`REPLAY_WINDOW` dead letters at a time are consumed,
+        republished pipelined (mandatory, confirmed) and then acked together, so
+        memory does not grow with the queue and the rate is a batch's, not one
+        round trip per job.  ``progress`` is called with each job id once its
+        window is replayed; ``stop()`` true ends the replay between windows.  A job
+        the broker refuses or returns stops the replay with its dead letter (and
+        those after it) left in the DLQ."""
         def replay_every(channel: Channel) -> list[str]:
-            replayed = []
-            for message in self._browse(channel):
-                job_id = self._replay(channel, message)
-                replayed.append(job_id)
-                if progress is not None:
-                    progress(job_id)
+            present = channel.queue_declare(self.dlq, passive=True).message_count
+            replayed: list[str] = []
+            if not present:
+                return replayed
+            self._amqp.ensure_topology(self.queue)
+            channel.basic_qos(0, min(REPLAY_WINDOW, present), False)
+            arrived: list[amqp.Message] = []
+            consumer = channel.basic_consume(self.dlq, no_ack=False, callback=arrived.append)
+            try:
+                while len(replayed) < present and not (stop is not None and stop()):
+                    want = min(REPLAY_WINDOW, present - len(replayed))
+                    drain_until(self._amqp, lambda want=want: len(arrived) >= want,
+                                REPLAY_WAIT_S)
+                    if not arrived:
+                        break  # the rest was taken by someone else meanwhile
+                    batch, arrived[:] = arrived[:want], arrived[want:]
+                    for job_id in self._replay_batch(channel, batch):
+                        replayed.append(job_id)
+                        if progress is not None:
+                            progress(job_id)
+            finally:
+                if channel.is_open:
+                    channel.basic_cancel(consumer)
             return replayed
         return self._with_channel(replay_every)
+
+    def _replay_batch(self, channel: Channel, batch: list[amqp.Message]) -> list[str]:
+        """Republish ``batch`` pipelined, then ack the dead letters the broker took."""
+        messages, job_ids = [], []
+        for message in batch:
+            job_id, replayed = self._replayed_copy(message)
+            job_ids.append(job_id)
+            messages.append((replayed, self.names.direct_exchange, self.queue))
+        accepted = channel.publish_many_confirmed(messages, mandatory=True)
+        taken = 0
+        while taken < len(batch) and accepted[taken]:
+            taken += 1
+        if taken:
+            channel.basic_ack(batch[taken - 1].delivery_tag, multiple=True)
+        if taken < len(batch):
+            self._amqp.forget_topology(self.queue)
+            raise JobNackedError(
+                f"the broker refused or returned job {job_ids[taken]} replayed to "
+                f"{self.names.job_queue(self.queue)!r}; it and the {len(batch) - taken - 1} "
+                f"after it stay in {self.dlq!r} ({taken} of this batch were replayed)",
+                job_id=job_ids[taken], queue=self.queue)
+        return job_ids
 
     def delete(self, job_id: str) -> DeadLetter:
         """Remove the dead letter of ``job_id`` for good and return it; raises
@@ -163,6 +218,15 @@ class DeadLetterQueue:
         return self._with_channel(lambda channel: channel.queue_purge(self.dlq) or 0)
 
     def _replay(self, channel: Channel, message: amqp.Message) -> str:
+        job_id, replayed = self._replayed_copy(message)
+        self._amqp.ensure_topology(self.queue)
+        channel.publish_confirmed(replayed, self.names.direct_exchange, self.queue,
+                                  job_id=job_id, queue=self.queue)
+        channel.basic_ack(message.delivery_tag)
+        return job_id
+
+    def _replayed_copy(self, message: amqp.Message) -> tuple[str, amqp.Message]:
+        """The job id, and the message that puts the job back on its queue."""
         dead = DeadLetter.from_message(self.queue, message)
         if dead.envelope is not None:
             body, headers = reset_for_replay(dead.body, dead.headers)
@@ -170,11 +234,7 @@ class DeadLetterQueue:
             body, headers = dead.body, without_failure_headers(dead.headers)
         properties = dict(message.properties)
         properties["application_headers"] = headers
-        self._amqp.ensure_topology(self.queue)
-        channel.publish_confirmed(amqp.Message(body, **properties), self.names.direct_exchange,
-                                  self.queue, job_id=dead.job_id, queue=self.queue)
-        channel.basic_ack(message.delivery_tag)
-        return dead.job_id
+        return dead.job_id, amqp.Message(body, **properties)
 
     def _browse(self, channel: Channel) -> Iterator[amqp.Message]:
         """Every message present now, unacknowledged (closing the channel requeues them)."""

@@ -228,22 +228,25 @@ class JobPublisher:
         return pending
 
     def publish_many_confirmed(self, messages: list[tuple[amqp.Message, str, str]],
-                               confirm_timeout: float | None = None) -> list[bool]:
-        """Pipelined publishes (not mandatory) and one wait for all their confirms;
-        ``True`` for each message the broker accepted."""
+                               confirm_timeout: float | None = None, *,
+                               mandatory: bool = False) -> list[bool]:
+        """Pipelined publishes and one wait for all their confirms; ``True`` for each
+        message the broker accepted (``mandatory``: and routed, matched by
+        ``message_id``)."""
         self.confirm_mode()
         tracked = []
         try:
             for message, exchange, routing_key in messages:
-                tag, pending = self.confirms.track("", exchange)
+                job_id = (message.properties.get("message_id") or "") if mandatory else ""
+                tag, pending = self.confirms.track(job_id, exchange)
                 tracked.append((tag, pending))
-                self.send(message, exchange, routing_key, False, None)
+                self.send(message, exchange, routing_key, mandatory, None)
             for _, pending in tracked:
                 self._wait_settled(pending, confirm_timeout)
         finally:
             for tag, pending in tracked:
                 self.confirms.forget(tag, pending)
-        return [not pending.nacked for _, pending in tracked]
+        return [not pending.nacked and pending.returned is None for _, pending in tracked]
 
     def publish_other(self, message: amqp.Message, exchange: str, routing_key: str,
                       mandatory: bool, timeout: float | None,

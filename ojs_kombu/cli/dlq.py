@@ -146,8 +146,9 @@ def replay(ctx: click.Context, queue: str, job_id: str | None, legacy_id: str | 
     """Put the dead letter of JOB_ID (or --all) back on QUEUE (same id, attempt 1, error
     history kept).
 
-    Each job is republished and confirmed before its dead letter is removed:
-    Ctrl-C stops between jobs and loses nothing (exit 130); run it again to go on.
+    Each job is republished and confirmed before its dead letter is removed, a
+    window of up to 500 jobs at a time: Ctrl-C stops between windows and loses
+    nothing (exit 130); run it again to go on.
     """
     job_id = _job_id(ctx, job_id, legacy_id)
     _one_or_all(job_id, every)
@@ -162,7 +163,7 @@ def replay(ctx: click.Context, queue: str, job_id: str | None, legacy_id: str | 
         # on stderr: stdout stays one JSON document with --json
         bar = click.progressbar(length=total, label=f"replaying {total} job(s)",
                                 file=sys.stderr, show_pos=True)
-        # Ctrl-C takes effect between jobs: an interrupt in the middle of a frame
+        # Ctrl-C takes effect between windows: an interrupt in the middle of a frame
         # would leave the AMQP stream half-written and the close waiting for ever.
         stop = threading.Event()
         previous = signal.signal(signal.SIGINT, lambda *_: stop.set())
@@ -171,9 +172,9 @@ def replay(ctx: click.Context, queue: str, job_id: str | None, legacy_id: str | 
                 def step(done: str) -> None:
                     replayed.append(done)
                     bar.update(1)
-                    if stop.is_set():
-                        raise KeyboardInterrupt
-                dead_letters.replay_all(progress=step)
+                dead_letters.replay_all(progress=step, stop=stop.is_set)
+            if stop.is_set() and len(replayed) < total:
+                raise KeyboardInterrupt
         except KeyboardInterrupt:
             click.echo(f"interrupted after {len(replayed)} of {total}; the others are still "
                        f"in {dead_letters.dlq}", err=True)

@@ -5,8 +5,9 @@ Each size gets a private vhost.  Its DLQ is filled the way jobs get there: N job
 are published with ``enqueue_many`` (timed: the reference rate for replay), then
 consumed and rejected (``Basic.Reject``, no requeue), so the broker dead-letters
 them.  Each command runs as a subprocess; its wall time and its peak
-RSS (``ru_maxrss`` from ``wait4``) are recorded, and the counts of the job queue and
-the DLQ after each step (nothing lost, nothing doubled); before ``purge`` the
+RSS (its ``VmHWM`` at exit) are recorded, and the counts of the job queue and
+the DLQ after each step (nothing lost, nothing doubled: after ``replay`` the job
+queue holds exactly N and the DLQ none); before ``purge`` the
 replayed jobs are dead-lettered again.  ``show`` asks for the
 newest dead letter (the whole queue is browsed to find it).
 """
@@ -17,6 +18,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -55,7 +57,8 @@ class SizeResult:
     enqueue_many_jobs_per_s: float
     steps: dict[str, Step]
     replay_jobs_per_s: float
-    replayed_unique: int
+    #: after the replay the job queue holds exactly n jobs and the DLQ none
+    replay_counts_exact: bool
 
 
 def _app(url: str) -> Celery:
@@ -101,17 +104,32 @@ def counts(channel: amqp.Channel) -> tuple[int, int]:
             channel.queue_declare(f"ojs.queue.dlx.{QUEUE}", passive=True).message_count)
 
 
+#: Runs ``ojs-kombu`` and writes its peak RSS (``VmHWM``, this process's own pages since
+#: its ``exec``: a forked child's ``ru_maxrss`` also counts the parent's pages it
+#: shared before ``exec``) to the file named by its first argument, at exit.
+_MEASURED_CLI = """
+import atexit, sys
+out = sys.argv[1]
+def peak():
+    with open("/proc/self/status") as status, open(out, "w") as f:
+        f.write(next(l.split()[1] for l in status if l.startswith("VmHWM:")))
+atexit.register(peak)
+from ojs_kombu.cli.main import main
+main(sys.argv[2:])
+"""
+
+
 def run_command(url: str, *args: str) -> tuple[float, float, int, str]:
-    """``ojs-kombu dlq ...``: seconds, peak RSS in MB, exit code, stdout."""
-    started = time.perf_counter()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "ojs_kombu.cli.main", "dlq", *args, "-q", QUEUE, "-b", url,
-         "--json"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    assert process.stdout is not None
-    out = process.stdout.read()
-    _, status, usage = os.wait4(process.pid, 0)
-    process.returncode = os.waitstatus_to_exitcode(status)
-    return (time.perf_counter() - started, usage.ru_maxrss / 1024, process.returncode, out)
+    """``ojs-kombu dlq ...`` (its human output: ``--json`` would keep every replayed id
+    for the document): seconds, peak RSS in MB, exit code, stdout."""
+    with tempfile.NamedTemporaryFile("r", suffix=".hwm") as peak:
+        started = time.perf_counter()
+        done = subprocess.run(
+            [sys.executable, "-c", _MEASURED_CLI, peak.name, "dlq", *args, "-q", QUEUE,
+             "-b", url], capture_output=True, text=True, check=False)
+        seconds = time.perf_counter() - started
+        kb = peak.read().strip()
+    return seconds, int(kb) / 1024 if kb else 0.0, done.returncode, done.stdout
 
 
 def measure(base_url: str, n: int, log: Callable[[str], None]) -> SizeResult:
@@ -125,7 +143,6 @@ def measure(base_url: str, n: int, log: Callable[[str], None]) -> SizeResult:
         probe = amqp.Connection(f"{parts.hostname}:{parts.port or 5672}", virtual_host=vhost)
         probe.connect()
         steps: dict[str, Step] = {}
-        replayed: list[str] = []
         try:
             channel = probe.channel()
             for command in COMMANDS:
@@ -135,14 +152,13 @@ def measure(base_url: str, n: int, log: Callable[[str], None]) -> SizeResult:
                         }[command]
                 if command == "purge":  # dead-letter the replayed jobs again first
                     reject_all(channel, n)
-                seconds, rss, code, out = run_command(url, *args)
-                if command == "replay" and code == 0:
-                    replayed = json.loads(out)["replayed"]
+                seconds, rss, code, _ = run_command(url, *args)
                 steps[command] = Step(seconds, rss, code, *counts(channel))
         finally:
             probe.close()
-        return SizeResult(n, rate, steps, n / steps["replay"].seconds,
-                          len(set(replayed) & set(ids)))
+        replay = steps["replay"]
+        return SizeResult(n, rate, steps, n / replay.seconds,
+                          replay.job_queue_after == n and replay.dlq_after == 0)
 
 
 def reject_all(channel: amqp.Channel, n: int) -> None:
@@ -184,7 +200,8 @@ def render(result: dict[str, Any]) -> list[str]:
         lines.append(f"  {r['dead_letters']}: replay {r['replay_jobs_per_s']:.0f} jobs/s vs "
                      f"enqueue_many {r['enqueue_many_jobs_per_s']:.0f} jobs/s "
                      f"({r['replay_jobs_per_s'] / r['enqueue_many_jobs_per_s']:.2f}x); "
-                     f"replayed ids unique and known: {r['replayed_unique']}")
+                     "job queue and DLQ after it: "
+                     f"{'exactly n and 0' if r['replay_counts_exact'] else 'NOT n and 0'}")
     return lines
 
 

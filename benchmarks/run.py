@@ -684,6 +684,7 @@ def run(broker: Broker, args: argparse.Namespace) -> dict[str, Any]:
     if "schedule" in args.parts:
         settings = scheduling.Settings(
             memory_jobs=args.schedule_jobs, settle_s=args.settle,
+            countdown_range=args.schedule_range,
             lateness_jobs=args.lateness_jobs, grace_s=args.lateness_grace)
         results["schedule"] = scheduling.run(broker, args.broker, _ojs_url(args.broker),
                                              settings, log=_progress)
@@ -1025,6 +1026,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="green: I/O-bound jobs (a 10 ms green sleep each) per drain")
     parser.add_argument("--schedule-jobs", type=int, default=10_000,
                         help="scheduling: jobs due in 60 s to 1 h, for the memory numbers")
+    parser.add_argument("--schedule-range", type=_seconds_range,
+                        default=scheduling.COUNTDOWN_RANGE,
+                        help="scheduling: LOW,HIGH seconds ahead the memory jobs are due "
+                        "(3600,604800: the next hour to 7 days)")
     parser.add_argument("--lateness-jobs", type=int, default=1_000,
                         help="scheduling: jobs due within 30 s, for the lateness numbers")
     parser.add_argument("--settle", type=float, default=15.0,
@@ -1091,6 +1096,17 @@ def _three_ports(value: str) -> tuple[int, int, int]:
     if len(ports) != 3 or len(set(ports)) != 3:
         raise argparse.ArgumentTypeError(f"three distinct ports, got {value!r}")
     return ports  # type: ignore[return-value]
+
+
+def _seconds_range(value: str) -> tuple[float, float]:
+    """``--schedule-range``: ``LOW,HIGH`` seconds, 0 < LOW <= HIGH."""
+    try:
+        low, high = (float(v) for v in value.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"LOW,HIGH seconds, got {value!r}") from None
+    if not 0 < low <= high:
+        raise argparse.ArgumentTypeError(f"0 < LOW <= HIGH, got {value!r}")
+    return low, high
 
 
 def _counts(value: str) -> tuple[int, ...]:

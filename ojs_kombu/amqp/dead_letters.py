@@ -142,42 +142,55 @@ class DeadLetterQueue:
             raise DeadLetterNotFound(f"no dead letter with job id {job_id} in {self.dlq!r}")
         self._with_channel(replay_one)
 
-    def replay_all(self, progress: Callable[[str], None] | None = None,
-                   stop: Callable[[], bool] | None = None) -> list[str]:
-        """Replay every dead letter present when called; returns the job ids, in order.
+    def replay_all(self, progress: Callable[[str], None] | None = None) -> list[str]:
+        """Replay every dead letter present when called; returns the job ids, in order
+        (:meth:`replay_each` keeps none)."""
+        replayed: list[str] = []
+
+        def step(job_id: str) -> None:
+            replayed.append(job_id)
+            if progress is not None:
+                progress(job_id)
+
+        self.replay_each(step)
+        return replayed
+
+    def replay_each(self, progress: Callable[[str], None],
+                    stop: Callable[[], bool] | None = None) -> int:
+        """Replay every dead letter present when called, calling ``progress`` with each
+        job id; returns how many were replayed.
 
         Streams: :data:`REPLAY_WINDOW` dead letters at a time are consumed,
         republished pipelined (mandatory, confirmed) and then acked together, so
         memory does not grow with the queue and the rate is a batch's, not one
-        round trip per job.  ``progress`` is called with each job id once its
-        window is replayed; ``stop()`` true ends the replay between windows.  A job
-        the broker refuses or returns stops the replay with its dead letter (and
-        those after it) left in the DLQ."""
-        def replay_every(channel: Channel) -> list[str]:
+        round trip per job.  ``progress`` is called once a job's window is
+        replayed; ``stop()`` true ends the replay between windows.  A job the broker
+        refuses or returns stops the replay with its dead letter (and those after
+        it) left in the DLQ (:class:`JobNackedError`)."""
+        def replay_every(channel: Channel) -> int:
             present = channel.queue_declare(self.dlq, passive=True).message_count
-            replayed: list[str] = []
+            done = 0
             if not present:
-                return replayed
+                return done
             self._amqp.ensure_topology(self.queue)
             channel.basic_qos(0, min(REPLAY_WINDOW, present), False)
             arrived: list[amqp.Message] = []
             consumer = channel.basic_consume(self.dlq, no_ack=False, callback=arrived.append)
             try:
-                while len(replayed) < present and not (stop is not None and stop()):
-                    want = min(REPLAY_WINDOW, present - len(replayed))
+                while done < present and not (stop is not None and stop()):
+                    want = min(REPLAY_WINDOW, present - done)
                     drain_until(self._amqp, lambda want=want: len(arrived) >= want,
                                 REPLAY_WAIT_S)
                     if not arrived:
                         break  # the rest was taken by someone else meanwhile
                     batch, arrived[:] = arrived[:want], arrived[want:]
                     for job_id in self._replay_batch(channel, batch):
-                        replayed.append(job_id)
-                        if progress is not None:
-                            progress(job_id)
+                        done += 1
+                        progress(job_id)
             finally:
                 if channel.is_open:
                     channel.basic_cancel(consumer)
-            return replayed
+            return done
         return self._with_channel(replay_every)
 
     def _replay_batch(self, channel: Channel, batch: list[amqp.Message]) -> list[str]:

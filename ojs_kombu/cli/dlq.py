@@ -159,7 +159,10 @@ def replay(ctx: click.Context, queue: str, job_id: str | None, legacy_id: str | 
                  f"replayed {job_id} to {dead_letters.names.job_queue(dead_letters.queue)}")
             return
         total = len(dead_letters)
+        # the ids only for --json (which prints them): memory stays flat otherwise
+        keep_ids = options(ctx).json
         replayed: list[str] = []
+        count = 0
         # on stderr: stdout stays one JSON document with --json
         bar = click.progressbar(length=total, label=f"replaying {total} job(s)",
                                 file=sys.stderr, show_pos=True)
@@ -170,13 +173,16 @@ def replay(ctx: click.Context, queue: str, job_id: str | None, legacy_id: str | 
         try:
             with bar:
                 def step(done: str) -> None:
-                    replayed.append(done)
+                    nonlocal count
+                    count += 1
+                    if keep_ids:
+                        replayed.append(done)
                     bar.update(1)
-                dead_letters.replay_all(progress=step, stop=stop.is_set)
-            if stop.is_set() and len(replayed) < total:
+                dead_letters.replay_each(step, stop=stop.is_set)
+            if stop.is_set() and count < total:
                 raise KeyboardInterrupt
         except KeyboardInterrupt:
-            click.echo(f"interrupted after {len(replayed)} of {total}; the others are still "
+            click.echo(f"interrupted after {count} of {total}; the others are still "
                        f"in {dead_letters.dlq}", err=True)
             emit(ctx, {"queue": dead_letters.queue, "replayed": replayed,
                        "interrupted": True})
@@ -184,7 +190,7 @@ def replay(ctx: click.Context, queue: str, job_id: str | None, legacy_id: str | 
         finally:
             signal.signal(signal.SIGINT, previous)
     emit(ctx, {"queue": dead_letters.queue, "replayed": replayed},
-         f"replayed {len(replayed)} job(s) to {dead_letters.names.job_queue(dead_letters.queue)}")
+         f"replayed {count} job(s) to {dead_letters.names.job_queue(dead_letters.queue)}")
 
 
 @dlq.command()

@@ -94,7 +94,7 @@ BATCH_SIZE = 1000
 PARTS = ("throughput", "traced_publish", "events", "schedule", "storm", "green", "dedup",
          "scale", "dlq_scale")
 #: Parts that run only when ``--only`` names them (they start brokers of their own).
-EXTRA_PARTS = ("cluster_drain",)
+EXTRA_PARTS = ("cluster_drain", "scale_cluster")
 
 
 # -- broker administration (plain py-amqp, outside both Celery apps) -------
@@ -538,6 +538,8 @@ def render(results: dict[str, dict[str, Any]]) -> str:
         tables.append(dlq_scale.render(results["dlq_scale"]))
     if "cluster_drain" in results:
         tables.append(cluster_drain.render(results["cluster_drain"]))
+    if "scale_cluster" in results:
+        tables.append(scale.render(results["scale_cluster"]))
     return "\n\n".join("\n".join(table) for table in tables)
 
 
@@ -710,6 +712,9 @@ def run(broker: Broker, args: argparse.Namespace) -> dict[str, Any]:
         results["dlq_scale"] = dlq_scale.run(args.broker, args.dlq_sizes, log=_progress)
     if "cluster_drain" in args.parts:
         results["cluster_drain"] = run_cluster_drain(args)
+    if "scale_cluster" in args.parts:
+        results["scale_cluster"] = scale.run_cluster(scale.Settings(counts=args.scale_queues),
+                                                     log=_progress)
     return results
 
 

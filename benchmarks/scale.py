@@ -42,6 +42,12 @@ sys.path.insert(0, str(HERE))
 from scale_app import make_app, queue_names  # noqa: E402
 from scheduling import rss_bytes  # noqa: E402
 
+#: The three-node cluster of the quorum-queue run (``--only scale_cluster``): ports and
+#: node names of its own, apart from the fault suite's (5681-5683) and the cluster
+#: drain's (5691-5693).
+CLUSTER_PORTS = (5786, 5787, 5788)
+CLUSTER_DIST_PORTS = (25786, 25787, 25788)
+CLUSTER_NAME = "ojs-scl"
 SIDES = ("plain", "ojs")
 LABELS = {"plain": "plain Celery", "ojs": "ojs_kombu"}
 COUNTS = (1, 10, 100)
@@ -219,6 +225,24 @@ def run(broker_url: str, settings: Settings, *, ctl: Ctl = local_ctl,
                     results.append(measure(side, n, url, ctl, vhost, Path(tmp), settings,
                                            log))
     return summarize(results, settings)
+
+
+def run_cluster(settings: Settings, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """:func:`run` with quorum queues on a three-node cluster started for it (and
+    stopped and deleted afterwards, whatever happens); counted on its first node."""
+    if str(HERE.parent) not in sys.path:
+        sys.path.append(str(HERE.parent))  # the fault suite's cluster
+    from faults.cluster import Cluster
+
+    log(f"scale: starting a three-node cluster on ports {CLUSTER_PORTS} ...")
+    with Cluster(CLUSTER_PORTS, CLUSTER_DIST_PORTS, name=CLUSTER_NAME) as cluster:
+        first = cluster.nodes[0]
+        quorum = Settings(counts=settings.counts, quorum=True, timeout_s=settings.timeout_s)
+        try:
+            return run(f"amqp://guest:guest@127.0.0.1:{first.port}//", quorum,
+                       ctl=first.ctl, log=log)
+        finally:
+            log("scale: stopping the cluster ...")
 
 
 def summarize(results: list[ScaleResult], settings: Settings) -> dict[str, Any]:

@@ -35,7 +35,9 @@ def make_app(broker: str, side: str, *, record_path: str | None = None,
     else:
         app.conf.broker_transport_options = {"confirm_publish": True}
         if quorum:
-            app.conf.task_default_queue_type = "quorum"  # Celery's own setting
+            # Celery's own settings (the -Q queues are created as missing ones)
+            app.conf.task_default_queue_type = "quorum"
+            app.conf.task_create_missing_queue_type = "quorum"
     app.conf.update(task_acks_late=True, task_ignore_result=True, result_backend=None,
                     broker_connection_retry_on_startup=True, worker_prefetch_multiplier=4)
     _register(app, record_path)

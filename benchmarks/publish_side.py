@@ -1,7 +1,10 @@
 """One side of the traced publish part, in a process of its own.
 
-``traced_publish.py`` starts ``python benchmarks/publish_side.py plain|ojs|raw
-traced|untraced BROKER_URL`` once per side.  A process per side, because
+``traced_publish.py`` starts ``python benchmarks/publish_side.py
+plain|plainnc|ojs|deferred|raw traced|untraced BROKER_URL`` once per side
+(``plainnc``: plain Celery without confirms; ``deferred``: ojs_kombu with
+``ojs_publish_confirms="deferred"``, every block ending with
+``ojs_kombu.flush_confirms()`` inside its time).  A process per side, because
 ``CeleryInstrumentor().instrument()`` connects Celery's publish signals
 process-wide: a traced side in the benchmark's own process would trace every
 other side too.  The side is ``run.py``'s own (``make_plain_side`` with
@@ -159,6 +162,10 @@ def say(message: dict[str, Any]) -> None:
 def serve(kind: str, traced: bool, broker_url: str) -> None:
     tracing = Tracing() if traced else None
     side = (run.make_plain_side(broker_url, os.getpid()) if kind == "plain"
+            else run.make_plain_side(broker_url, os.getpid(), confirm=False)
+            if kind == "plainnc"
+            else run.make_ojs_side(broker_url, os.getpid(), conf=run.DEFERRED_CONF)
+            if kind == "deferred"
             else run.make_ojs_side(broker_url, os.getpid()))
     # The one app of this process is its current app, as an app's own is (run.py makes
     # them with set_as_current=False, for two in one process): the instrumentation finds
@@ -170,7 +177,8 @@ def serve(kind: str, traced: bool, broker_url: str) -> None:
     with ExitStack() as stack:
         stack.callback(side.app.close)
         side.declare()
-        send: Callable[[int], list[float]] = partial(run.publish, side)
+        send: Callable[[int], list[float]] = partial(
+            run.publish_deferred if kind == "deferred" else run.publish, side)
         if kind == "raw":
             raw = RawSide(side, broker_url, traced)
             stack.callback(raw.close)

@@ -41,6 +41,10 @@ SCENARIOS: tuple[Scenario, ...] = (
              "plain_publish_confirm", "dramatiq_send_confirm"),
     Scenario("ojsclassic_publish", "ojs_kombu apply_async, classic queue", "publish",
              "plain_publish_confirm", "dramatiq_send_confirm"),
+    Scenario("ojs_publish_deferred", "ojs_kombu apply_async, confirms deferred "
+             "(flushed per block)", "publish", "plain_publish", "dramatiq_send"),
+    Scenario("ojsclassic_publish_deferred", "ojs_kombu apply_async, confirms deferred, "
+             "classic queue", "publish", "plain_publish", "dramatiq_send"),
     Scenario("ojs_batch", "ojs_kombu enqueue_many (all confirmed)", "publish",
              "plain_publish_confirm", "dramatiq_send"),
     Scenario("ojsclassic_batch", "ojs_kombu enqueue_many, classic queue", "publish",
@@ -88,6 +92,10 @@ TARGETS: tuple[Target, ...] = (
            "ojsclassic_publish", "dramatiq_send_confirm", 1.0),
     Target("single apply_async >= 1.0x plain Celery with confirm_publish", "ojs_publish",
            "plain_publish_confirm", 1.0),
+    Target("single apply_async, deferred confirms >= 1.0x plain Celery without confirms",
+           "ojs_publish_deferred", "plain_publish", 1.0),
+    Target("single apply_async, deferred confirms >= 1.0x plain Celery without confirms, "
+           "both on classic queues", "ojsclassic_publish_deferred", "plain_publish", 1.0),
     Target("drain threads c4 >= 0.95x plain Celery", "ojs_drain_threads",
            "plain_drain_threads", 0.95),
     Target("drain prefork c2 >= 0.95x plain Celery", "ojs_drain_prefork",

@@ -70,11 +70,13 @@ from ojs_kombu.celery.events import events_exchange
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # also when imported, not run
 import cluster_drain
 import dedup_drain
+import dlq_scale
 import events_scenario
 import green_drain
 import poison_storm
 import prefork_drain
 import report
+import scale
 import scheduling
 import traced_publish
 from drain_app import TASK_NAME, common_conf
@@ -89,9 +91,10 @@ POOL = "threads"
 CONCURRENCY = 4
 #: Jobs per batch of ``enqueue_many`` (``--batch-size``).
 BATCH_SIZE = 1000
-PARTS = ("throughput", "traced_publish", "events", "schedule", "storm", "green", "dedup")
+PARTS = ("throughput", "traced_publish", "events", "schedule", "storm", "green", "dedup",
+         "scale", "dlq_scale")
 #: Parts that run only when ``--only`` names them (they start brokers of their own).
-EXTRA_PARTS = ("cluster_drain",)
+EXTRA_PARTS = ("cluster_drain", "scale_cluster")
 
 
 # -- broker administration (plain py-amqp, outside both Celery apps) -------
@@ -333,6 +336,21 @@ def publish(side: Side, n: int) -> list[float]:
     return latencies
 
 
+#: ojs_kombu publishing without waiting for each confirm (issue 39).
+DEFERRED_CONF = {"ojs_publish_confirms": "deferred"}
+
+
+def publish_deferred(side: Side, n: int) -> list[float]:
+    """:func:`publish` on a side with :data:`DEFERRED_CONF`, then
+    ``ojs_kombu.flush_confirms()``: the block's time includes every confirm (the calls'
+    latencies do not; the flush is the last call's)."""
+    latencies = publish(side, n)
+    started = time.perf_counter()
+    ojs_kombu.flush_confirms()
+    latencies[-1] += time.perf_counter() - started
+    return latencies
+
+
 def publish_batches(side: Side, n: int, size: int) -> list[float]:
     """``n`` jobs as ``enqueue_many`` calls of ``size`` signatures; each call's latency.
 
@@ -514,8 +532,14 @@ def render(results: dict[str, dict[str, Any]]) -> str:
         tables.append(green_drain.render(results["green"]))
     if "dedup" in results:
         tables.append(dedup_drain.render(results["dedup"]))
+    if "scale" in results:
+        tables.append(scale.render(results["scale"]))
+    if "dlq_scale" in results:
+        tables.append(dlq_scale.render(results["dlq_scale"]))
     if "cluster_drain" in results:
         tables.append(cluster_drain.render(results["cluster_drain"]))
+    if "scale_cluster" in results:
+        tables.append(scale.render(results["scale_cluster"]))
     return "\n\n".join("\n".join(table) for table in tables)
 
 
@@ -585,6 +609,22 @@ def sides(broker: Broker, broker_url: str
 
 
 @contextmanager
+def deferred_side(broker: Broker, broker_url: str, classic: bool = False) -> Iterator[Side]:
+    """ojs_kombu with ``ojs_publish_confirms="deferred"`` (``classic``: on a job queue
+    without ``x-max-priority``, as plain Celery's); deleted on exit."""
+    conf: dict[str, Any] = {**DEFERRED_CONF, "ojs_max_priority": None} if classic \
+        else DEFERRED_CONF
+    side = make_ojs_side(broker_url, os.getpid(),
+                         prefix=f"bench{os.getpid()}{'dc' if classic else 'd'}",
+                         label="ojs_kombu deferred confirms", conf=conf)
+    try:
+        yield side
+    finally:
+        side.app.close()
+        broker.delete_side(side)
+
+
+@contextmanager
 def dramatiq_publishers(broker: Broker, broker_url: str, queue: str
                         ) -> Iterator[tuple[DramatiqPublisher, DramatiqPublisher]]:
     """Dramatiq without and with ``confirm_delivery`` on ``queue``; on exit their
@@ -646,6 +686,7 @@ def run(broker: Broker, args: argparse.Namespace) -> dict[str, Any]:
     if "schedule" in args.parts:
         settings = scheduling.Settings(
             memory_jobs=args.schedule_jobs, settle_s=args.settle,
+            countdown_range=args.schedule_range,
             lateness_jobs=args.lateness_jobs, grace_s=args.lateness_grace)
         results["schedule"] = scheduling.run(broker, args.broker, _ojs_url(args.broker),
                                              settings, log=_progress)
@@ -664,8 +705,16 @@ def run(broker: Broker, args: argparse.Namespace) -> dict[str, Any]:
                                      timeout_s=args.timeout, work_ms=args.dedup_work_ms)
         results["dedup"] = dedup_drain.run(broker, args.broker, _ojs_url(args.broker), dedup,
                                            log=_progress)
+    if "scale" in args.parts:
+        results["scale"] = scale.run(args.broker, scale.Settings(counts=args.scale_queues),
+                                     log=_progress)
+    if "dlq_scale" in args.parts:
+        results["dlq_scale"] = dlq_scale.run(args.broker, args.dlq_sizes, log=_progress)
     if "cluster_drain" in args.parts:
         results["cluster_drain"] = run_cluster_drain(args)
+    if "scale_cluster" in args.parts:
+        results["scale_cluster"] = scale.run_cluster(scale.Settings(counts=args.scale_queues),
+                                                     log=_progress)
     return results
 
 
@@ -745,8 +794,11 @@ def run_throughput(broker: Broker, args: argparse.Namespace) -> dict[str, Any]:
     with sides(broker, args.broker) as (plain, plain_nc, plain_pq, ojs, ojs_multi,
                                         ojs_classic), \
             dramatiq_publishers(broker, args.broker, dramatiq_queue) as (dq, dq_confirm), \
-            raw_publisher(broker, args.broker, ojs) as raw, _workdir() as workdir:
-        for side in (plain, plain_nc, plain_pq, ojs, ojs_multi, ojs_classic):
+            raw_publisher(broker, args.broker, ojs) as raw, _workdir() as workdir, \
+            deferred_side(broker, args.broker) as ojs_deferred, \
+            deferred_side(broker, args.broker, classic=True) as ojs_deferred_classic:
+        for side in (plain, plain_nc, plain_pq, ojs, ojs_multi, ojs_classic, ojs_deferred,
+                     ojs_deferred_classic):
             warm_up(side, broker)
         for side in (ojs, ojs_classic):
             publish_batches(side, WARMUP, WARMUP)
@@ -762,6 +814,11 @@ def run_throughput(broker: Broker, args: argparse.Namespace) -> dict[str, Any]:
             "ojs_publish": (lambda k: publish(ojs, k), ojs.amqp_queue, single),
             "ojsclassic_publish": (lambda k: publish(ojs_classic, k), ojs_classic.amqp_queue,
                                    single),
+            "ojs_publish_deferred": (lambda k: publish_deferred(ojs_deferred, k),
+                                     ojs_deferred.amqp_queue, fast),
+            "ojsclassic_publish_deferred": (
+                lambda k: publish_deferred(ojs_deferred_classic, k),
+                ojs_deferred_classic.amqp_queue, fast),
             "ojs_batch": (lambda k: publish_batches(ojs, k, args.batch_size),
                           ojs.amqp_queue, fast),
             "ojsclassic_batch": (lambda k: publish_batches(ojs_classic, k, args.batch_size),
@@ -941,8 +998,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "off), events (ojs_kombu "
                         "with events off vs on), schedule, storm (poison messages), green "
                         "(gevent and eventlet drains), dedup (drain with idempotency keys on "
-                        "and off) or cluster_drain (a three-node cluster with quorum queues; "
-                        "only with --only)")
+                        "and off), scale (apps of 1, 10 and 100 job queues), dlq_scale (the "
+                        "dlq commands on 10,000 and 100,000 dead letters) or "
+                        "cluster_drain (a three-node cluster with quorum queues; only with "
+                        "--only)")
     parser.add_argument("--skip-traced-publish", action="store_true",
                         help="leave out the traced publish part")
     parser.add_argument("--skip-events", action="store_true", help="leave out the events part")
@@ -972,6 +1031,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="green: I/O-bound jobs (a 10 ms green sleep each) per drain")
     parser.add_argument("--schedule-jobs", type=int, default=10_000,
                         help="scheduling: jobs due in 60 s to 1 h, for the memory numbers")
+    parser.add_argument("--schedule-range", type=_seconds_range,
+                        default=scheduling.COUNTDOWN_RANGE,
+                        help="scheduling: LOW,HIGH seconds ahead the memory jobs are due "
+                        "(3600,604800: the next hour to 7 days)")
     parser.add_argument("--lateness-jobs", type=int, default=1_000,
                         help="scheduling: jobs due within 30 s, for the lateness numbers")
     parser.add_argument("--settle", type=float, default=15.0,
@@ -979,6 +1042,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--lateness-grace", type=float, default=30.0,
                         help="scheduling: seconds after the last due time before jobs that "
                         "have not run count as missing")
+    parser.add_argument("--scale-queues", type=_counts, default=scale.COUNTS,
+                        help="scale: comma-separated job-queue counts of the apps compared")
+    parser.add_argument("--dlq-sizes", type=_counts, default=dlq_scale.SIZES,
+                        help="dlq_scale: comma-separated dead-letter queue lengths")
+    parser.add_argument("--skip-scale", action="store_true",
+                        help="leave out the scale parts (apps of 1, 10 and 100 job queues; "
+                        "dead letters at scale)")
     parser.add_argument("--cluster-jobs", type=int, default=cluster_drain.Settings.jobs,
                         help="cluster_drain: jobs per drain")
     parser.add_argument("--cluster-ports", type=_three_ports,
@@ -1007,7 +1077,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.green_jobs < 1 or args.cluster_jobs < 2:
         parser.error("--green-jobs must be at least 1, --cluster-jobs at least 2")
     if args.only and (args.skip_traced_publish or args.skip_events or args.skip_schedule
-                      or args.skip_storm or args.skip_green or args.skip_dedup):
+                      or args.skip_storm or args.skip_green or args.skip_dedup
+                      or args.skip_scale):
         parser.error("--only cannot be combined with --skip-traced-publish, --skip-events, "
                      "--skip-schedule, --skip-storm, --skip-green or --skip-dedup")
     skipped = {"traced_publish"} if args.skip_traced_publish else set()
@@ -1016,6 +1087,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     skipped |= {"storm"} if args.skip_storm else set()
     skipped |= {"green"} if args.skip_green else set()
     skipped |= {"dedup"} if args.skip_dedup else set()
+    skipped |= {"scale", "dlq_scale"} if args.skip_scale else set()
     args.parts = (args.only,) if args.only else tuple(p for p in PARTS if p not in skipped)
     return args
 
@@ -1029,6 +1101,28 @@ def _three_ports(value: str) -> tuple[int, int, int]:
     if len(ports) != 3 or len(set(ports)) != 3:
         raise argparse.ArgumentTypeError(f"three distinct ports, got {value!r}")
     return ports  # type: ignore[return-value]
+
+
+def _seconds_range(value: str) -> tuple[float, float]:
+    """``--schedule-range``: ``LOW,HIGH`` seconds, 0 < LOW <= HIGH."""
+    try:
+        low, high = (float(v) for v in value.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"LOW,HIGH seconds, got {value!r}") from None
+    if not 0 < low <= high:
+        raise argparse.ArgumentTypeError(f"0 < LOW <= HIGH, got {value!r}")
+    return low, high
+
+
+def _counts(value: str) -> tuple[int, ...]:
+    """``--scale-queues``: comma-separated positive counts."""
+    try:
+        counts = tuple(sorted({int(c) for c in value.split(",") if c.strip()}))
+    except ValueError:
+        counts = ()
+    if not counts or counts[0] < 1:
+        raise argparse.ArgumentTypeError(f"positive counts, got {value!r}")
+    return counts
 
 
 def _pools(value: str) -> tuple[str, ...]:

@@ -63,6 +63,8 @@ class Settings:
     window_s: float = 30.0
     #: Extra seconds, after the last due time, the lateness jobs may take to run.
     grace_s: float = 30.0
+    #: Seconds ahead the memory jobs are due, from and to (``--schedule-range``).
+    countdown_range: tuple[float, float] = COUNTDOWN_RANGE
 
 
 class Admin(Protocol):
@@ -329,9 +331,11 @@ def delete_side(side: SchedSide, admin: Admin) -> None:
 # -- the measurement -------------------------------------------------------
 
 
-def publish_memory_jobs(task: Task, n: int, rng: random.Random) -> float:
-    """``n`` jobs due in 60 s to 1 h; returns the seconds publishing took."""
-    low, high = COUNTDOWN_RANGE
+def publish_memory_jobs(task: Task, n: int, rng: random.Random,
+                        countdown_range: tuple[float, float] = COUNTDOWN_RANGE) -> float:
+    """``n`` jobs due within ``countdown_range`` seconds; returns the seconds publishing
+    took."""
+    low, high = countdown_range
     started = time.perf_counter()
     for _ in range(n):
         countdown = rng.uniform(low, high)
@@ -363,7 +367,8 @@ def measure_side(side: SchedSide, settings: Settings, workdir: Path, seed: int) 
             raise RuntimeError(f"{side.label}: warm-up jobs did not run\n{worker.log_tail()}")
         time.sleep(2)
         before = worker.rss_mb()
-        publish_s = publish_memory_jobs(task, settings.memory_jobs, rng)
+        publish_s = publish_memory_jobs(task, settings.memory_jobs, rng,
+                                        settings.countdown_range)
         time.sleep(settings.settle_s)
         after = worker.rss_mb()
         stats = queue_stats(side)
@@ -434,9 +439,16 @@ def run(admin: Admin, broker_url: str, ojs_url: str, settings: Settings,
         "early": {"target": "= 0", "met": ojs.early == 0 and ojs.lateness_ran > 0},
     }
     return {"plain": asdict(results["plain"]), "ojs": asdict(ojs), "targets": checks,
-            "settings": {**asdict(settings), "countdown_range_s": list(COUNTDOWN_RANGE),
+            "settings": {**asdict(settings),
+                         "countdown_range_s": list(settings.countdown_range),
                          "pool": POOL, "concurrency": CONCURRENCY, "warmup": WARMUP,
                          "seed": seed}}
+
+
+def _span(countdown_range: Any) -> str:
+    low, high = countdown_range
+    return f"due in {low / 3600:g} h to {high / 86400:g} d" if high >= 86400 \
+        else f"due in {low:g} s to {high:g} s"
 
 
 def render(result: dict[str, Any]) -> list[str]:
@@ -456,12 +468,18 @@ def render(result: dict[str, Any]) -> list[str]:
     rows = [
         ("scheduling", "plain Celery", "ojs_kombu", "target (ojs)", "status"),
         row("worker RSS before MB", "rss_before_mb", ".1f"),
-        row(f"worker RSS after MB ({settings['memory_jobs']} delayed)", "rss_after_mb", ".1f"),
+        row(f"worker RSS after MB ({settings['memory_jobs']} delayed, "
+            f"{_span(settings.get('countdown_range_s', COUNTDOWN_RANGE))})", "rss_after_mb",
+            ".1f"),
         row("worker RSS growth MB", "rss_growth_mb", ".1f", "rss_growth_mb"),
         row("jobs held by the worker", "held_by_worker", "d"),
         row("jobs waiting in the broker", "waiting_in_broker", "d"),
         row("broker queues used", "broker_queues", "d"),
         row("broker queue memory MB", "broker_queue_memory_mb", ".1f"),
+        ("broker queue memory per delayed job, bytes",
+         *[cell(None if side["broker_queue_memory_mb"] is None
+                else side["broker_queue_memory_mb"] * MB / settings["memory_jobs"], ".0f")
+           for side in (plain, ojs)], "", ""),
         row("delayed publish jobs/s", "publish_jobs_per_s", ".0f"),
         row("worker RSS at end MB", "rss_end_mb", ".1f"),
         row("jobs held by the worker at end", "held_by_worker_end", "d"),

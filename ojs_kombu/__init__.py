@@ -23,6 +23,7 @@ from .spec.errors import (
     DeadLetterNotFound,
     DedupNotConfigured,
     DedupUnavailable,
+    DeferredPublishError,
     DuplicateJobError,
     InvalidJobIdError,
     JobEncodeError,
@@ -53,6 +54,7 @@ register_transport()
 register_serializer()
 
 from .amqp.dead_letters import DeadLetter, DeadLetterQueue  # noqa: E402
+from .amqp.deferred import flush_confirms  # noqa: E402
 from .celery.app import install  # noqa: E402  (needs the registrations)
 from .celery.batch import enqueue_many  # noqa: E402
 from .celery.dead_letters import dead_letter_queue  # noqa: E402
@@ -75,6 +77,7 @@ __all__ = [
     "DeadLetterQueue",
     "DedupNotConfigured",
     "DedupUnavailable",
+    "DeferredPublishError",
     "DuplicateJobError",
     "InvalidJobIdError",
     "JobEncodeError",
@@ -107,6 +110,7 @@ __all__ = [
     "dead_letter_queue",
     "declare_topology",
     "enqueue_many",
+    "flush_confirms",
     "install",
     "new_job_id",
     "register_conformance_probes",

@@ -136,6 +136,8 @@ class BrokerChannel:
         #: delivery tag -> (queue, message) handed out and not yet acked
         self.unacked: dict[int, tuple[str, Stored]] = {}
         self.consumers: dict[str, tuple[str, Callable[[amqp.Message], Any]]] = {}
+        self.acked_consumers: set[str] = set()
+        self.prefetch = 0
 
     def queue_declare(self, queue: str = "", passive: bool = False, durable: bool = False,
                       exclusive: bool = False, auto_delete: bool = False,
@@ -162,7 +164,24 @@ class BrokerChannel:
         return stored.message(delivery_tag=tag, message_count=len(waiting))
 
     def basic_ack(self, delivery_tag: int, multiple: bool = False) -> None:
-        del self.unacked[delivery_tag]
+        for tag in [t for t in self.unacked if t <= delivery_tag] if multiple \
+                else [delivery_tag]:
+            del self.unacked[tag]
+
+    def basic_qos(self, prefetch_size: int, prefetch_count: int, a_global: bool) -> None:
+        self.prefetch = prefetch_count
+
+    def basic_cancel(self, consumer_tag: str) -> None:
+        self.consumers.pop(consumer_tag, None)
+
+    def publish_many_confirmed(self, messages: list[tuple[amqp.Message, str, str]],
+                               confirm_timeout: float | None = None, *,
+                               mandatory: bool = False) -> list[bool]:
+        if self.broker.nack_publishes:
+            return [False] * len(messages)
+        for message, exchange, routing_key in messages:
+            self.broker.route(message, exchange, routing_key)
+        return [True] * len(messages)
 
     def basic_publish(self, msg: amqp.Message, exchange: str = "", routing_key: str = "",
                       mandatory: bool = False, **_: Any) -> None:
@@ -193,20 +212,29 @@ class BrokerChannel:
         self.broker.queues[queue].clear()
         return count
 
-    def basic_consume(self, queue: str = "", consumer_tag: str = "", no_ack: bool = False,
+    def basic_consume(self, queue: str = "", consumer_tag: str = "", no_ack: bool = True,
                       callback: Callable[[amqp.Message], Any] | None = None, **_: Any) -> str:
+        """``no_ack`` false: deliveries wait for their acks, at most ``basic_qos``'s
+        prefetch at a time (the default here is true: the control clients' replies)."""
         tag = consumer_tag or f"ctag-{next(self._tags)}"
         self.consumers[tag] = (queue, callback or (lambda message: None))
+        if not no_ack:
+            self.acked_consumers.add(tag)
         self.connection.consuming.append(self)
         return tag
 
     def deliver(self) -> bool:
-        """Hand the ready messages of consumed queues to their callbacks (no_ack)."""
+        """Hand the ready messages of consumed queues to their callbacks."""
         delivered = False
-        for queue, callback in list(self.consumers.values()):
+        for consumer, (queue, callback) in list(self.consumers.items()):
             waiting = self.broker.queues[queue]
-            while waiting:
-                callback(waiting.popleft().message(delivery_tag=next(self._tags)))
+            acked = consumer in self.acked_consumers
+            while waiting and (not acked or not self.prefetch
+                               or len(self.unacked) < self.prefetch):
+                stored, tag = waiting.popleft(), next(self._tags)
+                if acked:
+                    self.unacked[tag] = (queue, stored)
+                callback(stored.message(delivery_tag=tag))
                 delivered = True
         return delivered
 

@@ -32,7 +32,8 @@ RATES = {
     "plain_publish": 4000.0, "plain_publish_confirm": 1000.0, "ojs_publish": 1500.0,
     "ojsclassic_publish": 1700.0,
     "ojs_batch": 20000.0, "ojsclassic_batch": 17000.0, "raw_batch": 25000.0,
-    "raw_publish": 1750.0,
+    "raw_publish": 1750.0, "ojs_publish_deferred": 3800.0,
+    "ojsclassic_publish_deferred": 4100.0,
     "dramatiq_send": 16000.0,
     "dramatiq_send_confirm": 1600.0,
     "plain_drain_threads": 3000.0, "ojs_drain_threads": 2900.0,
@@ -165,9 +166,13 @@ def test_table_shows_rates_ratios_amortised_batch_latency_and_verdicts() -> None
     assert "per job amortised: p50 50.0 us, p99 80.0 us" in text
     assert "(the broker's ceiling for it): 0.80x" in text
     assert "drain prefork c2 >= 0.95x plain Celery" in text
+    deferred_row = next(line for line in text.splitlines()
+                        if line.startswith("ojs_kombu apply_async, confirms deferred"))
+    assert [cell.strip() for cell in deferred_row.split("|")][3:6] == ["0.95", "-", "0.24"]
     verdicts = [line.rsplit("|", 1)[1].strip() for line in text.splitlines()
                 if ">=" in line]
-    assert verdicts == ["met", "met", "not met", "met", "met", "met", "not met", "met", "met"]
+    assert verdicts == ["met", "met", "not met", "met", "met", "not met", "met", "met",
+                        "not met", "met", "met"]
     classic_row = next(line for line in text.splitlines()
                        if line.startswith("ojs_kombu enqueue_many, classic"))
     # per call, as the batch's

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
+from ojs_kombu.amqp import dead_letters
 from ojs_kombu.cli import cli
 
 from .dead_jobs import DLQ, JOB_QUEUE, ids_in, job_id, put_dead_job
@@ -147,7 +148,9 @@ def test_replay_all_replays_in_order_with_the_progress_on_stderr(broker: Broker)
     assert "replaying 1 job(s)" in result.stderr
 
 
-def test_ctrl_c_stops_a_replay_between_jobs_and_loses_none(broker: Broker) -> None:
+def test_ctrl_c_stops_a_replay_between_windows_and_loses_none(
+        broker: Broker, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(dead_letters, "REPLAY_WINDOW", 1)  # a window of one job
     ids = [put_dead_job(broker, n) for n in (1, 2, 3)]
 
     def interrupt(stored: Stored) -> None:

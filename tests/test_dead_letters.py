@@ -10,8 +10,9 @@ import amqp
 import kombu
 import pytest
 
+from ojs_kombu.amqp import dead_letters as dead_letters_module
 from ojs_kombu.amqp.dead_letters import DeadLetter, DeadLetterQueue, open_dead_letter_queue
-from ojs_kombu.spec.errors import DeadLetterNotFound, OJSConfigurationError
+from ojs_kombu.spec.errors import DeadLetterNotFound, JobNackedError, OJSConfigurationError
 
 from .dead_jobs import DLQ, JOB_QUEUE, TRACE, failed_attempts, ids_in, job_id, put_dead_job
 from .in_memory_broker import Broker
@@ -117,7 +118,7 @@ def test_a_replay_the_broker_refuses_leaves_the_dead_letter_in_place(
     broker.nack_publishes = True
     with pytest.raises(amqp.exceptions.MessageNacked):
         dead_letters.replay(ids[1])
-    with pytest.raises(amqp.exceptions.MessageNacked):
+    with pytest.raises(JobNackedError, match=f"job {ids[0]} .* stay in"):
         dead_letters.replay_all()
     assert ids_in(broker, DLQ) == ids and ids_in(broker, JOB_QUEUE) == []
 
@@ -163,3 +164,17 @@ def test_the_connection_is_released_when_done(broker: Broker) -> None:
 def test_a_connection_that_is_not_ojs_is_refused() -> None:
     with pytest.raises(OJSConfigurationError, match="ojs:// connection"):
         DeadLetterQueue(kombu.Connection("memory://"), "email")
+
+
+def test_replay_each_goes_window_by_window_and_stops_between_windows(
+        broker: Broker, dead_letters: DeadLetterQueue,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(dead_letters_module, "REPLAY_WINDOW", 2)
+    ids = [put_dead_job(broker, n) for n in range(1, 6)]
+    seen: list[str] = []
+    replayed = dead_letters.replay_each(seen.append, stop=lambda: len(seen) >= 3)
+    # the second window was finished before the stop was seen: 4 jobs, none half-done
+    assert replayed == 4 and seen == ids[:4]
+    assert ids_in(broker, JOB_QUEUE) == ids[:4] and ids_in(broker, DLQ) == ids[4:]
+    assert dead_letters.replay_each(seen.append) == 1
+    assert ids_in(broker, JOB_QUEUE) == ids and ids_in(broker, DLQ) == []

@@ -126,9 +126,11 @@ class Channel(pyamqp.Channel):
             timeout=timeout, confirm_timeout=confirm_timeout, measure=measure)
 
     def publish_many_confirmed(self, messages: list[tuple[amqp.Message, str, str]],
-                               confirm_timeout: float | None = None) -> list[bool]:
-        """Pipelined publishes (not mandatory) and one wait for all their confirms."""
-        return self.ojs_publisher.publish_many_confirmed(messages, confirm_timeout)
+                               confirm_timeout: float | None = None, *,
+                               mandatory: bool = False) -> list[bool]:
+        """Pipelined publishes and one wait for all their confirms."""
+        return self.ojs_publisher.publish_many_confirmed(messages, confirm_timeout,
+                                                         mandatory=mandatory)
 
     # -- consume (ojs_kombu.amqp.receiver) --------------------------------------
 
@@ -255,7 +257,16 @@ class Channel(pyamqp.Channel):
 
     def close(self, *args: Any, **kwargs: Any) -> Any:
         connection = self.connection
-        if (self.ojs_acks and self.is_open and connection is not None
-                and connection.transport is not None):
-            self.flush_acks()
+        if self.is_open and connection is not None and connection.transport is not None:
+            if self.ojs_acks:
+                self.flush_acks()
+            self.flush_confirms()
         return super().close(*args, **kwargs)
+
+    def flush_confirms(self) -> None:
+        """Wait for the confirms of the jobs published without waiting on this channel
+        (:mod:`ojs_kombu.amqp.deferred`); what was not accepted is logged, or given to
+        ``ojs_on_publish_error``."""
+        deferred = self.ojs_publisher.deferred
+        if deferred.outstanding:
+            deferred.flush(raise_errors=False)

@@ -11,12 +11,13 @@ so that numbers never drift.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 
 
 class PendingPublish:
     """One publish whose outcome a caller waits for."""
 
-    __slots__ = ("job_id", "nacked", "queue", "returned", "settled")
+    __slots__ = ("job_id", "nacked", "on_settled", "queue", "returned", "settled")
 
     def __init__(self, job_id: str, queue: str) -> None:
         self.job_id = job_id
@@ -24,6 +25,8 @@ class PendingPublish:
         self.settled = False
         self.nacked = False
         self.returned: str | None = None
+        #: Called once settled (publishes nobody waits for: :mod:`.deferred`).
+        self.on_settled: Callable[[PendingPublish], None] | None = None
 
 
 class ConfirmTracker:
@@ -73,6 +76,8 @@ class ConfirmTracker:
         if pending.job_id and self._by_id.get(pending.job_id) is pending:
             # A return always precedes its confirm: none can match after it.
             del self._by_id[pending.job_id]
+        if pending.on_settled is not None:
+            pending.on_settled(pending)
 
     @property
     def outstanding(self) -> int:

@@ -5,7 +5,8 @@ unacknowledged, and closing the channel puts them back where they were.
 A replay republishes the job to its queue (same id, attempt reset, error
 history kept), waits for the broker's confirm, and only then acks the dead
 letter: an interruption leaves the job in the DLQ, the job queue, or both
-(at-least-once), never in neither.
+(at-least-once), never in neither.  Replaying every dead letter does the same a
+window of jobs at a time (pipelined publishes, one ack for the window).
 """
 
 from __future__ import annotations
@@ -19,13 +20,19 @@ from typing import Any, TypeVar
 import amqp
 import kombu
 
-from ..spec.errors import DeadLetterNotFound, OJSConfigurationError
+from ..spec.errors import DeadLetterNotFound, JobNackedError, OJSConfigurationError
 from ..spec.failures import reset_for_replay, without_failure_headers
 from ..spec.naming import UNROUTABLE
 from .channel import Channel
+from .drain import drain_until
 from .job_channel import JobConnection
 
 T = TypeVar("T")
+
+#: Dead letters a replay consumes, republishes (pipelined) and acks at a time.
+REPLAY_WINDOW = 500
+#: Longest wait for the next window of dead letters to arrive.
+REPLAY_WAIT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -164,16 +171,80 @@ class DeadLetterQueue:
         self._with_channel(replay_one)
 
     def replay_all(self, progress: Callable[[str], None] | None = None) -> list[str]:
-        """Replay every dead letter present when called; returns the job ids, in order."""
-        def replay_every(channel: Channel) -> list[str]:
-            replayed = []
-            for message in self._browse(channel):
-                job_id = self._replay(channel, message)
-                replayed.append(job_id)
-                if progress is not None:
-                    progress(job_id)
-            return replayed
+        """Replay every dead letter present when called; returns the job ids, in order
+        (:meth:`replay_each` keeps none)."""
+        replayed: list[str] = []
+
+        def step(job_id: str) -> None:
+            replayed.append(job_id)
+            if progress is not None:
+                progress(job_id)
+
+        self.replay_each(step)
+        return replayed
+
+    def replay_each(self, progress: Callable[[str], None],
+                    stop: Callable[[], bool] | None = None) -> int:
+        """Replay every dead letter present when called, calling ``progress`` with each
+        job id; returns how many were replayed.
+
+        Streams: :data:`REPLAY_WINDOW` dead letters at a time are consumed,
+        republished pipelined (mandatory, confirmed) and then acked together, so
+        memory does not grow with the queue and the rate is a batch's, not one
+        round trip per job.  ``progress`` is called once a job's window is
+        replayed; ``stop()`` true ends the replay between windows.  A job the broker
+        refuses or returns stops the replay with its dead letter (and those after
+        it) left in the DLQ (:class:`JobNackedError`)."""
+        def replay_every(channel: Channel) -> int:
+            present = channel.queue_declare(self.dlq, passive=True).message_count
+            done = 0
+            if not present:
+                return done
+            if not self.unroutable:
+                self._amqp.ensure_topology(self.queue)
+            channel.basic_qos(0, min(REPLAY_WINDOW, present), False)
+            arrived: list[amqp.Message] = []
+            consumer = channel.basic_consume(self.dlq, no_ack=False, callback=arrived.append)
+            try:
+                while done < present and not (stop is not None and stop()):
+                    want = min(REPLAY_WINDOW, present - done)
+                    drain_until(self._amqp, lambda want=want: len(arrived) >= want,
+                                REPLAY_WAIT_S)
+                    if not arrived:
+                        break  # the rest was taken by someone else meanwhile
+                    batch, arrived[:] = arrived[:want], arrived[want:]
+                    for job_id in self._replay_batch(channel, batch):
+                        done += 1
+                        progress(job_id)
+            finally:
+                if channel.is_open:
+                    channel.basic_cancel(consumer)
+            return done
         return self._with_channel(replay_every)
+
+    def _replay_batch(self, channel: Channel, batch: list[amqp.Message]) -> list[str]:
+        """Republish ``batch`` pipelined, then ack the dead letters the broker took."""
+        messages, job_ids = [], []
+        for message in batch:
+            job_id, queue, replayed = self._replayed_copy(message)
+            if queue != self.queue:  # a dead letter of ``unroutable`` goes to its own queue
+                self._amqp.ensure_topology(queue)
+            job_ids.append(job_id)
+            messages.append((replayed, self.names.direct_exchange, queue))
+        accepted = channel.publish_many_confirmed(messages, mandatory=True)
+        taken = 0
+        while taken < len(batch) and accepted[taken]:
+            taken += 1
+        if taken:
+            channel.basic_ack(batch[taken - 1].delivery_tag, multiple=True)
+        if taken < len(batch):
+            self._amqp.forget_topology(self.queue)
+            raise JobNackedError(
+                f"the broker refused or returned job {job_ids[taken]} replayed to "
+                f"{self.names.job_queue(self.queue)!r}; it and the {len(batch) - taken - 1} "
+                f"after it stay in {self.dlq!r} ({taken} of this batch were replayed)",
+                job_id=job_ids[taken], queue=self.queue)
+        return job_ids
 
     def delete(self, job_id: str) -> DeadLetter:
         """Remove the dead letter of ``job_id`` for good and return it; raises
@@ -197,6 +268,16 @@ class DeadLetterQueue:
         return DeadLetter.from_message(queue, message)
 
     def _replay(self, channel: Channel, message: amqp.Message) -> str:
+        job_id, queue, replayed = self._replayed_copy(message)
+        self._amqp.ensure_topology(queue)
+        channel.publish_confirmed(replayed, self.names.direct_exchange, queue,
+                                  job_id=job_id, queue=queue)
+        channel.basic_ack(message.delivery_tag)
+        return job_id
+
+    def _replayed_copy(self, message: amqp.Message) -> tuple[str, str, amqp.Message]:
+        """The job id, its OJS queue (each its own for ``unroutable``), and the message
+        that puts the job back on that queue."""
         dead = self._dead_letter(message)
         if dead.envelope is not None:
             body, headers = reset_for_replay(dead.body, dead.headers)
@@ -204,11 +285,7 @@ class DeadLetterQueue:
             body, headers = dead.body, without_failure_headers(dead.headers)
         properties = dict(message.properties)
         properties["application_headers"] = headers
-        self._amqp.ensure_topology(dead.queue)
-        channel.publish_confirmed(amqp.Message(body, **properties), self.names.direct_exchange,
-                                  dead.queue, job_id=dead.job_id, queue=dead.queue)
-        channel.basic_ack(message.delivery_tag)
-        return dead.job_id
+        return dead.job_id, dead.queue, amqp.Message(body, **properties)
 
     def _browse(self, channel: Channel) -> Iterator[amqp.Message]:
         """Every message present now, unacknowledged (closing the channel requeues them)."""

@@ -31,9 +31,11 @@ from ..spec.errors import (
     UnroutableJobError,
 )
 from ..spec.naming import TopologyNames
+from ..spec.settings import OJSSettings
 from ..spec.trace_context import trace_id_of
 from .binding import Binding
 from .confirms import ConfirmTracker, PendingPublish
+from .deferred import DeferredConfirms
 from .job_channel import JobConnection
 from .publish_frames import PublishFrames
 
@@ -111,10 +113,13 @@ class JobPublisher:
 
     def __init__(self, channel: Channel) -> None:
         self._channel = channel
+        #: Jobs published without waiting (``ojs_publish_confirms="deferred"``).
+        self.deferred = DeferredConfirms(self)
         self.reset()
 
     def reset(self) -> None:
         """The channel was (re)opened: confirm mode and frame numbers start anew."""
+        self.deferred.channel_lost()
         self._confirming = False
         self.confirms = ConfirmTracker()
         self._frames: PublishFrames | None = None
@@ -140,19 +145,28 @@ class JobPublisher:
         connection.ensure_topology(queue)
         message = amqp.Message(job.body, **job.properties)
         self.announce(job)
+        publish = (self.publish_confirmed if ojs.settings.publish_confirms == "wait"
+                   else self.publish_deferred)
         if job.delay_ms > 0:
             exchange, routing_key, mandatory = self.route_scheduled(
                 message.properties, job.job_id, queue, job.delay_ms)
-            self.publish_confirmed(message, exchange, routing_key, job_id=job.job_id,
-                                   queue=queue, mandatory=mandatory, timeout=timeout,
-                                   confirm_timeout=confirm_timeout)
+            publish(message, exchange, routing_key, job_id=job.job_id, queue=queue,
+                    mandatory=mandatory, timeout=timeout, confirm_timeout=confirm_timeout)
         else:  # under the queue's backpressure strategy (ojs_kombu.spec.backpressure)
             ojs.backpressure.publish(
-                queue, job.job_id, job.job_type, lambda: self.publish_confirmed(
+                queue, job.job_id, job.job_type, lambda: publish(
                     message, ojs.names.direct_exchange, queue, job_id=job.job_id, queue=queue,
                     timeout=timeout, confirm_timeout=confirm_timeout),
                 connection.queue_depth)
         ojs.hook.message_published(queue, 1)
+
+    def publish_deferred(self, message: amqp.Message, exchange: str, routing_key: str, *,
+                         job_id: str, queue: str, mandatory: bool = True,
+                         timeout: float | None = None,
+                         confirm_timeout: float | None = None) -> None:
+        """Publish in confirm mode and return without waiting (:mod:`.deferred`)."""
+        self.deferred.publish(message, exchange, routing_key, job_id=job_id, queue=queue,
+                              mandatory=mandatory, timeout=timeout)
 
     def announce(self, job: OutgoingJob) -> None:
         """``job.enqueued``/``job.scheduled``, before the publish: a worker may start the
@@ -214,22 +228,25 @@ class JobPublisher:
         return pending
 
     def publish_many_confirmed(self, messages: list[tuple[amqp.Message, str, str]],
-                               confirm_timeout: float | None = None) -> list[bool]:
-        """Pipelined publishes (not mandatory) and one wait for all their confirms;
-        ``True`` for each message the broker accepted."""
+                               confirm_timeout: float | None = None, *,
+                               mandatory: bool = False) -> list[bool]:
+        """Pipelined publishes and one wait for all their confirms; ``True`` for each
+        message the broker accepted (``mandatory``: and routed, matched by
+        ``message_id``)."""
         self.confirm_mode()
         tracked = []
         try:
             for message, exchange, routing_key in messages:
-                tag, pending = self.confirms.track("", exchange)
+                job_id = (message.properties.get("message_id") or "") if mandatory else ""
+                tag, pending = self.confirms.track(job_id, exchange)
                 tracked.append((tag, pending))
-                self.send(message, exchange, routing_key, False, None)
+                self.send(message, exchange, routing_key, mandatory, None)
             for _, pending in tracked:
                 self._wait_settled(pending, confirm_timeout)
         finally:
             for tag, pending in tracked:
                 self.confirms.forget(tag, pending)
-        return [not pending.nacked for _, pending in tracked]
+        return [not pending.nacked and pending.returned is None for _, pending in tracked]
 
     def publish_other(self, message: amqp.Message, exchange: str, routing_key: str,
                       mandatory: bool, timeout: float | None,
@@ -261,6 +278,19 @@ class JobPublisher:
                 f"within {limit}s: it may or may not be enqueued",
                 job_id=pending.job_id, queue=pending.queue,
             )
+
+    # -- what deferred confirms use (ojs_kombu.amqp.deferred) -------------------
+
+    @property
+    def settings(self) -> OJSSettings:
+        return self._channel.ojs.settings
+
+    def read_arrived(self, timeout: float) -> None:
+        """Read and handle one incoming method (:class:`TimeoutError`: none in time)."""
+        self._channel.connection.drain_events(timeout=timeout)
+
+    def forget_topology(self, queue: str) -> None:
+        self._channel.connection.forget_topology(queue)
 
     # -- the wire -------------------------------------------------------------
 

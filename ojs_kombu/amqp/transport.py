@@ -176,6 +176,9 @@ class Connection(pyamqp.Connection):
         self._close_loop_wake()
         if self.connected:
             self.ojs_outcomes.wait_in_flight(OUTCOME_CLOSE_WAIT_S)
+            for channel in list((self.channels or {}).values()):
+                if isinstance(channel, Channel) and channel.is_open:
+                    channel.flush_confirms()  # jobs published without waiting
         self.ojs_loop_acks.write_collected("the connection closed")
         self.ojs_outcomes.reset()
         return super().close(*args, **kwargs)

@@ -11,6 +11,9 @@
 * once the configuration is loaded (Celery's ``on_after_configure`` signal),
   OJS delivery semantics, the ``ojs`` content type and no pickle
   (:mod:`ojs_kombu.celery.conf`);
+* a worker (and each prefork pool process) waits for the confirms of jobs its
+  tasks published without waiting (``ojs_publish_confirms = "deferred"``)
+  before it exits;
 * a worker's warm shutdown starts at once (its event loop is woken, not left
   to finish a poll of up to 10 s);
 * worker bootsteps: the preflight that refuses a worker that cannot speak OJS
@@ -24,8 +27,9 @@ from __future__ import annotations
 from typing import Any
 
 from celery import Celery
-from celery.signals import worker_shutting_down
+from celery.signals import worker_process_shutdown, worker_shutdown, worker_shutting_down
 
+from ..amqp.deferred import flush_on_signal
 from ..amqp.read_ahead import wake_loops
 from ..spec.errors import OJSConfigurationError
 from .app_amqp import OJSAMQP
@@ -69,6 +73,12 @@ def _start_shutdown_now(**_: Any) -> None:
     its event loop checks between polls, and the poll may sleep up to 10 s before it
     looks; waking the ``ojs`` connections' loops makes it look at once."""
     wake_loops()
+
+
+# Jobs tasks published without waiting for their confirms (ojs_publish_confirms =
+# "deferred") are confirmed before the worker, or a prefork pool process, exits.
+worker_shutdown.connect(flush_on_signal, weak=False)
+worker_process_shutdown.connect(flush_on_signal, weak=False)
 
 
 def is_installed(app: Celery) -> bool:

@@ -168,8 +168,9 @@ def replay(ctx: click.Context, queue: str, job_id: str | None, legacy_id: str | 
     """Put the dead letter of JOB_ID (or --all) back on QUEUE (same id, attempt 1, error
     history kept).
 
-    Each job is republished and confirmed before its dead letter is removed:
-    Ctrl-C stops between jobs and loses nothing (exit 130); run it again to go on.
+    Each job is republished and confirmed before its dead letter is removed, a
+    window of up to 500 jobs at a time: Ctrl-C stops between windows and loses
+    nothing (exit 130); run it again to go on.
     """
     job_id = _job_id(ctx, job_id, legacy_id)
     _one_or_all(job_id, every)
@@ -180,24 +181,30 @@ def replay(ctx: click.Context, queue: str, job_id: str | None, legacy_id: str | 
                  f"replayed {job_id} to {_target(dead_letters)}")
             return
         total = len(dead_letters)
+        # the ids only for --json (which prints them): memory stays flat otherwise
+        keep_ids = options(ctx).json
         replayed: list[str] = []
+        count = 0
         # on stderr: stdout stays one JSON document with --json
         bar = click.progressbar(length=total, label=f"replaying {total} job(s)",
                                 file=sys.stderr, show_pos=True)
-        # Ctrl-C takes effect between jobs: an interrupt in the middle of a frame
+        # Ctrl-C takes effect between windows: an interrupt in the middle of a frame
         # would leave the AMQP stream half-written and the close waiting for ever.
         stop = threading.Event()
         previous = signal.signal(signal.SIGINT, lambda *_: stop.set())
         try:
             with bar:
                 def step(done: str) -> None:
-                    replayed.append(done)
+                    nonlocal count
+                    count += 1
+                    if keep_ids:
+                        replayed.append(done)
                     bar.update(1)
-                    if stop.is_set():
-                        raise KeyboardInterrupt
-                dead_letters.replay_all(progress=step)
+                dead_letters.replay_each(step, stop=stop.is_set)
+            if stop.is_set() and count < total:
+                raise KeyboardInterrupt
         except KeyboardInterrupt:
-            click.echo(f"interrupted after {len(replayed)} of {total}; the others are still "
+            click.echo(f"interrupted after {count} of {total}; the others are still "
                        f"in {dead_letters.dlq}", err=True)
             emit(ctx, {"queue": dead_letters.queue, "replayed": replayed,
                        "interrupted": True})
@@ -205,7 +212,7 @@ def replay(ctx: click.Context, queue: str, job_id: str | None, legacy_id: str | 
         finally:
             signal.signal(signal.SIGINT, previous)
     emit(ctx, {"queue": dead_letters.queue, "replayed": replayed},
-         f"replayed {len(replayed)} job(s) to {_target(dead_letters)}")
+         f"replayed {count} job(s) to {_target(dead_letters)}")
 
 
 @dlq.command()

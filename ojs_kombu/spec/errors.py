@@ -200,6 +200,20 @@ class BatchPublishError(JobPublishError):
         super().__init__(message)
 
 
+class DeferredPublishError(BatchPublishError):
+    """Jobs published without waiting for their confirms (``ojs_publish_confirms =
+    "deferred"``) that were not accepted: raised by the next publish on the same
+    channel or by ``ojs_kombu.flush_confirms()`` when no ``ojs_on_publish_error`` takes
+    them.  ``rejected`` maps each job the broker returned, or still refused after its
+    re-sends, to the reason; ``unconfirmed`` lists those whose confirm never came (they
+    may or may not be enqueued).  ``errors`` holds each job's own error."""
+
+    def __init__(self, message: str, *, errors: tuple[JobPublishError, ...],
+                 rejected: dict[str, str], unconfirmed: tuple[str, ...]) -> None:
+        self.errors = errors
+        super().__init__(message, rejected=rejected, unconfirmed=unconfirmed, accepted=())
+
+
 class QueueFullError(JobPublishError):
     """Backpressure (BP-002, HTTP 429 on AMQP): a bounded queue cannot take the job; it
     was not enqueued and may be published again after :attr:`retry_after` seconds.

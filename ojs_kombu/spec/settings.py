@@ -12,7 +12,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .backpressure import (
     ProducerBackpressure,
@@ -55,6 +55,23 @@ class OJSSettings(BaseModel):
     max_priority: int | None = Field(default=10, ge=1, le=255)
     #: Seconds to wait for a publisher confirm before raising ``PublishConfirmTimeout``.
     confirm_timeout: float = Field(default=30.0, gt=0)
+    #: How a job's publish waits for its publisher confirm (AMQP-014).  ``"wait"``: it
+    #: returns once the broker confirmed the job, and raises if it did not.
+    #: ``"deferred"`` (opt-in): it returns once the job is written; its confirm is read
+    #: later on the same channel (next publishes, a full window, ``flush_confirms()``,
+    #: the connection's close, worker shutdown, process exit).  A refused job is
+    #: written again with backoff for up to ``confirm_timeout``; a returned one, or one
+    #: refused or unconfirmed for good, goes to ``on_publish_error`` or is raised by the
+    #: channel's next publish (``DeferredPublishError``).  Batches always wait.
+    publish_confirms: Literal["wait", "deferred"] = "wait"
+    #: ``"deferred"`` mode: most jobs one channel has written and not yet seen confirmed;
+    #: a publish beyond it waits for confirms first.  A process that dies can lose at
+    #: most this many jobs per publishing channel (the broker may or may not hold them).
+    unconfirmed_window: int = Field(default=1000, ge=1)
+    #: ``"deferred"`` mode: called with the ``JobPublishError`` of each job that was not
+    #: accepted (``UnroutableJobError``, ``JobNackedError``, ``PublishConfirmTimeout``),
+    #: in the publishing thread.  ``None``: they are raised instead (see above).
+    on_publish_error: Any = None
     #: Largest job body (the envelope's JSON, in bytes) a producer publishes; a bigger
     #: one raises ``JobTooLargeError`` before anything is sent.  The default is
     #: RabbitMQ's default ``max_message_size`` (128 MiB); ``None``: no check.
@@ -136,6 +153,13 @@ class OJSSettings(BaseModel):
     #: without a key) or ``"retry"`` it later through the broker.  Never acked as a
     #: duplicate; either way ``ojs.dedup.degraded`` counts it and a warning says so.
     dedup_when_down: Literal["run", "retry"] = "run"
+
+    @field_validator("on_publish_error")
+    @classmethod
+    def _callable_or_none(cls, value: Any) -> Any:
+        if value is not None and not callable(value):
+            raise ValueError(f"ojs_on_publish_error must be callable, not {value!r}")
+        return value
 
     def schedule_arguments(self) -> dict[str, Any]:
         """``Queue.Declare`` arguments of the scheduling ladder, which every queue shares:

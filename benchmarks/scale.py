@@ -1,0 +1,308 @@
+"""Cost as the work grows: an app of 1, 10 and 100 job queues, ojs_kombu against plain
+Celery on the same broker (issue 39).
+
+Each side and queue count gets a private vhost (created and deleted with
+``rabbitmqctl``) and one worker subprocess consuming every queue
+(``scale_app.py``, threads pool).  Measured, per side and count:
+
+* the time from starting the worker to its ``ready`` line;
+* queues, exchanges and bindings of the vhost at rest (the worker consuming,
+  nothing published), and after a round of retries and schedules (one job per
+  queue that fails once and retries with a 2 s countdown, one job per queue
+  with a 60 s countdown), both from ``rabbitmqctl``; the server's default
+  exchanges and the default exchange's implicit bindings are not counted;
+* broker memory: the sum of the ``memory`` RabbitMQ reports for the vhost's
+  queues (each queue's own process), at rest and after;
+* the worker's RSS (its whole process tree), at rest and after;
+* ojs_kombu's retry queues: how many, and the idle time after which the broker
+  deletes each (its ``x-expires``).
+
+Called by ``run.py --only scale``; see benchmarks/README.rst.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from scale_app import make_app, queue_names  # noqa: E402
+from scheduling import rss_bytes  # noqa: E402
+
+#: The three-node cluster of the quorum-queue run (``--only scale_cluster``): ports and
+#: node names of its own, apart from the fault suite's (5681-5683) and the cluster
+#: drain's (5691-5693).
+CLUSTER_PORTS = (5786, 5787, 5788)
+CLUSTER_DIST_PORTS = (25786, 25787, 25788)
+CLUSTER_NAME = "ojs-scl"
+SIDES = ("plain", "ojs")
+LABELS = {"plain": "plain Celery", "ojs": "ojs_kombu"}
+COUNTS = (1, 10, 100)
+POOL, CONCURRENCY = "threads", 4
+READY_TIMEOUT_S = 300.0
+SCHEDULE_COUNTDOWN_S = 60
+#: Targets of issue 39 (item 1) checked here.
+START_RATIO_MAX = 1.5
+MB = 1024 * 1024
+
+
+@dataclass
+class Settings:
+    counts: tuple[int, ...] = COUNTS
+    quorum: bool = False
+    timeout_s: float = 120.0
+
+
+@dataclass
+class Objects:
+    queues: int
+    exchanges: int
+    bindings: int
+    queue_memory_mb: float
+    retry_queues: int = 0
+    retry_queue_expires_s: list[float] = field(default_factory=list)
+
+
+@dataclass
+class ScaleResult:
+    side: str
+    job_queues: int
+    start_s: float
+    rest: Objects
+    after: Objects
+    rss_rest_mb: float
+    rss_after_mb: float
+    retried: int
+
+
+Ctl = Callable[..., str]
+
+
+def local_ctl(*args: str, timeout: float = 120) -> str:
+    done = subprocess.run(["rabbitmqctl", "-q", *args], capture_output=True, text=True,
+                          timeout=timeout, check=True)
+    return done.stdout
+
+
+def count_objects(ctl: Ctl, vhost: str) -> Objects:
+    """What the broker holds in ``vhost`` (its default exchanges left out)."""
+    def rows(kind: str, *columns: str) -> list[list[str]]:
+        out = ctl(f"list_{kind}", "-p", vhost, "--no-table-headers", *columns)
+        return [line.split("\t") for line in out.splitlines() if line.strip()]
+
+    queues = rows("queues", "name", "memory", "arguments")
+    exchanges = [r for r in rows("exchanges", "name")
+                 if r[0] and not r[0].startswith("amq.")]
+    bindings = [r for r in rows("bindings", "source_name") if r[0]]
+    retry = [q for q in queues if ".ojs.queue.retry." in f".{q[0]}"]
+    expires = []
+    for q in retry:
+        found = re.search(r'"x-expires",\s*(\d+)', q[2] if len(q) > 2 else "")
+        if found:
+            expires.append(int(found.group(1)) / 1000)
+    return Objects(len(queues), len(exchanges), len(bindings),
+                   sum(int(q[1]) for q in queues if q[1].isdigit()) / MB, len(retry),
+                   sorted(set(expires)))
+
+
+@contextmanager
+def private_vhost(ctl: Ctl, name: str) -> Iterator[str]:
+    ctl("add_vhost", name)
+    try:
+        ctl("set_permissions", "-p", name, "guest", ".*", ".*", ".*")
+        yield name
+    finally:
+        ctl("delete_vhost", name)
+
+
+class Worker:
+    """``celery -A scale_app worker -Q q0,...`` for one side, timed to its ready line."""
+
+    def __init__(self, side: str, broker_url: str, n: int, workdir: Path,
+                 quorum: bool) -> None:
+        self.log = workdir / f"{side}-{n}.log"
+        self.record = workdir / f"{side}-{n}.record"
+        self.record.touch()
+        env = {**os.environ,
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE),
+                                                           os.environ.get("PYTHONPATH")])),
+               "BENCH_SCALE_BROKER": broker_url, "BENCH_SCALE_SIDE": side,
+               "BENCH_SCALE_RECORD": str(self.record),
+               "BENCH_SCALE_QUORUM": "1" if quorum else "0"}
+        self.started = time.perf_counter()
+        with self.log.open("wb") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "celery", "-A", "scale_app", "worker", "--pool", POOL,
+                 "-c", str(CONCURRENCY), "-Q", ",".join(queue_names(n)),
+                 "--without-mingle", "--without-gossip", "--loglevel", "INFO",
+                 "-n", f"scale-{side}-{n}-{os.getpid()}@{socket.gethostname()}"],
+                env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+    def wait_ready(self) -> float:
+        """Seconds from the start to the worker's ``ready.`` line."""
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"worker exited ({self.process.returncode}):\n"
+                                   f"{self.tail()}")
+            if " ready." in self.log.read_text(errors="replace"):
+                return time.perf_counter() - self.started
+            time.sleep(0.02)
+        raise RuntimeError(f"worker not ready within {READY_TIMEOUT_S:.0f}s:\n{self.tail()}")
+
+    def tail(self) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-20:])
+
+    def done(self) -> int:
+        return len(self.record.read_text().splitlines())
+
+    def rss_mb(self) -> float:
+        return rss_bytes(self.process.pid) / MB
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def measure(side: str, n: int, broker_url: str, ctl: Ctl, vhost: str, workdir: Path,
+            settings: Settings, log: Callable[[str], None]) -> ScaleResult:
+    """One side with ``n`` job queues in ``vhost`` (``broker_url`` points at it)."""
+    worker = Worker(side, broker_url, n, workdir, settings.quorum)
+    try:
+        start_s = worker.wait_ready()
+        time.sleep(1.0)  # the consumers and remote control settle
+        rest, rss_rest = count_objects(ctl, vhost), worker.rss_mb()
+        log(f"scale: {LABELS[side]} x{n}: ready in {start_s:.2f}s, {rest.queues} queues at "
+            "rest; a round of retries and schedules ...")
+        app = make_app(broker_url, side, quorum=settings.quorum)
+        try:
+            retry_once, noop = app.tasks["scale.retry_once"], app.tasks["scale.noop"]
+            for queue in queue_names(n):
+                retry_once.apply_async(("retry",), queue=queue)
+                noop.apply_async(("scheduled",), queue=queue, countdown=SCHEDULE_COUNTDOWN_S)
+        finally:
+            app.close()
+        deadline = time.monotonic() + settings.timeout_s
+        while worker.done() < n and time.monotonic() < deadline:
+            time.sleep(0.1)
+        retried = worker.done()
+        after, rss_after = count_objects(ctl, vhost), worker.rss_mb()
+    finally:
+        worker.stop()
+    return ScaleResult(side, n, start_s, rest, after, rss_rest, rss_after, retried)
+
+
+def run(broker_url: str, settings: Settings, *, ctl: Ctl = local_ctl,
+        log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Every queue count, plain Celery then ojs_kombu (alternating per count)."""
+    results: list[ScaleResult] = []
+    netloc = urlsplit(broker_url).netloc
+    with tempfile.TemporaryDirectory(prefix="ojs-bench-scale-") as tmp:
+        for i, n in enumerate(settings.counts):
+            for side in (SIDES if i % 2 == 0 else SIDES[::-1]):
+                name = f"ojs-scale-{os.getpid()}-{side}-{n}"
+                with private_vhost(ctl, name) as vhost:
+                    scheme = "ojs" if side == "ojs" else "amqp"
+                    url = f"{scheme}://{netloc}/{vhost}"
+                    results.append(measure(side, n, url, ctl, vhost, Path(tmp), settings,
+                                           log))
+    return summarize(results, settings)
+
+
+def run_cluster(settings: Settings, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """:func:`run` with quorum queues on a three-node cluster started for it (and
+    stopped and deleted afterwards, whatever happens); counted on its first node."""
+    if str(HERE.parent) not in sys.path:
+        sys.path.append(str(HERE.parent))  # the fault suite's cluster
+    from faults.cluster import Cluster
+
+    log(f"scale: starting a three-node cluster on ports {CLUSTER_PORTS} ...")
+    with Cluster(CLUSTER_PORTS, CLUSTER_DIST_PORTS, name=CLUSTER_NAME) as cluster:
+        first = cluster.nodes[0]
+        quorum = Settings(counts=settings.counts, quorum=True, timeout_s=settings.timeout_s)
+        try:
+            return run(f"amqp://guest:guest@127.0.0.1:{first.port}//", quorum,
+                       ctl=first.ctl, log=log)
+        finally:
+            log("scale: stopping the cluster ...")
+
+
+def summarize(results: list[ScaleResult], settings: Settings) -> dict[str, Any]:
+    by = {(r.side, r.job_queues): r for r in results}
+    counts = sorted({r.job_queues for r in results})
+    per_queue: dict[str, dict[str, float | None]] = {}
+    for side in SIDES:
+        lo, hi = by.get((side, counts[0])), by.get((side, counts[-1]))
+        if lo is None or hi is None or hi.job_queues == lo.job_queues:
+            continue
+        span = hi.job_queues - lo.job_queues
+        per_queue[side] = {
+            f"{what}_{kind}": (getattr(getattr(hi, what), kind)
+                               - getattr(getattr(lo, what), kind)) / span
+            for what in ("rest", "after") for kind in ("queues", "exchanges", "bindings",
+                                                        "queue_memory_mb")}
+        per_queue[side]["rss_rest_mb"] = (hi.rss_rest_mb - lo.rss_rest_mb) / span
+        per_queue[side]["start_s"] = (hi.start_s - lo.start_s) / span
+    start_ratio = {n: by[("ojs", n)].start_s / by[("plain", n)].start_s
+                   for n in counts if ("ojs", n) in by and ("plain", n) in by}
+    top = counts[-1]
+    return {"results": [asdict(r) for r in results], "per_queue": per_queue,
+            "start_ratio": start_ratio, "quorum": settings.quorum,
+            "target": {"name": f"worker start, {top} queues, <= {START_RATIO_MAX}x plain Celery",
+                       "ratio": start_ratio.get(top),
+                       "met": start_ratio.get(top) is not None
+                       and start_ratio[top] <= START_RATIO_MAX}}
+
+
+def render(result: dict[str, Any]) -> list[str]:
+    from report import grid
+
+    kind = "quorum" if result.get("quorum") else "classic"
+    rows: list[tuple[str, ...]] = [(
+        f"scale ({kind} queues)", "job queues", "start s", "queues rest/after",
+        "exchanges rest/after", "bindings rest/after", "queue mem MB rest/after",
+        "worker RSS MB rest/after", "retry queues (idle expiry s)")]
+    for r in result["results"]:
+        rest, after = r["rest"], r["after"]
+        expiry = ",".join(f"{e:.0f}" for e in after["retry_queue_expires_s"]) or "-"
+        rows.append((LABELS[r["side"]], str(r["job_queues"]), f"{r['start_s']:.2f}",
+                     f"{rest['queues']}/{after['queues']}",
+                     f"{rest['exchanges']}/{after['exchanges']}",
+                     f"{rest['bindings']}/{after['bindings']}",
+                     f"{rest['queue_memory_mb']:.1f}/{after['queue_memory_mb']:.1f}",
+                     f"{r['rss_rest_mb']:.0f}/{r['rss_after_mb']:.0f}",
+                     f"{after['retry_queues']} ({expiry})"))
+    lines = grid(rows)
+    for side, slope in result["per_queue"].items():
+        lines.append(
+            f"  per added job queue, {LABELS[side]}: at rest {slope['rest_queues']:.2f} "
+            f"queues, {slope['rest_exchanges']:.2f} exchanges, {slope['rest_bindings']:.2f} "
+            f"bindings, {slope['rest_queue_memory_mb'] * 1024:.0f} KB queue memory; after "
+            f"{slope['after_queues']:.2f} queues, {slope['after_exchanges']:.2f} exchanges, "
+            f"{slope['after_bindings']:.2f} bindings; worker RSS "
+            f"{slope['rss_rest_mb'] * 1024:.0f} KB; start {slope['start_s'] * 1000:.1f} ms")
+    lines.append("  start ratio (ojs_kombu / plain Celery): " + ", ".join(
+        f"{n} queues {ratio:.2f}x" for n, ratio in result["start_ratio"].items()))
+    target = result["target"]
+    verdict = "-" if target["ratio"] is None else ("met" if target["met"] else "not met")
+    ratio = "-" if target["ratio"] is None else f"{target['ratio']:.2f}"
+    return [*lines, "", *grid([("target (issue 39)", "ratio", "status"),
+                               (target["name"], ratio, verdict)])]

@@ -66,7 +66,7 @@ def cli_run(url: str, *args: str) -> None:
 def test_the_rollback_snippet_deletes_every_ojs_exchange(url: str, vhost: str) -> None:
     cli_run(url, "topology", "declare", "-q", "email", "--schedule")
     before = exchanges(vhost)
-    assert len(before) == 36  # the number the rollback page gives
+    assert len(before) == 38  # the number the rollback page gives
     deleted = operations.delete_exchanges(url, prefix=PREFIX)
     assert set(before) <= set(deleted)
     assert exchanges(vhost) == []

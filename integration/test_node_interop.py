@@ -246,7 +246,10 @@ def test_node_producer_jobs_run_on_a_celery_worker(
     assert set(dead_letters(vhost, TO_CELERY)) == {failing["id"]}
 
     # mandatory + Basic.Return: a control message nobody can receive is reported
-    unroutable = subprocess.run([node, "producer.js", "info", "nobody-consumes-this",
+    # (a name of this test's own: another test of the session may have declared a
+    # control queue for a fixed name)
+    nobody = f"nobody-node-{os.getpid()}-{ok['id'][-12:]}"
+    unroutable = subprocess.run([node, "producer.js", "info", nobody,
                                  ok["id"]], cwd=NODE_DIR, env=node_env, capture_output=True,
                                 text=True, timeout=60, check=False)
     assert unroutable.returncode == 1 and "unroutable" in unroutable.stderr

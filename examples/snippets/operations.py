@@ -46,7 +46,8 @@ def delete_exchanges(broker_url: str, prefix: str = "") -> list[str]:
     from ojs_kombu.spec.naming import TopologyNames
 
     names = TopologyNames(prefix=prefix)     # your app's ojs_prefix, if any
-    exchanges = [names.direct_exchange, names.dlx_exchange, names.retry_exchange,
+    exchanges = [names.direct_exchange, names.dlx_exchange, names.dlx_guard_exchange,
+                 names.dlx_unroutable_exchange, names.retry_exchange,
                  names.delayed_exchange, names.schedule_ready_exchange,
                  names.schedule_unroutable_exchange, f"{names.prefix}ojs.exchange.events",
                  *(names.schedule_exchange(k) for k in range(SCHEDULE_LEVELS))]

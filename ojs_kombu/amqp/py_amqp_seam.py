@@ -11,7 +11,6 @@ reader, a missing delivery hook makes acks go out one at a time (py-amqp's own
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from functools import cache
 from typing import Any, TypeVar
@@ -20,7 +19,7 @@ import amqp
 from amqp import serialization
 from amqp import transport as amqp_transport
 
-from ..spec.seams import Hook, verify
+from ..spec.seams import Hook, source_uses, verify
 
 CHECKED = "5.3.1, 5.4.2"
 #: Fallbacks (:func:`fallbacks` holds the ones in force).
@@ -28,13 +27,6 @@ NO_READ_AHEAD = "reading frames with py-amqp's own reader (no read-ahead)"
 NO_LOOP_ACKS = "acking each delivery at once (no acks collected per loop iteration)"
 
 _T = TypeVar("_T", bound=type)
-
-
-def _source_uses(owner: Any, *names: str) -> Callable[[], bool]:
-    def probe() -> bool:
-        source = inspect.getsource(owner)
-        return all(name in source for name in names)
-    return probe
 
 
 def _hook(owner: Any, member: str, why: str, params: tuple[str, ...] | None = None,
@@ -48,10 +40,10 @@ HOOKS: tuple[Hook, ...] = (
           ("n", "initial", "_errnos"), fallback=NO_READ_AHEAD),
     _hook(TCP, "_read_buffer", "the bytes read ahead and not parsed, which py-amqp restores "
           "when a read times out mid-frame",
-          probe=_source_uses(amqp_transport, "self._read_buffer = read_frame_buffer"),
+          probe=source_uses(amqp_transport, "self._read_buffer = read_frame_buffer"),
           fallback=NO_READ_AHEAD),
     _hook(TCP, "_quick_recv", "the socket's recv, as py-amqp's own reader calls it",
-          probe=_source_uses(TCP, "self._quick_recv = self.sock.recv"),
+          probe=source_uses(TCP, "self._quick_recv = self.sock.recv"),
           fallback=NO_READ_AHEAD),
     _hook(amqp.Channel, "_on_basic_deliver", "knowing every delivery that needs an ack, so "
           "that collected acks may settle a run with one frame (amqp/loop_acks.py)",
@@ -63,7 +55,7 @@ HOOKS: tuple[Hook, ...] = (
           "per-publish confirm wait",
           ("msg", "exchange", "routing_key", "mandatory", "immediate", "timeout")),
     _hook(amqp.Channel, "_confirm_selected", "telling py-amqp that ojs_kombu selected confirms",
-          probe=_source_uses(amqp.Channel, "self._confirm_selected = False",
+          probe=source_uses(amqp.Channel, "self._confirm_selected = False",
                              "if not self._confirm_selected")),
     _hook(amqp.Channel, "_on_close", "a confirm channel whose close is reported to its "
           "publisher instead of raised into the loop (amqp/outcomes.py)",

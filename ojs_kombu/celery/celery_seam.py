@@ -20,7 +20,7 @@ from celery.app import amqp as celery_amqp
 from celery.app.task import Task
 from celery.worker.request import Request
 
-from ..spec.seams import Hook, verify
+from ..spec.seams import Hook, source_uses, verify
 
 CHECKED = "5.5.3, 5.6.3, 5.7.0"
 
@@ -28,13 +28,6 @@ _T = TypeVar("_T", bound=type)
 
 #: A chain built with ``|`` (``celery.canvas.chain`` makes these, and is one itself).
 Chain: type = canvas._chain
-
-
-def _source_uses(owner: Any, *names: str) -> Callable[[], bool]:
-    def probe() -> bool:
-        source = inspect.getsource(owner)
-        return all(name in source for name in names)
-    return probe
 
 
 def _hook(owner: Any, member: str, why: str, params: tuple[str, ...] | None = None,
@@ -46,7 +39,7 @@ HOOKS: tuple[Hook, ...] = (
     _hook(celery_amqp.AMQP, "_create_task_sender", "publishing every task as an OJS job "
           "through Celery's own send path (celery/task_sender.py)", ()),
     _hook(celery_amqp.AMQP, "_producer_pool", "producers of the app's own class",
-          probe=_source_uses(celery_amqp.AMQP, "self._producer_pool")),
+          probe=source_uses(celery_amqp.AMQP, "self._producer_pool")),
     _hook(celery_amqp.Queues, "_add", "making every queue of the table a job queue",
           ("queue",)),
     _hook(Request, "_announce_revoked", "acking a cancelled job and emitting job.cancelled",

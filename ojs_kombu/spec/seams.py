@@ -86,6 +86,15 @@ class Hook:
                 f"{self.checked})")
 
 
+def source_uses(owner: Any, *names: str) -> Callable[[], bool]:
+    """A probe: ``owner``'s source still says each of ``names`` (for instance attributes,
+    which no signature shows)."""
+    def probe() -> bool:
+        source = inspect.getsource(owner)
+        return all(name in source for name in names)
+    return probe
+
+
 def installed(distribution: str) -> str:
     try:
         return metadata.version(distribution)

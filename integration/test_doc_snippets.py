@@ -43,16 +43,6 @@ def app(url: str) -> Celery:
     return app
 
 
-@pytest.fixture
-def channel(vhost: str) -> Iterator[amqp.Channel]:
-    connection = amqp.Connection(f"{HOST}:{PORT}", virtual_host=vhost)
-    connection.connect()
-    try:
-        yield connection.channel()
-    finally:
-        connection.close()
-
-
 def exchanges(vhost: str) -> list[str]:
     names = rabbitmqctl("list_exchanges", "-p", vhost, "name").split()
     return sorted(n for n in names if n.startswith(f"{PREFIX}.ojs.exchange."))
@@ -73,7 +63,7 @@ def test_the_rollback_snippet_deletes_every_ojs_exchange(url: str, vhost: str) -
 
 
 def test_the_dead_letter_snippet_reads_replays_and_purges(app: Celery, url: str,
-                                                          channel: amqp.Channel,
+                                                          amqp_channel: amqp.Channel,
                                                           capsys: pytest.CaptureFixture[str]
                                                           ) -> None:
     cli_run(url, "topology", "declare", "-q", "email")
@@ -86,17 +76,17 @@ def test_the_dead_letter_snippet_reads_replays_and_purges(app: Celery, url: str,
         ids.append(result.stdout.strip().split()[-1])
     job_queue = f"{PREFIX}.ojs.queue.email"
     for _ in ids:  # a consumer that gives up on each: the broker dead-letters it
-        message = channel.basic_get(job_queue)
-        channel.basic_reject(message.delivery_tag, requeue=False)
+        message = amqp_channel.basic_get(job_queue)
+        amqp_channel.basic_reject(message.delivery_tag, requeue=False)
     operations.dead_letters(app, ids[0])
     printed = capsys.readouterr().out
     assert all(job_id in printed for job_id in ids)
     # replay(ids[0]) then replay_all() put all three back; purge() found none left
-    assert queue_depth(channel, job_queue) == 3
-    assert queue_depth(channel, f"{PREFIX}.ojs.queue.dlx.email") == 0
+    assert queue_depth(amqp_channel, job_queue) == 3
+    assert queue_depth(amqp_channel, f"{PREFIX}.ojs.queue.dlx.email") == 0
 
 
-def test_the_batch_snippet_enqueues_every_job(app: Celery, channel: amqp.Channel) -> None:
+def test_the_batch_snippet_enqueues_every_job(app: Celery, amqp_channel: amqp.Channel) -> None:
     @app.task(name="email.send", shared=False)
     def send_email(to: str, template: str) -> None:
         return None
@@ -111,5 +101,5 @@ def test_the_batch_snippet_enqueues_every_job(app: Celery, channel: amqp.Channel
 
     results: list[Any] = publishing.batch(app, send_email, resize, ["a.png", "b.png"])
     assert len(results) == 5 and len({r.id for r in results}) == 5
-    assert queue_depth(channel, f"{PREFIX}.ojs.queue.reports") == 1
-    assert queue_depth(channel, f"{PREFIX}.ojs.queue.default") == 3  # one waits 60 s
+    assert queue_depth(amqp_channel, f"{PREFIX}.ojs.queue.reports") == 1
+    assert queue_depth(amqp_channel, f"{PREFIX}.ojs.queue.default") == 3  # one waits 60 s

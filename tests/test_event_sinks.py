@@ -142,6 +142,23 @@ def test_invalid_events_are_counted_not_raised() -> None:
     assert [e.type for e in seen] == ["job.started"]
 
 
+def test_a_refused_cancel_is_in_every_later_event_of_the_job() -> None:
+    """A threads-pool job whose CANCEL could not end it: its later events say so, and
+    they still validate against the section 4 models."""
+    bus, seen = EventBus(), []
+    bus.subscribe(seen.append)
+    events = JobEvents(bus, "ojs://t/p/1")
+    events.validate = True
+    job = JobInfo("x", "a.b", "q", 1)
+    events.job_started(job, "w1")
+    job.cancel = "requested: the threads pool cannot end a running job"
+    events.job_completed(job, 0.5, None)
+    events.job_failed(job, "HANDLER_ERROR", "boom", False, None)
+    assert events.invalid == 0
+    assert [(e.type, e.data.get("cancel")) for e in seen] == [
+        ("job.started", None), ("job.completed", job.cancel), ("job.failed", job.cancel)]
+
+
 def test_helpers() -> None:
     assert trace_id_of("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01") == (
         "4bf92f3577b34da6a3ce929d0e0e4736")

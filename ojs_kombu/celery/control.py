@@ -137,6 +137,9 @@ def _end_after_grace(state: Any, job_id: str, request: Any, pool: Any) -> None:
         why = (f"requested: the {POOL_NAMES.get(kind, kind)} pool cannot end a running job; "
                "it runs to its end unless the task checks self.ojs.cancelled")
         unstoppable.remember(job_id, why)
+        message = request.message
+        if isinstance(message, JobMessage):
+            message.ojs.info().cancel = why  # the job's later events say it too
         logger.warning("cancel of job %s: %s", job_id, why)
         return
 

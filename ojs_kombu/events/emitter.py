@@ -215,7 +215,8 @@ class JobEvents(Observer):
 class JobInfo:
     """What every job event says about its job."""
 
-    __slots__ = ("_labels", "attempt", "enqueued_at", "job_id", "job_type", "queue", "trace_id")
+    __slots__ = ("_labels", "attempt", "cancel", "enqueued_at", "job_id", "job_type", "queue",
+                 "trace_id")
 
     def __init__(self, job_id: str, job_type: str, queue: str, attempt: int = 0,
                  trace_id: str | None = None, enqueued_at: datetime | None = None) -> None:
@@ -225,6 +226,9 @@ class JobInfo:
         self.attempt = attempt
         self.trace_id = trace_id
         self.enqueued_at = enqueued_at
+        #: Why a CANCEL of this running job was not carried out (its pool cannot end it):
+        #: every later event of the job says so in ``data.cancel``, as INFO does.
+        self.cancel: str | None = None
         self._labels: dict[str, str] | None = None
 
     @classmethod
@@ -240,6 +244,8 @@ class JobInfo:
         data = {"job_type": self.job_type, "queue": self.queue}
         if self.trace_id is not None:
             data["trace_id"] = self.trace_id
+        if self.cancel is not None:
+            data["cancel"] = self.cancel
         return data
 
     def labels(self) -> dict[str, str]:

@@ -177,6 +177,29 @@ def test_replace_cancels_the_existing_job_and_runs_the_new_one(
     assert runs(tag) == {second.id: 1}
 
 
+def test_a_replaced_job_never_runs_when_its_cancel_comes_late(
+        producer: Celery, broker_url: str, tag: str, tmp_path: Path,
+        amqp_channel: amqp.Channel) -> None:
+    """The CANCEL of the replaced job has not reached a worker (purged here: a worker that
+    reads it late) and the job that replaced it completed first, which frees its unique
+    record: the replaced job, once due, is still skipped, never run."""
+    queue = f"dedup-late-{tag[:6]}"
+    policy = {"keys": ["type", "args"], "on_conflict": "replace", "period": "PT1M"}
+    count = producer.tasks["dedup.count"]
+    first = count.apply_async((tag, 1), queue=queue, ojs_unique=policy, countdown=3)
+    second = count.apply_async((tag, 1), queue=queue, ojs_unique=policy)
+    amqp_channel.queue_purge(f"ojs.queue.control.{queue}")  # the CANCEL, never read
+    log = tmp_path / "worker.log"
+    worker = start_worker(broker_url, queue, log, "-c", "2")
+    try:
+        assert second.get(timeout=60) == 2
+        wait_until(lambda: f"job {first.id}: replaced by job {second.id}" in log.read_text(),
+                   60, "the replaced job, due, skipped")
+    finally:
+        stop_worker(worker)
+    assert runs(tag) == {second.id: 1}
+
+
 def test_replace_except_schedule_keeps_the_existing_schedule(producer: Celery,
                                                              tag: str) -> None:
     policy = {"keys": ["type", "args"], "on_conflict": "replace_except_schedule",

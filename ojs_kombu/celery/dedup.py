@@ -57,7 +57,7 @@ from ..spec.unique import (
     resolve,
     unique_policy,
 )
-from .dedup_store import DedupStore, UniqueRecord, store_for
+from .dedup_store import REPLACED, DedupStore, UniqueRecord, store_for
 
 logger = logging.getLogger(__name__)
 
@@ -273,6 +273,11 @@ def _start_unique(task: Task, request: Any, store: DedupStore, unique: Mapping[s
                                   ttl_ms=period_ms(policy, claim.retention_s))
     if existing is None:
         return
+    if existing.state == REPLACED:  # its CANCEL has not reached this worker (yet)
+        why = f"job {request.id}: replaced by job {existing.job_id} (unique, on_conflict: " \
+              "replace); not run"
+        logger.info(why)
+        raise DuplicateSkipped(why)
     resolution = resolve(policy, existing.state)
     if getattr(request, "ojs_celery_job", False) or resolution is Resolution.IGNORE:
         raise DuplicateSkipped(f"job {request.id}: job {existing.job_id} holds its unique "

@@ -9,7 +9,10 @@ the scripts apply are :mod:`ojs_kombu.spec.unique`'s.
 Records are small hashes: ``ojs:unique:{fingerprint}`` holds the job id
 (``j``), its lifecycle state (``s``), queue (``q``), schedule (``t``) and the
 states the policy checks (``c``); ``ojs:key:{key}`` holds the state
-(``running``/``completed``), job id and attempt.  Why Redis and not the result
+(``running``/``completed``), job id and attempt.  ``ojs:replaced:{job id}``
+names the job that replaced it (``on_conflict: replace``), for the policy's
+period: the replaced job never runs, even where its CANCEL comes late and the
+job that replaced it has already completed (and left the record).  Why Redis and not the result
 backend: a claim must be atomic and expire by itself; PostgreSQL could do both
 (``INSERT ... ON CONFLICT`` and a reaper) and is not offered yet.
 """
@@ -27,6 +30,8 @@ from ..spec.errors import DedupNotConfigured, DedupUnavailable, OJSConfiguration
 from ..spec.unique import RunVerdict
 
 _CLAIM_UNIQUE = """
+local by = redis.call('GET', KEYS[2])
+if by then return {by, 'replaced', '', ''} end
 local v = redis.call('HMGET', KEYS[1], 'j', 's', 'q', 't')
 if v[1] and v[1] ~= ARGV[1] and v[1] ~= ARGV[7]
     and string.find(',' .. ARGV[5] .. ',', ',' .. v[2] .. ',', 1, true) then
@@ -35,6 +40,7 @@ end
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'j', ARGV[1], 's', ARGV[2], 'q', ARGV[3], 't', ARGV[4], 'c', ARGV[5])
 redis.call('PEXPIRE', KEYS[1], ARGV[6])
+if ARGV[7] ~= '' then redis.call('SET', KEYS[3], ARGV[1], 'PX', ARGV[6]) end
 return {}
 """
 _SET_UNIQUE_STATE = """
@@ -78,7 +84,9 @@ if redis.call('HGET', KEYS[1], 'j') ~= ARGV[1] then return 0 end
 return redis.call('DEL', KEYS[1])
 """
 
-UNIQUE_PREFIX, KEY_PREFIX = "ojs:unique:", "ojs:key:"
+UNIQUE_PREFIX, KEY_PREFIX, REPLACED_PREFIX = "ojs:unique:", "ojs:key:", "ojs:replaced:"
+#: The state :meth:`DedupStore.claim_unique` reports for a job that was replaced.
+REPLACED = "replaced"
 logger = logging.getLogger(__name__)
 
 
@@ -128,6 +136,9 @@ class DedupStore:
     def idempotency_key(self, key: str) -> str:
         return f"{self._namespace}{KEY_PREFIX}{key}"
 
+    def replaced_key(self, job_id: str) -> str:
+        return f"{self._namespace}{REPLACED_PREFIX}{job_id}"
+
     def _call(self, script: _Script, keys: list[str], args: list[Any],
               deferred: bool = False) -> Any:
         try:
@@ -145,8 +156,12 @@ class DedupStore:
                      scheduled_at: str | None, checked: tuple[str, ...], ttl_ms: int,
                      take_over_from: str = "") -> UniqueRecord | None:
         """Claim the fingerprint for ``job_id``; the conflicting record (held by another
-        job, in a checked state, other than ``take_over_from``) when there is one."""
-        found = self._call(self._claim_unique, [self.unique_key(fingerprint)],
+        job, in a checked state, other than ``take_over_from``) when there is one, or,
+        when another job replaced ``job_id``, that job with state :data:`REPLACED`.
+        Taking over from ``take_over_from`` marks it replaced for ``ttl_ms``."""
+        found = self._call(self._claim_unique,
+                           [self.unique_key(fingerprint), self.replaced_key(job_id),
+                            self.replaced_key(take_over_from or job_id)],
                            [job_id, state, queue, scheduled_at or "", ",".join(checked),
                             ttl_ms, take_over_from])
         if not found:

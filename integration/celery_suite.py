@@ -1,6 +1,7 @@
 """Run Celery's own integration tests on ``pyamqp://`` and on ``ojs://``, side by side.
 
-    python integration/celery_suite.py [--only pyamqp|ojs] [--report] [-- PYTEST ARGS]
+    python integration/celery_suite.py [--only pyamqp|ojs] [--files NAME,...] [--report]
+                                       [-- PYTEST ARGS]
 
 Fetches the source distribution of the installed Celery with pip (``pip download
 --no-binary :all: --no-deps celery==<version>``) into a cache directory, never into
@@ -37,8 +38,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 PROJECT = Path(__file__).resolve().parent.parent
-TEST_FILES = tuple(f"t/integration/{name}.py" for name in (
-    "test_tasks", "test_canvas", "test_inspect", "test_group_chains", "test_redis_backend"))
+FILE_NAMES = ("test_tasks", "test_canvas", "test_inspect", "test_group_chains",
+              "test_redis_backend")
+TEST_FILES = tuple(f"t/integration/{name}.py" for name in FILE_NAMES)
 PLUGIN = "integration.celery_suite_plugin"
 
 _UUID7 = ("OJS job ids are UUIDv7: the test passes task_id=str(uuid.uuid4()), which "
@@ -72,6 +74,16 @@ KNOWN_DIFFERENCES: dict[str, str] = {
     "t.integration.test_tasks.test_task_replacement::test_replaced_task_nesting_level_0":
         _CONFIRM,
 }
+
+
+def _files(value: str) -> tuple[str, ...]:
+    """``--files``: names of the five files (with or without ``.py``), in the given order."""
+    names = [name.strip().removesuffix(".py") for name in value.split(",") if name.strip()]
+    unknown = [name for name in names if name not in FILE_NAMES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"the files are {', '.join(FILE_NAMES)}; got "
+                                         f"{', '.join(unknown) or 'none'}")
+    return tuple(f"t/integration/{name}.py" for name in names)
 
 
 def celery_version() -> str:
@@ -117,14 +129,15 @@ def private_vhost(label: str) -> Iterator[str]:
 
 
 def run_suite(root: Path, scheme: str, host: str, backend: str, timeout: float,
-              results: Path, pytest_args: Sequence[str]) -> str:
+              results: Path, pytest_args: Sequence[str],
+              files: Sequence[str] = TEST_FILES) -> str:
     """Run the tests with ``TEST_BROKER=<scheme>://...``; return pytest's result line."""
     with private_vhost(scheme) as vhost:
         env = dict(os.environ, TEST_BROKER=f"{scheme}://guest:guest@{host}/{vhost}",
                    TEST_BACKEND=backend,
                    PYTHONPATH=os.pathsep.join(filter(None, [str(PROJECT),
                                                             os.environ.get("PYTHONPATH")])))
-        command = [sys.executable, "-m", "pytest", *TEST_FILES, "-p", "no:cacheprovider",
+        command = [sys.executable, "-m", "pytest", *files, "-p", "no:cacheprovider",
                    "-p", "no:rerunfailures", f"--timeout={timeout:g}", f"--junitxml={results}",
                    "-q", "-rfE",
                    *(["-p", PLUGIN] if scheme == "ojs" else []), *pytest_args]
@@ -168,6 +181,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         default=Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
                         / "ojs_kombu" / "celery-suite",
                         help="Where Celery's sdist is unpacked and the reports are written.")
+    parser.add_argument("--files", type=_files, default=TEST_FILES,
+                        help="Comma-separated subset of the five files "
+                             f"({', '.join(FILE_NAMES)}); all five by default.")
     parser.add_argument("--report", action="store_true",
                         help="Run nothing: compare the reports of the last run.")
     parser.add_argument("pytest_args", nargs="*", help="Passed to pytest (after --).")
@@ -186,9 +202,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             lines[scheme] = result_line(report.with_suffix(".log"))
             continue
         lines[scheme] = run_suite(root, scheme, args.host, args.backend, args.timeout,
-                                  report, args.pytest_args)
+                                  report, args.pytest_args, args.files)
         print(f"{scheme}://: {lines[scheme]}", flush=True)
-    print(f"\nCelery {version} {' + '.join(TEST_FILES)}")
+    print(f"\nCelery {version} {' + '.join(args.files)}")
     for scheme, line in lines.items():
         print(f"  {scheme + '://':10} {line}")
     if len(schemes) < 2:

@@ -313,7 +313,7 @@ def delete_side(side: StormSide, route: Route, admin: Admin) -> None:
 
 
 @contextmanager
-def _workdir() -> Iterator[Path]:
+def storm_workdir() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="ojs-bench-storm-"))
     try:
         yield path
@@ -327,7 +327,7 @@ def run(admin: Admin, connect: Callable[[], amqp.Connection], broker_url: str, o
     tag = f"{os.getpid()}-{secrets.token_hex(3)}"
     plain_url = "pyamqp://" + broker_url.partition("://")[2]
     pools: dict[str, dict[str, Any]] = {}
-    with _workdir() as workdir:
+    with storm_workdir() as workdir:
         for pool in settings.pools:
             pools[pool] = {}
             for key, url in (("plain", plain_url), ("ojs", ojs_url)):

@@ -3,9 +3,7 @@ publish, events, scheduling and a poison storm.
 
 Run from the repository root::
 
-    python benchmarks/run.py [--jobs N] [--json PATH]
-                             [--only throughput|traced_publish|events|schedule|storm|green|dedup]
-    python benchmarks/run.py --only cluster_drain --rounds 3   # not in the default run
+    python benchmarks/run.py [--jobs N] [--json PATH] [--only PART]
 
 The throughput part publishes with plain Celery (without and with
 ``confirm_publish``), ojs_kombu (``apply_async`` and batch ``enqueue_many``)
@@ -24,8 +22,10 @@ runs one worker subprocess per side, to measure where delayed jobs wait and
 how late they start.  The poison storm (``poison_storm.py``) floods one worker
 subprocess per pool and side with messages it cannot run and times how fast
 they reach the dead-letter queue, whether the worker still answers ``ping`` and
-how fast it exits after SIGTERM.  The green part (``green_drain.py``) drains I/O-bound
-jobs with the gevent and eventlet pools, a worker subprocess per pool and side.
+how fast it exits after SIGTERM; its backlog form (``storm_backlog.py``) queues
+jobs of an unknown type before one worker starts and times their dead-lettering.
+The green part (``green_drain.py``) drains I/O-bound jobs with the gevent and
+eventlet pools, a worker subprocess per pool and side.
 The cluster drain (``cluster_drain.py``, only with ``--only cluster_drain``)
 starts a three-node RabbitMQ cluster of its own and drains a quorum queue on it
 with both sides.  Missed targets are reported, never fatal: the exit code
@@ -78,6 +78,7 @@ import prefork_drain
 import report
 import scale
 import scheduling
+import storm_backlog
 import traced_publish
 from drain_app import TASK_NAME, common_conf
 from dramatiq_side import DramatiqPublisher, queues_of
@@ -91,8 +92,8 @@ POOL = "threads"
 CONCURRENCY = 4
 #: Jobs per batch of ``enqueue_many`` (``--batch-size``).
 BATCH_SIZE = 1000
-PARTS = ("throughput", "traced_publish", "events", "schedule", "storm", "green", "dedup",
-         "scale", "dlq_scale")
+PARTS = ("throughput", "traced_publish", "events", "schedule", "storm", "storm_backlog",
+         "green", "dedup", "scale", "dlq_scale")
 #: Parts that run only when ``--only`` names them (they start brokers of their own).
 EXTRA_PARTS = ("cluster_drain", "scale_cluster")
 
@@ -528,6 +529,8 @@ def render(results: dict[str, dict[str, Any]]) -> str:
         tables.append(scheduling.render(results["schedule"]))
     if "storm" in results:
         tables.append(poison_storm.render(results["storm"]))
+    if "storm_backlog" in results:
+        tables.append(storm_backlog.render(results["storm_backlog"]))
     if "green" in results:
         tables.append(green_drain.render(results["green"]))
     if "dedup" in results:
@@ -695,6 +698,11 @@ def run(broker: Broker, args: argparse.Namespace) -> dict[str, Any]:
                                       timeout_s=args.storm_timeout)
         results["storm"] = poison_storm.run(broker, lambda: connect(args.broker), args.broker,
                                             _ojs_url(args.broker), storm, log=_progress)
+    if "storm_backlog" in args.parts:
+        results["storm_backlog"] = storm_backlog.run(
+            broker, lambda: connect(args.broker), args.broker, _ojs_url(args.broker),
+            jobs=args.storm_jobs, timeout_s=args.storm_timeout, rounds=max(args.rounds, 3),
+            log=_progress)
     if "green" in args.parts:
         green = green_drain.Settings(jobs=args.green_jobs, rounds=args.rounds,
                                      timeout_s=args.timeout)
@@ -1084,7 +1092,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     skipped = {"traced_publish"} if args.skip_traced_publish else set()
     skipped |= {"events"} if args.skip_events else set()
     skipped |= {"schedule"} if args.skip_schedule else set()
-    skipped |= {"storm"} if args.skip_storm else set()
+    skipped |= {"storm", "storm_backlog"} if args.skip_storm else set()
     skipped |= {"green"} if args.skip_green else set()
     skipped |= {"dedup"} if args.skip_dedup else set()
     skipped |= {"scale", "dlq_scale"} if args.skip_scale else set()

@@ -29,6 +29,7 @@ from typing import Any, Protocol
 import amqp
 from amqp import spec
 
+from .declaring import NoWait
 from .drain import drain_until
 from .publish_frames import PublishFrames
 from .py_amqp_seam import close_hook
@@ -98,28 +99,6 @@ class OutcomeChannel(amqp.Channel):
         on_closed = self._on_closed
         self.collect()
         on_closed(reply_code, reply_text)
-
-
-class _NoWait:
-    """A channel whose declarations ask for no reply (``nowait=True``)."""
-
-    def __init__(self, channel: amqp.Channel) -> None:
-        self._channel = channel
-
-    def exchange_declare(self, *args: Any, **kwargs: Any) -> None:
-        self._channel.exchange_declare(*args, nowait=True, **kwargs)
-
-    def exchange_bind(self, *args: Any, **kwargs: Any) -> None:
-        self._channel.exchange_bind(*args, nowait=True, **kwargs)
-
-    def queue_declare(self, *args: Any, **kwargs: Any) -> None:
-        self._channel.queue_declare(*args, nowait=True, **kwargs)
-
-    def queue_bind(self, *args: Any, **kwargs: Any) -> None:
-        self._channel.queue_bind(*args, nowait=True, **kwargs)
-
-    def queue_unbind(self, *args: Any, **kwargs: Any) -> None:
-        self._channel.queue_unbind(*args, nowait=True, **kwargs)
 
 
 class DeadLetterLog:
@@ -213,7 +192,7 @@ class OutcomePublisher:
 
     def declare_nowait(self, declare: Declare, *args: Any) -> None:
         """Run a :mod:`ojs_kombu.amqp.topology` declaration on the outcome channel, pipelined."""
-        declare(_NoWait(self._open()), self._connection.ojs.names, *args)
+        declare(NoWait(self._open()), self._connection.ojs.names, *args)
 
     def run_due(self) -> None:
         """Publish again the outcomes whose backoff is over, then write what was

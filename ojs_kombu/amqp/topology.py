@@ -24,6 +24,7 @@ from ..spec.backpressure import drops_head, rejects_when_full
 from ..spec.delays import SCHEDULE_LEVELS, delivery_binding_key, level_binding_keys
 from ..spec.errors import OJSConfigurationError, TopologyConflictError
 from ..spec.naming import TopologyNames
+from .declaring import declare_on
 
 #: Arguments ojs_kombu owns on every job queue; user arguments may not override them.
 OWNED_ARGUMENTS = ("x-dead-letter-exchange", "x-dead-letter-routing-key")
@@ -41,8 +42,6 @@ DROPPED_QUEUE_ARGUMENTS: Mapping[str, Any] = {
 #: Idle retry queues expire this long after their TTL (``x-expires``); ojs_kombu
 #: re-declares a retry queue it keeps using well before that.
 RETRY_QUEUE_IDLE_MS = 3_600_000
-#: Longest wait for the reply to one declaration.
-DECLARE_TIMEOUT_S = 30.0
 #: Runs a declaration of this module: ``(declare, *args)``.
 Declarer = Callable[..., None]
 
@@ -297,31 +296,6 @@ def _declare(kind: str, name: str, declared: Mapping[str, Any], call: Any) -> No
         raise TopologyConflictError(kind, name, declared, str(exc.reply_text)) from None
 
 
-def declare_on(connection: Any, declare: Callable[..., Any], *args: Any) -> None:
-    """Run ``declare(channel, names, *args)`` on a channel of its own of ``connection`` (an
-    ``ojs`` py-amqp connection), with a blocking socket.
-
-    In a worker's main process the socket belongs to the event loop and is
-    non-blocking; declarations are synchronous RPCs and must wait for replies.
-    """
-    sock = connection.transport.sock
-    previous = sock.gettimeout()
-    sock.settimeout(DECLARE_TIMEOUT_S)
-    try:
-        channel = connection.channel()
-        try:
-            declare(channel, connection.ojs.names, *args)
-        except BaseException:
-            with suppress(Exception):  # the broker may have closed it: keep the cause
-                if channel.is_open:
-                    channel.close()
-            raise
-        channel.close()
-    finally:
-        with suppress(OSError):
-            sock.settimeout(previous)
-
-
 class DeclaredTopology:
     """What one connection declared, so that each declaration is made once on it.
 
@@ -390,7 +364,7 @@ class DeclaredTopology:
     def queue_depth(self, queue: str) -> int | None:
         """Ready jobs in ``ojs.queue.{queue}`` (a passive declare on a channel of its own)."""
         counts: list[int] = []
-        self._declare(lambda channel, names: counts.append(
+        declare_on(self._connection, lambda channel, names: counts.append(
             queue_message_count(channel, names, queue)))
         return counts[0] if counts else None
 
@@ -408,4 +382,4 @@ class DeclaredTopology:
                 del self._retry_declared[key]
 
     def _declare(self, declare: Callable[..., Any], *args: Any) -> None:
-        declare_on(self._connection, declare, *args)
+        declare_on(self._connection, declare, *args, pipelined=True)

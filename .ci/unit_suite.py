@@ -8,7 +8,6 @@ arguments go to both pytest runs.  Exits non-zero if either run fails.
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -24,10 +23,6 @@ def pytest(*args: str) -> int:
 
 
 def main(args: list[str]) -> int:
-    # A background job of a non-interactive shell (.ci/matrix runs the rows in
-    # parallel) starts with SIGINT ignored, and an ignored signal stays ignored in
-    # the pytest it starts: the suite's Ctrl-C tests need Python's own handler.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
     seams = 0
     if (ROOT / SEAMS).is_file():
         seams = pytest(SEAMS, *args)

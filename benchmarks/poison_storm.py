@@ -262,9 +262,7 @@ def measure_side(side: StormSide, app: Celery, route: Route, admin: Admin,
         pinger.join()
         exit_s, killed = worker.terminate()
         returncode = worker.process.returncode
-        worker.kill()  # pool processes left behind, if any
-        dead_letters = read_out(connection, route.dead_letter_queue)
-        kinds = count_kinds(poison, dead_letters, read_out(connection, route.job_queue))
+        dead_letters, kinds = where_each_ended(worker, connection, route, poison)
     finally:
         if worker is not None:
             worker.kill()
@@ -286,6 +284,16 @@ def measure_side(side: StormSide, app: Celery, route: Route, admin: Admin,
         "duplicated": sum(k["duplicated"] for k in kinds.values()),
         "dead_letter_codes": dict(codes) if side.key == "ojs" else {},
     }
+
+
+def where_each_ended(worker: Worker, connection: amqp.Connection, route: Route,
+                     published: list[Any]) -> tuple[list[amqp.Message], dict[str, Any]]:
+    """Once the worker was told to stop: kill what is left of it (pool processes), read
+    both queues out, and count per kind where each published message ended."""
+    worker.kill()
+    dead_letters = read_out(connection, route.dead_letter_queue)
+    return dead_letters, count_kinds(published, dead_letters,
+                                     read_out(connection, route.job_queue))
 
 
 def wait_storm(admin: Admin, route: Route, expected: int, deadline: float, worker: Worker

@@ -24,8 +24,17 @@ from contextlib import suppress
 from typing import Any
 
 import amqp
-from poison_storm import Admin, StormSide, Worker, declare, delete_side, route_of, storm_workdir
-from storm_messages import PipelinedPublisher, count_kinds, ojs_poison, plain_poison, read_out
+from poison_storm import (
+    Admin,
+    StormSide,
+    Worker,
+    declare,
+    delete_side,
+    route_of,
+    storm_workdir,
+    where_each_ended,
+)
+from storm_messages import PipelinedPublisher, ojs_poison, plain_poison
 
 #: The depth poll: its period bounds the error of the first and last dead letter's time.
 POLL_S = 0.01
@@ -66,9 +75,7 @@ def measure_side(side: StormSide, admin: Admin, connect: Callable[[], amqp.Conne
             time.sleep(POLL_S)
         timed_out = last[1] < len(poison)
         worker.terminate()
-        worker.kill()
-        dead_letters = read_out(connection, route.dead_letter_queue)
-        kinds = count_kinds(poison, dead_letters, read_out(connection, route.job_queue))
+        _dead_letters, kinds = where_each_ended(worker, connection, route, poison)
     finally:
         if worker is not None:
             worker.kill()

@@ -189,7 +189,9 @@ def replay(ctx: click.Context, queue: str, job_id: str | None, legacy_id: str | 
         bar = click.progressbar(length=total, label=f"replaying {total} job(s)",
                                 file=sys.stderr, show_pos=True)
         # Ctrl-C takes effect between windows: an interrupt in the middle of a frame
-        # would leave the AMQP stream half-written and the close waiting for ever.
+        # would leave the AMQP stream half-written and the close waiting for ever.  The
+        # handler stays until the command returns: a Ctrl-C after the last window has
+        # nothing left to stop, and the replay reports itself complete.
         stop = threading.Event()
         previous = signal.signal(signal.SIGINT, lambda *_: stop.set())
         try:
@@ -202,17 +204,15 @@ def replay(ctx: click.Context, queue: str, job_id: str | None, legacy_id: str | 
                     bar.update(1)
                 dead_letters.replay_each(step, stop=stop.is_set)
             if stop.is_set() and count < total:
-                raise KeyboardInterrupt
-        except KeyboardInterrupt:
-            click.echo(f"interrupted after {count} of {total}; the others are still "
-                       f"in {dead_letters.dlq}", err=True)
-            emit(ctx, {"queue": dead_letters.queue, "replayed": replayed,
-                       "interrupted": True})
-            ctx.exit(EXIT_INTERRUPTED)
+                click.echo(f"interrupted after {count} of {total}; the others are still "
+                           f"in {dead_letters.dlq}", err=True)
+                emit(ctx, {"queue": dead_letters.queue, "replayed": replayed,
+                           "interrupted": True})
+                ctx.exit(EXIT_INTERRUPTED)
+            emit(ctx, {"queue": dead_letters.queue, "replayed": replayed},
+                 f"replayed {count} job(s) to {_target(dead_letters)}")
         finally:
             signal.signal(signal.SIGINT, previous)
-    emit(ctx, {"queue": dead_letters.queue, "replayed": replayed},
-         f"replayed {count} job(s) to {_target(dead_letters)}")
 
 
 @dlq.command()

@@ -153,10 +153,20 @@ class WorkerEvents(bootsteps.StartStopStep):
             binding.hook.worker_started(parent.hostname, {
                 "queues": self._queues(parent),
                 "concurrency": max(self._concurrency(parent), 1)})
+        # Registered again on every (re)start: on a reconnect Celery 5.5 clears the
+        # worker's timer and 5.7 cancels what was registered while connecting; 5.6
+        # keeps it (hence the cancel, so that one beat stays).
+        self._cancel_heartbeat()
         interval = parent.app.amqp.binding.settings.worker_heartbeat
-        if interval and parent.timer is not None and self._timer is None:
-            self._timer = parent.timer.call_repeatedly(interval, self.heartbeat, (parent,),
+        timer = loop_timer(parent)
+        if interval and timer is not None:
+            self._timer = timer.call_repeatedly(interval, self.heartbeat, (parent,),
                                                        priority=10)
+
+    def _cancel_heartbeat(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     def heartbeat(self, parent: Any) -> None:
         cpu, wall = time.process_time(), time.monotonic()
@@ -178,9 +188,7 @@ class WorkerEvents(bootsteps.StartStopStep):
             parent.hostname, {"active_jobs": len(worker_state.active_requests)})
 
     def shutdown(self, parent: Any) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._cancel_heartbeat()
         binding = parent.app.amqp.binding
         binding.hook.worker_stopped(parent.hostname, {
             "reason": "shutdown", "jobs_completed": completed_jobs,
@@ -251,6 +259,15 @@ def consumed_queues(app: Celery) -> list[str]:
     """The OJS queues this worker consumes."""
     consume_from = app.amqp.queues.consume_from or {}
     return sorted(q.ojs_queue for q in consume_from.values() if isinstance(q, JobQueue))
+
+
+def loop_timer(consumer: Any) -> Any:
+    """The timer the worker's event loop fires: the hub's, else the consumer's (gevent,
+    eventlet).  Not ``consumer.timer`` when there is a hub: with kombu 5.5 a second
+    worker started in the same process (``celery.contrib.testing.worker``) reuses the
+    first one's hub, whose timer is the first worker's, and nothing fires its own."""
+    hub = getattr(consumer, "hub", None)
+    return hub.timer if hub is not None else consumer.timer
 
 
 def _rss_mb() -> float | None:

@@ -24,7 +24,9 @@ from contextlib import suppress
 from typing import Any
 
 import amqp
+import storm_ceiling
 from poison_storm import (
+    CONCURRENCY,
     Admin,
     StormSide,
     Worker,
@@ -36,6 +38,9 @@ from poison_storm import (
 )
 from storm_messages import PipelinedPublisher, ojs_poison, plain_poison
 
+#: The storm worker's prefetch (Celery's default multiplier, 4, times its concurrency),
+#: and a larger one, for the raw ceiling.
+CEILING_PREFETCH = (4 * CONCURRENCY, 64)
 #: The depth poll: its period bounds the error of the first and last dead letter's time.
 POLL_S = 0.01
 LABELS = {"plain": "plain Celery (unregistered task, rejected into a DLX)",
@@ -109,13 +114,20 @@ def run(admin: Admin, connect: Callable[[], amqp.Connection], broker_url: str, o
                     f"{LABELS[key]} ...")
                 side = StormSide(key, pool, f"bench-backlog-{key}-{tag}-{round_}", urls[key])
                 sides[key].append(measure_side(side, admin, connect, jobs, timeout_s, workdir))
+    ceiling = []
+    for prefetch in CEILING_PREFETCH:
+        for mode in storm_ceiling.MODES:
+            log(f"storm backlog: raw ceiling, {mode}, prefetch {prefetch} ...")
+            ceiling.append(storm_ceiling.measure(
+                admin, connect, ojs_url, mode, jobs, prefetch,
+                f"bench-ceiling-{mode}-{prefetch}-{tag}", POLL_S, timeout_s))
     medians = {key: statistics.median(r["rate"] or 0.0 for r in runs)
                for key, runs in sides.items()}
     ratio = medians["ojs"] / medians["plain"] if medians["plain"] and medians["ojs"] else None
     clean = all(r["lost"] == 0 and r["duplicated"] == 0 and not r["timed_out"]
                 for runs in sides.values() for r in runs)
     return {"rounds": sides, "median_rate": medians, "ratio": ratio, "target": 1.0,
-            "met": bool(clean and ratio is not None and ratio >= 1.0),
+            "met": bool(clean and ratio is not None and ratio >= 1.0), "ceiling": ceiling,
             "settings": {"jobs": jobs, "pool": pool, "poll_s": POLL_S, "timeout_s": timeout_s,
                          "rounds": rounds}}
 
@@ -140,4 +152,6 @@ def render(result: dict[str, Any]) -> list[str]:
     lines.append(f"ojs_kombu / plain Celery: {ratio:.2f}x (target >= {result['target']:.1f}x, "
                  f"nothing lost or doubled): {'met' if result['met'] else 'NOT met'}"
                  if ratio is not None else "ojs_kombu / plain Celery: no rate (see counts)")
+    if result.get("ceiling"):
+        lines += ["", *storm_ceiling.render(result["ceiling"])]
     return lines

@@ -153,47 +153,53 @@ def test_failover_to_the_next_broker_url(own_vhost: str) -> None:
 
 
 def test_heartbeats_and_control_outlive_a_reconnect(own_vhost: str) -> None:
-    """After the broker drops the worker's connection, its ``worker.heartbeat`` and
-    ``job.heartbeat`` go on and CANCEL still reaches the running job (Celery 5.5
-    clears the worker's timer on each reconnect, 5.7 cancels what was registered while
-    connecting: the beats are registered again).  The job, unacked when the connection
-    went, is redelivered and may run a second time (at-least-once)."""
+    """After the broker drops the worker's connection, its ``worker.heartbeat`` and its
+    jobs' ``job.heartbeat`` go on and CANCEL reaches a running job (Celery 5.5 clears
+    the worker's timer on each reconnect, 5.7 cancels what was registered while
+    connecting: the beats are registered again)."""
     from ojs_kombu.amqp.control import ControlClient
 
     app = make_app("reconnect-beats", f"ojs://guest:guest@{HOST}:{PORT}/{own_vhost}",
                    "cache+memory://", ojs_worker_heartbeat=0.5, ojs_job_heartbeat=0.5)
-    seen: list[tuple[str, dict[str, Any]]] = []  # (type, data): OJS events are models
+    seen: list[tuple[str, str | None, dict[str, Any]]] = []  # OJS events are models
 
     def record(event: Any) -> None:
-        seen.append((event["type"], event["data"]) if isinstance(event, dict)
-                    else (event.type, dict(event.data or {})))
+        seen.append((event["type"], event.get("subject"), event["data"])
+                    if isinstance(event, dict)
+                    else (event.type, event.subject, dict(event.data or {})))
+
+    def beats_after(index: int, job_id: str) -> set[str]:
+        return {kind for kind, subject, _ in seen[index:]
+                if kind == "worker.heartbeat" or (kind == "job.heartbeat"
+                                                  and subject == job_id)}
 
     subscription = ojs_kombu.subscribe(app, record, event_types=[
         "worker.heartbeat", "job.heartbeat", "connection.reconnected"])
     try:
         with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False,
                           shutdown_timeout=60, queues=["hq"], loglevel="WARNING"):
-            job = app.tasks["loop.until_cancelled"].apply_async((60,), queue="hq")
-
-            def beats_after(index: int) -> set[str]:
-                return {kind for kind, _ in seen[index:]} & {"worker.heartbeat",
-                                                               "job.heartbeat"}
-
-            wait_until(lambda: beats_after(0) == {"worker.heartbeat", "job.heartbeat"}, 30,
+            # a short job across the reconnect (unacked then, it is redelivered)
+            before = app.tasks["loop.until_cancelled"].apply_async((3,), queue="hq")
+            wait_until(lambda: beats_after(0, before.id) == {"worker.heartbeat",
+                                                             "job.heartbeat"}, 30,
                        "both heartbeats before the reconnect")
             assert close_connections_of(own_vhost) >= 1
+
             def reconnected() -> int | None:
-                return next((i for i, (kind, data) in enumerate(seen)
+                return next((i for i, (kind, _, data) in enumerate(seen)
                              if kind == "connection.reconnected"
                              and data.get("role") == "worker"), None)
 
             wait_until(lambda: reconnected() is not None, 60,
                        "the worker's connection.reconnected event")
             back = reconnected()
-            wait_until(lambda: beats_after(back) == {"worker.heartbeat", "job.heartbeat"}, 30,
+            assert back is not None
+            after = app.tasks["loop.until_cancelled"].apply_async((60,), queue="hq")
+            wait_until(lambda: beats_after(back, after.id) == {"worker.heartbeat",
+                                                               "job.heartbeat"}, 30,
                        "both heartbeats after the reconnect")
             with ControlClient(app) as client:
-                client.cancel(job.id, "hq", reason="after a reconnect")
-            app.calls.wait_for(job.id)  # it saw the cancel and stopped
+                client.cancel(after.id, "hq", reason="after a reconnect")
+            app.calls.wait_for(after.id)  # it saw the cancel and stopped
     finally:
         subscription.cancel()

@@ -11,6 +11,7 @@ hook refuses to start with
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from functools import cache
@@ -124,3 +125,33 @@ def reader_hook(cls: _T) -> _T:
     if NO_READ_AHEAD not in fallbacks():
         cls._make_reader = _make_reader  # type: ignore[attr-defined]
     return cls
+
+
+def wake_on_foreign_call_soon(loop: Any, new_wake: Callable[[], Any]) -> None:
+    """Make ``loop.call_soon`` from another thread wake ``loop``, on kombu before 5.7.
+
+    The threads pool acks and settles its jobs through the hub's ``call_soon`` from
+    its own threads; kombu 5.7's hub then wakes its poll (its ``_Waker``), kombu 5.5
+    and 5.6's waits for the poll to return, up to 10 s while the timer has nothing
+    due sooner, and a retry or an ack waits as long.  Here the hub instance's
+    ``call_soon`` also wakes the loop through ``new_wake()`` (a
+    :class:`~.read_ahead.LoopWake`), made again when the loop closed the last one (a
+    hub is reused by the next worker started in the same process).  Called from the
+    loop's thread each time a connection registers with it."""
+    if hasattr(loop, "_create_waker"):  # kombu 5.7 and later wake the hub themselves
+        return
+    wake = getattr(loop, "_ojs_wake", None)
+    if wake is None or wake.closed:
+        loop._ojs_wake = new_wake()
+    loop._ojs_loop_thread = threading.get_ident()
+    if getattr(loop, "_ojs_call_soon", None) is not None:
+        return
+    call_soon = loop._ojs_call_soon = loop.call_soon
+
+    def call_soon_and_wake(callback: Any, *args: Any) -> Any:
+        handle = call_soon(callback, *args)
+        if threading.get_ident() != loop._ojs_loop_thread:
+            loop._ojs_wake.wake()
+        return handle
+
+    loop.call_soon = call_soon_and_wake

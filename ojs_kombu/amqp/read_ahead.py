@@ -177,6 +177,10 @@ class LoopWake:
         loop.on_close.add(self._on_loop_closed)
         _LIVE.add(self)
 
+    @property
+    def closed(self) -> bool:
+        return self._read_fd < 0
+
     def wake(self) -> None:
         if not self._pending and self._write_fd >= 0:
             self._pending = True

@@ -64,20 +64,8 @@ def measure_side(side: StormSide, admin: Admin, connect: Callable[[], amqp.Conne
         queued = admin.depth(route.job_queue)
         worker = Worker(side, workdir)
         started = time.perf_counter()
-        first: tuple[float, int] | None = None
-        last: tuple[float, int] = (started, 0)
-        deadline = started + timeout_s
-        while time.perf_counter() < deadline:
-            depth = admin.depth(route.dead_letter_queue) or 0
-            now = time.perf_counter()
-            if depth and first is None:
-                first = (now, depth)
-            if depth > last[1]:
-                last = (now, depth)
-            if depth >= len(poison):
-                break
-            worker.check_alive()
-            time.sleep(POLL_S)
+        first, last = storm_ceiling.watch_dead_letters(
+            admin, route.dead_letter_queue, len(poison), timeout_s, POLL_S, worker.check_alive)
         timed_out = last[1] < len(poison)
         worker.terminate()
         _dead_letters, kinds = where_each_ended(worker, connection, route, poison)

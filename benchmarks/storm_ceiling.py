@@ -35,6 +35,28 @@ import ojs_kombu
 MODES = ("reject", "copy")
 
 
+def watch_dead_letters(admin: Admin, queue: str, expected: int, timeout_s: float,
+                       poll_s: float, check: Callable[[], None] = lambda: None
+                       ) -> tuple[tuple[float, int] | None, tuple[float, int]]:
+    """Poll ``queue``'s depth until it holds ``expected`` or ``timeout_s`` passed: the
+    (time, depth) of the first poll that saw a dead letter and of the last rise."""
+    started = time.perf_counter()
+    first: tuple[float, int] | None = None
+    last = (started, 0)
+    while time.perf_counter() < started + timeout_s:
+        depth = admin.depth(queue) or 0
+        now = time.perf_counter()
+        if depth and first is None:
+            first = (now, depth)
+        if depth > last[1]:
+            last = (now, depth)
+        if depth >= expected:
+            break
+        check()
+        time.sleep(poll_s)
+    return first, last
+
+
 def _consume(connection: amqp.Connection, queue: str, mode: str, prefetch: int,
              dlx_exchange: str, routing_key: str, stop: threading.Event) -> None:
     channel = connection.channel()
@@ -89,20 +111,8 @@ def measure(admin: Admin, connect: Callable[[], amqp.Connection], ojs_url: str, 
         PipelinedPublisher(publisher).publish(poison, names.direct_exchange, ojs_queue)
         thread = threading.Thread(target=_consume, args=(
             consumer, job_queue, mode, prefetch, names.dlx_exchange, ojs_queue, stop))
-        started = time.perf_counter()
         thread.start()
-        first: tuple[float, int] | None = None
-        last = (started, 0)
-        while time.perf_counter() < started + timeout_s:
-            depth = admin.depth(dead_queue) or 0
-            now = time.perf_counter()
-            if depth and first is None:
-                first = (now, depth)
-            if depth > last[1]:
-                last = (now, depth)
-            if depth >= len(poison):
-                break
-            time.sleep(poll_s)
+        first, last = watch_dead_letters(admin, dead_queue, len(poison), timeout_s, poll_s)
         stop.set()
         thread.join(10)
     finally:

@@ -18,6 +18,7 @@ from functools import cache
 from typing import Any, TypeVar
 
 import kombu
+from kombu.asynchronous import get_event_loop, set_event_loop
 from kombu.message import Message
 from kombu.transport import base
 
@@ -155,3 +156,23 @@ def wake_on_foreign_call_soon(loop: Any, new_wake: Callable[[], Any]) -> None:
         return handle
 
     loop.call_soon = call_soon_and_wake
+
+
+def forget_loop_on_close(loop: Any) -> None:
+    """Make ``loop.close()`` stop it being the process's current event loop, as kombu
+    5.7's hub does itself.
+
+    Celery's worker takes the current loop if there is one and makes its own hub,
+    with its own timer, only if there is none.  kombu 5.5 and 5.6 keep a closed hub
+    current, so a second worker started in the same process (one
+    ``celery.contrib.testing.worker`` after another) runs on the first one's hub,
+    which fires the first worker's timer: the second worker's timer entries (an ETA
+    or countdown job Celery holds, the worker heartbeat, a job's BEATs) never run.
+    Only public kombu names: ``Hub.on_close``, ``get_event_loop``, ``set_event_loop``.
+    """
+    loop.on_close.add(_forget_if_current)
+
+
+def _forget_if_current(loop: Any) -> None:
+    if get_event_loop() is loop:
+        set_event_loop(None)

@@ -23,7 +23,7 @@ from .channel import Channel
 from .drain import drain_until
 from .frames import DECODE_ERRORS, locked_frame_writer, replacement_frame
 from .kombu_seam import fallbacks as kombu_fallbacks
-from .kombu_seam import reader_hook, wake_on_foreign_call_soon
+from .kombu_seam import forget_loop_on_close, reader_hook, wake_on_foreign_call_soon
 from .loop_acks import LoopAcks
 from .outcomes import OutcomePublisher
 from .py_amqp_seam import NO_LOOP_ACKS, NO_READ_AHEAD
@@ -221,6 +221,7 @@ class Transport(pyamqp.Transport):
     def register_with_event_loop(self, connection: Connection, loop: Any) -> None:
         super().register_with_event_loop(connection, loop)
         wake_on_foreign_call_soon(loop, lambda: LoopWake(loop))
+        forget_loop_on_close(loop)
         loop.on_tick.add(connection.ojs_outcomes.run_due)
         if connection.ojs.settings.acks != "each" and NO_LOOP_ACKS not in py_amqp_fallbacks():
             connection.register_with_loop(loop)

@@ -34,7 +34,7 @@ from ..amqp.control import CANCEL, HEARTBEAT, INFO, control_message, parse_contr
 from ..amqp.delivery import JobMessage
 from ..amqp.job_channel import JobChannel, JobConnection
 from ..spec.times import format_time
-from .events import consumed_queues, loop_timer
+from .events import consumed_queues
 from .scheduled import recorded_scheduled_at
 
 logger = logging.getLogger(__name__)
@@ -152,7 +152,7 @@ def _end_after_grace(state: Any, job_id: str, request: Any, pool: Any) -> None:
 
             revoke(state, job_id, terminate=True, signal="SIGTERM")
 
-    loop_timer(state.consumer).call_after(grace, end_if_still_running)
+    state.consumer.timer.call_after(grace, end_if_still_running)
 
 
 #: Set in a prefork pool process when its running job was cancelled (cooperatively);
@@ -263,9 +263,8 @@ class ControlQueues(bootsteps.StartStopStep):
                 self._consume(parent, channel, queue)
         self._channel = channel
         interval = binding.settings.job_heartbeat
-        timer = loop_timer(parent)
-        if interval and timer is not None:
-            self._timer = timer.call_repeatedly(interval, self.beat, (parent, interval),
+        if interval and parent.timer is not None:
+            self._timer = parent.timer.call_repeatedly(interval, self.beat, (parent, interval),
                                                        priority=10)
 
     def _consume(self, parent: Any, channel: JobChannel, queue: str) -> None:
@@ -298,9 +297,8 @@ class ControlQueues(bootsteps.StartStopStep):
             except Exception:
                 logger.exception("could not consume the control queue of %r again", queue)
 
-        timer = loop_timer(parent)
-        if timer is not None:
-            timer.call_after(0, resume)
+        if parent.timer is not None:
+            parent.timer.call_after(0, resume)
         else:
             resume()
 

@@ -158,9 +158,8 @@ class WorkerEvents(bootsteps.StartStopStep):
         # keeps it (hence the cancel, so that one beat stays).
         self._cancel_heartbeat()
         interval = parent.app.amqp.binding.settings.worker_heartbeat
-        timer = loop_timer(parent)
-        if interval and timer is not None:
-            self._timer = timer.call_repeatedly(interval, self.heartbeat, (parent,),
+        if interval and parent.timer is not None:
+            self._timer = parent.timer.call_repeatedly(interval, self.heartbeat, (parent,),
                                                        priority=10)
 
     def _cancel_heartbeat(self) -> None:
@@ -259,15 +258,6 @@ def consumed_queues(app: Celery) -> list[str]:
     """The OJS queues this worker consumes."""
     consume_from = app.amqp.queues.consume_from or {}
     return sorted(q.ojs_queue for q in consume_from.values() if isinstance(q, JobQueue))
-
-
-def loop_timer(consumer: Any) -> Any:
-    """The timer the worker's event loop fires: the hub's, else the consumer's (gevent,
-    eventlet).  Not ``consumer.timer`` when there is a hub: with kombu 5.5 a second
-    worker started in the same process (``celery.contrib.testing.worker``) reuses the
-    first one's hub, whose timer is the first worker's, and nothing fires its own."""
-    hub = getattr(consumer, "hub", None)
-    return hub.timer if hub is not None else consumer.timer
 
 
 def _rss_mb() -> float | None:

@@ -3,6 +3,10 @@
 ``python -m integration.deferredapp QUEUE N`` publishes ``N`` jobs to ``QUEUE`` (bounded:
 ``reject-publish`` at :data:`BOUND` jobs), prints their ids as one JSON line and ends
 without any flush of its own: the process's exit waits for every confirm.
+
+``celery -A integration.deferredapp worker`` (``OJS_TEST_BROKER_URL`` and
+``OJS_TEST_DEFERRED_QUEUE`` set) runs ``deferred.fan_out``, which publishes the same
+way from inside a job: the worker's shutdown waits for every confirm.
 """
 
 from __future__ import annotations
@@ -31,7 +35,19 @@ def make_app(queue: str, broker_url: str) -> Celery:
     def echo(n: int) -> Any:
         return n
 
+    @app.task(name="deferred.fan_out", shared=False)
+    def fan_out(jobs: int, ids_file: str) -> None:
+        """Publish ``jobs`` echo jobs to the bounded queue, write their ids, return
+        without any flush of its own."""
+        ids = [echo.apply_async((n,), queue=queue).id for n in range(jobs)]
+        with open(ids_file, "w") as out:
+            json.dump(ids, out)
+
     return app
+
+
+if os.environ.get("OJS_TEST_DEFERRED_QUEUE"):
+    app = make_app(os.environ["OJS_TEST_DEFERRED_QUEUE"], os.environ["OJS_TEST_BROKER_URL"])
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -20,6 +21,7 @@ import ojs_kombu
 from ojs_kombu import DeferredPublishError, UnroutableJobError
 from ojs_kombu.spec.errors import JobPublishError
 
+from .conftest import stop_worker, wait_until
 from .deferredapp import BOUND, make_app
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -61,6 +63,50 @@ def test_every_job_refused_by_a_full_queue_is_confirmed_before_the_process_exits
     assert len(published) == JOBS
     assert sorted(consumed) == sorted(published)  # nothing lost, nothing twice
     assert "refused" not in err and "not accepted" not in err
+
+
+@pytest.mark.parametrize("pool", ["prefork", "threads"])
+def test_jobs_a_job_published_are_confirmed_before_the_worker_exits(
+        broker_url: str, amqp_channel: amqp.Channel, tmp_path: Path, pool: str) -> None:
+    """A job publishes into a full queue and returns at once; the worker is told to stop
+    (SIGTERM, warm shutdown): it exits only once every refused job was taken (the
+    prefork pool's process too, which exits without the interpreter's atexit)."""
+    queue = f"dfr-worker-{uuid.uuid4().hex[:8]}"
+    app = make_app(queue, broker_url)
+    ojs_kombu.declare_topology(app, [queue, f"{queue}-fan"])
+    job_queue = app.amqp.binding.names.job_queue(queue)
+    ids_file, log = tmp_path / "ids.json", tmp_path / "worker.log"
+    env = {**os.environ, "OJS_TEST_BROKER_URL": broker_url, "OJS_TEST_DEFERRED_QUEUE": queue}
+    with log.open("ab") as out:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "integration.deferredapp", "worker", "-Q",
+             f"{queue}-fan", "--pool", pool, "-c", "1", "--loglevel", "INFO",
+             "--without-mingle", "--without-gossip"],
+            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    consumed: list[str] = []
+    try:
+        app.tasks["deferred.fan_out"].apply_async((JOBS, str(ids_file)), queue=f"{queue}-fan")
+        ojs_kombu.flush_confirms()
+        wait_until(ids_file.exists, 60, "the fan-out job's ids")
+        wait_until(lambda: "succeeded" in log.read_text(), 30, "the fan-out job's end")
+        worker.send_signal(signal.SIGTERM)
+        while worker.poll() is None:  # room for BOUND more, a few at a time
+            drain_ids(amqp_channel, job_queue, consumed)
+            time.sleep(0.05)
+        drain_ids(amqp_channel, job_queue, consumed)
+        while (before := len(consumed)) < JOBS:
+            drain_ids(amqp_channel, job_queue, consumed)
+            if len(consumed) == before:
+                break
+    finally:
+        if worker.poll() is None:
+            stop_worker(worker)
+        app.close()
+    published = json.loads(ids_file.read_text())
+    assert worker.returncode == 0, log.read_text()
+    assert len(published) == JOBS
+    lost, twice = set(published) - set(consumed), len(consumed) - len(set(consumed))
+    assert (len(lost), twice) == (0, 0), f"lost {len(lost)}, duplicates {twice}"
 
 
 @pytest.fixture

@@ -123,6 +123,8 @@ def test_delivery_semantics_are_configured() -> None:
     assert app.conf.task_acks_late is True
     assert app.conf.task_acks_on_failure_or_timeout is False
     assert "ojs" in app.conf.accept_content
+    # per-consumer QoS: Celery's prefetch reduction after a reconnect could not act
+    assert app.conf.worker_enable_prefetch_count_reduction is False
 
 
 def test_connections_carry_the_binding() -> None:

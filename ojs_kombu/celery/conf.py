@@ -43,6 +43,12 @@ def _configure(sender: Celery, **_: Any) -> None:
         conf.beat_scheduler = "ojs_kombu.celery.beat:OJSScheduler"
     conf.task_acks_late = True
     conf.task_acks_on_failure_or_timeout = False
+    # Per-consumer QoS (the binding's global=false): a Basic.Qos on a live channel does
+    # not reach running consumers, so Celery's prefetch reduction after a reconnect only
+    # sends one, synchronously, from the thread that acks: with Celery 5.5 and 5.6 a
+    # threads-pool thread then reads the socket beside the event loop and the worker
+    # can hang.  Celery 5.7 skips the reduction for per-consumer QoS itself.
+    conf.worker_enable_prefetch_count_reduction = False
     if conf.get("ojs_dedup_url"):
         require_redis()  # a clear error now, not at the first unique job
     _remove_pickle(conf)

@@ -75,6 +75,7 @@ import events_scenario
 import green_drain
 import poison_storm
 import prefork_drain
+import publish_phases
 import report
 import scale
 import scheduling
@@ -92,8 +93,8 @@ POOL = "threads"
 CONCURRENCY = 4
 #: Jobs per batch of ``enqueue_many`` (``--batch-size``).
 BATCH_SIZE = 1000
-PARTS = ("throughput", "traced_publish", "events", "schedule", "storm", "storm_backlog",
-         "green", "dedup", "scale", "dlq_scale")
+PARTS = ("throughput", "traced_publish", "publish_phases", "events", "schedule", "storm",
+         "storm_backlog", "green", "dedup", "scale", "dlq_scale")
 #: Parts that run only when ``--only`` names them (they start brokers of their own).
 EXTRA_PARTS = ("cluster_drain", "scale_cluster")
 
@@ -523,6 +524,8 @@ def render(results: dict[str, dict[str, Any]]) -> str:
         tables.append(report.render(tp["medians"], tp["jobs"], tp["settings"]["batch_size"]))
     if "traced_publish" in results:
         tables.append(traced_publish.render(results["traced_publish"]))
+    if "publish_phases" in results:
+        tables.append(publish_phases.render(results["publish_phases"]))
     if "events" in results:
         tables.append(events_scenario.render(results["events"]))
     if "schedule" in results:
@@ -684,6 +687,9 @@ def run(broker: Broker, args: argparse.Namespace) -> dict[str, Any]:
                                          timeout_s=args.timeout)
         results["traced_publish"] = traced_publish.run(broker, args.broker, traced,
                                                        log=_progress)
+    if "publish_phases" in args.parts:
+        results["publish_phases"] = publish_phases.run_part(
+            args.broker, args.jobs, max(args.rounds, 3), log=_progress)
     if "events" in args.parts:
         results["events"] = run_events(broker, args)
     if "schedule" in args.parts:

@@ -12,7 +12,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -100,10 +99,14 @@ def test_monitoring_events(client: Celery, broker_url: str, cli_worker: Path,
             with contextlib.suppress(TimeoutError):
                 receiver.capture(limit=None, timeout=30, wakeup=False)
 
+    def heartbeat() -> bool:
+        return any(e.get("type") == "worker-heartbeat" for e in list(seen))
+
     thread = threading.Thread(target=capture, daemon=True)
     thread.start()
     ready.wait(10)
-    time.sleep(1)  # the receiver's queue is bound
+    # the receiver's queue is bound once it has an event: the worker's heartbeat
+    wait_until(heartbeat, timeout=30, what="a worker-heartbeat event")
     result = client.tasks["math.add"].apply_async((1, 1), queue="cli")
     assert result.get(timeout=20) == 2
 
@@ -124,8 +127,6 @@ def test_monitoring_events(client: Celery, broker_url: str, cli_worker: Path,
     try:
         wait_until(lambda: succeeded(result.id) and succeeded(job_id), timeout=20,
                    what=f"task-succeeded events (saw {[e.get('type') for e in seen]})")
-        wait_until(lambda: any(e.get("type") == "worker-heartbeat" for e in list(seen)),
-                   timeout=15, what="a worker-heartbeat event")
     finally:
         receivers[0].should_stop = True
         thread.join(35)

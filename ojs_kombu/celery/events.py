@@ -17,6 +17,7 @@ from typing import Any
 
 from celery import Celery, bootsteps
 from celery.worker import state as worker_state
+from vine import promise
 
 from ..amqp.connection import connect_on_demand
 from ..amqp.entities import JobQueue
@@ -161,6 +162,7 @@ class WorkerEvents(bootsteps.StartStopStep):
         if interval and parent.timer is not None:
             self._timer = parent.timer.call_repeatedly(interval, self.heartbeat, (parent,),
                                                        priority=10)
+        flush_buffered_task_events_soon(parent)
 
     def _cancel_heartbeat(self) -> None:
         if self._timer is not None:
@@ -252,6 +254,24 @@ class QueueDepths:
                 if connection is not None:
                     connection.release()
                 raise
+
+
+def flush_buffered_task_events_soon(consumer: Any) -> None:
+    """Flush the task events Celery buffers through the loop's ``call_soon``, as Celery 5.7
+    does.
+
+    Celery 5.5 and 5.6 ask for the flush by adding to the hub's ready set directly,
+    from whichever thread sent the event: from the threads pool's threads that wakes
+    nothing (and takes no lock), so a job's ``task-succeeded`` and the next job's
+    events waited for the loop's next poll (Flower and ``celery events`` saw them
+    late, or the worker's shutdown sent them).  ``call_soon`` wakes the loop
+    (:func:`ojs_kombu.amqp.kombu_seam.wake_on_foreign_call_soon` on kombu 5.5/5.6).
+    Called after each (re)start of the consumer: its event dispatcher is new then."""
+    hub, dispatcher = getattr(consumer, "hub", None), consumer.event_dispatcher
+    if hub is None or dispatcher is None or dispatcher.on_send_buffered is None:
+        return
+    flush = promise(dispatcher.flush)  # one pending flush at most in the ready set
+    dispatcher.on_send_buffered = lambda: hub.call_soon(flush)
 
 
 def consumed_queues(app: Celery) -> list[str]:

@@ -102,7 +102,7 @@ class ControlClient:
             raise ControlError(f"job id {job_id!r} is not a UUIDv7")
         body = {"job_id": job_id, "reason": reason, "cancelled_by": cancelled_by,
                 "terminate": terminate}
-        self._publish(queue, control_message(CANCEL, {k: v for k, v in body.items()
+        self._send_control(queue, control_message(CANCEL, {k: v for k, v in body.items()
                                                       if v is not None}))
 
     # -- INFO ---------------------------------------------------------------------
@@ -120,7 +120,7 @@ class ControlClient:
             for job_id, queue in jobs:
                 correlation_id = new_job_id()
                 waiting[correlation_id] = job_id
-                self._publish(queue, control_message(
+                self._send_control(queue, control_message(
                     INFO, {"job_id": job_id}, reply_to=reply_queue,
                     correlation_id=correlation_id))
             if not drain_until(self._amqp, lambda: all(c in self._replies for c in waiting),
@@ -145,7 +145,7 @@ class ControlClient:
         except ValueError:
             self._replies[correlation_id] = {"state": "error", "error": "unreadable answer"}
 
-    def _publish(self, queue: str, message: amqp.Message) -> None:
+    def _send_control(self, queue: str, message: amqp.Message) -> None:
         ojs_queue = self.binding.names.ojs_queue(queue)
         self._amqp.ensure_topology(ojs_queue)
         control = self.binding.names.control_queue(ojs_queue)

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 from celery import canvas
 from celery.app import amqp as celery_amqp
 from celery.app.task import Task
+from celery.events.dispatcher import EventDispatcher
 from celery.worker.request import Request
 
 from ..spec.seams import Hook, source_uses, verify
@@ -49,6 +50,11 @@ HOOKS: tuple[Hook, ...] = (
     _hook(Task, "_get_exec_options", "a task's own options in enqueue_many", ()),
     _hook(canvas, "_chain", "telling chains from single signatures in enqueue_many",
           probe=lambda: isinstance(canvas.chain(), canvas._chain)),
+    _hook(EventDispatcher, "_group_buffer", "flushing buffered task events without losing "
+          "one a pool thread adds meanwhile (celery/events.py)",
+          probe=source_uses(EventDispatcher, "self._group_buffer = defaultdict(list)")),
+    _hook(EventDispatcher, "_publish", "publishing the buffered task events taken",
+          ("event", "producer", "routing_key", "retry", "retry_policy", "utcoffset")),
 )
 
 
@@ -112,3 +118,21 @@ def request_hooks(cls: _T) -> _T:
 
     cls._announce_revoked = _announce_revoked  # type: ignore[attr-defined]
     return cls
+
+
+def flush_task_events(dispatcher: EventDispatcher) -> None:
+    """``dispatcher.flush()`` without its race: Celery publishes a group's buffered events
+    and then empties the list, so an event a threads-pool thread appended meanwhile
+    (``task-started``, ``task-succeeded``) is dropped unsent (Celery 5.5 and 5.6; 5.7
+    keeps them, as this does).  Here only the events taken are removed (a copy and a
+    ``del`` of that many, each atomic), under the dispatcher's mutex as Celery's flush
+    holds it."""
+    if dispatcher.producer is None:  # closed
+        return
+    dispatcher.flush(errors=True, groups=False)
+    with dispatcher.mutex:
+        for group, events in list(dispatcher._group_buffer.items()):
+            taken = events[:]
+            if taken:
+                del events[:len(taken)]
+                dispatcher._publish(taken, dispatcher.producer, f"{group}.multi")

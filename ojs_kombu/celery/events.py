@@ -29,6 +29,7 @@ from ..events.sinks import AMQPSink, BackgroundSink, FileSink, WebhookSink
 from ..spec.errors import OJSConfigurationError
 from ..spec.naming import TopologyNames
 from ..spec.settings import OJSSettings
+from .celery_seam import flush_task_events
 
 #: Topic exchange of the AMQP sink (routing key: the event type).
 EVENTS_EXCHANGE = "ojs.exchange.events"
@@ -265,12 +266,14 @@ def flush_buffered_task_events_soon(consumer: Any) -> None:
     nothing (and takes no lock), so a job's ``task-succeeded`` and the next job's
     events waited for the loop's next poll (Flower and ``celery events`` saw them
     late, or the worker's shutdown sent them).  ``call_soon`` wakes the loop
-    (:func:`ojs_kombu.amqp.kombu_seam.wake_on_foreign_call_soon` on kombu 5.5/5.6).
-    Called after each (re)start of the consumer: its event dispatcher is new then."""
+    (:func:`ojs_kombu.amqp.kombu_seam.wake_on_foreign_call_soon` on kombu 5.5/5.6),
+    and :func:`~.celery_seam.flush_task_events` keeps what a pool thread buffers
+    during the flush.  Called after each (re)start of the consumer: its event
+    dispatcher is new then."""
     hub, dispatcher = getattr(consumer, "hub", None), consumer.event_dispatcher
     if hub is None or dispatcher is None or dispatcher.on_send_buffered is None:
         return
-    flush = promise(dispatcher.flush)  # one pending flush at most in the ready set
+    flush = promise(flush_task_events, (dispatcher,))  # one pending flush in the ready set
     dispatcher.on_send_buffered = lambda: hub.call_soon(flush)
 
 

@@ -153,7 +153,7 @@ def _each(results: Results, checks: Any) -> None:
                 results.set(check_id, "fail", f"{type(exc).__name__}: {exc}")
 
 
-def _publish(connection: kombu.Connection, binding: Binding, queue: str, job_type: str,
+def _publish_probe(connection: kombu.Connection, binding: Binding, queue: str, job_type: str,
              args: list[Any]) -> str:
     job_id = new_job_id()
     publish_cli_job(connection.connection, build_cli_job(
@@ -167,7 +167,7 @@ def _discard(results: Results, connection: kombu.Connection, binding: Binding, q
     names = binding.names
     watch = Watch(connection.connection, names.dlx_exchange, queue)
     try:
-        job_id = _publish(connection, binding, queue, FAIL_TYPE, [])
+        job_id = _publish_probe(connection, binding, queue, FAIL_TYPE, [])
         dead = watch.wait_for(lambda m: m.properties.get("message_id") == job_id, timeout)
     finally:
         watch.close()
@@ -206,7 +206,7 @@ def _cancel_and_beat(results: Results, connection: kombu.Connection, binding: Bi
     dead_letters = Watch(connection.connection, names.dlx_exchange, queue)
     try:
         with ControlClient(_Source(connection)) as client:
-            job_id = _publish(connection, binding, queue, SLEEP_TYPE, [timeout + 60])
+            job_id = _publish_probe(connection, binding, queue, SLEEP_TYPE, [timeout + 60])
             dead: list[amqp.Message] = []
 
             def state() -> str | None:

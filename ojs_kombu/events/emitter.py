@@ -65,10 +65,10 @@ class JobEvents(Observer):
         """Publish one event; ``None`` values in ``data`` are left out."""
         if not self.active:
             return None
-        return self._publish(event_type, subject,
+        return self._emit(event_type, subject,
                              {k: _json_ready(v) for k, v in data.items() if v is not None})
 
-    def _publish(self, event_type: str, subject: str | None, payload: dict[str, Any]
+    def _emit(self, event_type: str, subject: str | None, payload: dict[str, Any]
                  ) -> Event | None:
         """Publish an event whose ``payload`` is JSON-ready already (and its own)."""
         try:
@@ -88,7 +88,7 @@ class JobEvents(Observer):
         """Publish one of the events every job emits as a draft: background sinks build
         it on their own thread (see :class:`EventDraft`)."""
         if self.validate:
-            self._publish(event_type, subject, payload)
+            self._emit(event_type, subject, payload)
         else:
             self.bus.publish_draft(EventDraft(event_type, payload, source=self.source,
                                               subject=subject))

@@ -196,8 +196,9 @@ def run_part(broker_url: str, jobs: int, rounds: int,
     return {"jobs": jobs, "rounds": rounds, "medians": medians, "samples": samples}
 
 
-def render(result: dict[str, Any]) -> str:
-    """One row per phase, one column per side, µs per call; then wall, CPU and ratios."""
+def render(result: dict[str, Any]) -> list[str]:
+    """One row per phase, one column per side, µs per call; then wall, CPU and ratios (the
+    table's lines)."""
     medians = result["medians"]
     head = ["µs per call (median)", *SIDES]
     rows = [[phase, *(f"{medians[k]['phases_us'][phase]:,.0f}" for k in SIDES)]
@@ -214,7 +215,7 @@ def render(result: dict[str, Any]) -> str:
     for row in [head, *rows]:
         lines.append("  ".join(str(cell).rjust(w) if i else str(cell).ljust(w)
                                for i, (cell, w) in enumerate(zip(row, widths, strict=True))))
-    return "\n".join(lines)
+    return lines
 
 
 if __name__ == "__main__":

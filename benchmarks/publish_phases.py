@@ -44,7 +44,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from contextlib import ExitStack
-from functools import wraps
+from functools import partial, wraps
 from pathlib import Path
 from typing import Any
 
@@ -144,7 +144,7 @@ def side(kind: str, broker_url: str, jobs: int) -> dict[str, Any]:
             stack.callback(broker.delete, queues_of(queue), [])
             dramatiq_side = DramatiqPublisher(broker_url, queue, confirm=True)
             stack.callback(dramatiq_side.close)
-            send, purge = (lambda: dramatiq_side.actor.send(*run.TASK_ARGS)), queue
+            send, purge = partial(dramatiq_side.actor.send, *run.TASK_ARGS), queue
         else:
             made = (run.make_plain_side(broker_url, pid) if kind == "plain"
                     else run.make_ojs_side(broker_url, pid))
@@ -152,10 +152,10 @@ def side(kind: str, broker_url: str, jobs: int) -> dict[str, Any]:
             stack.callback(made.app.close)
             made.declare()
             purge = made.amqp_queue
-            send = lambda: made.task.apply_async(run.TASK_ARGS)  # noqa: E731
+            send = partial(made.task.apply_async, run.TASK_ARGS)
             if kind == "raw":
                 raw = stack.enter_context(run.raw_publisher(broker, broker_url, made))
-                send = lambda: raw.send(1, 1)  # noqa: E731
+                send = partial(raw.send, 1, 1)
         for _ in range(run.WARMUP):
             send()
         broker.purge(purge)

@@ -103,7 +103,7 @@ class ControlClient:
         body = {"job_id": job_id, "reason": reason, "cancelled_by": cancelled_by,
                 "terminate": terminate}
         self._send_control(queue, control_message(CANCEL, {k: v for k, v in body.items()
-                                                      if v is not None}))
+                                                           if v is not None}))
 
     # -- INFO ---------------------------------------------------------------------
 

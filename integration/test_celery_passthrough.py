@@ -141,13 +141,14 @@ def test_worker_refuses_to_start_with_an_unmappable_task(broker_url: str) -> Non
     assert "JobTypeError" in run.stderr and "proj.tasks.SendEmail" in run.stderr
 
 
+@pytest.mark.parametrize("queues", ["clash", "spread1,spread2,clash,spread3,spread4,spread5"])
 def test_worker_with_a_conflicting_queue_stops_with_one_clear_error(
-        broker_url: str, amqp_channel: amqp.Channel) -> None:
+        broker_url: str, amqp_channel: amqp.Channel, queues: str) -> None:
     amqp_channel.queue_declare("ojs.queue.clash", durable=True, auto_delete=False,
                                arguments={"x-message-ttl": 1000})
     env = {**os.environ, "OJS_TEST_BROKER_URL": broker_url}
     run = subprocess.run([sys.executable, "-m", "celery", "-A", "integration.cliapp", "worker",
-                          "-Q", "clash", "--pool", "solo"], cwd=ROOT, env=env,
+                          "-Q", queues, "--pool", "solo"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=120, check=False)
     assert run.returncode != 0
     assert "TopologyConflictError" in run.stderr and "ojs.queue.clash" in run.stderr

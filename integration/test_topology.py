@@ -63,9 +63,12 @@ def test_lazy_declaration_on_first_publish(app: Celery, vhost: str,
 
 
 def test_worker_start_declared_its_queues(worker: Any, vhost: str) -> None:
-    queues = broker_state(vhost)["queues"]
+    state = broker_state(vhost)
     for name in ("default", "email", "malformed", "failing", "canvas"):
-        assert f"ojs.queue.{name}" in queues and f"ojs.queue.dlx.{name}" in queues
+        for queue in (f"ojs.queue.{name}", f"ojs.queue.dlx.{name}", f"ojs.queue.control.{name}"):
+            assert queue in state["queues"]
+        assert ("ojs.exchange.direct", f"ojs.queue.{name}", name) in state["bindings"]
+        assert ("ojs.exchange.dlx", f"ojs.queue.dlx.{name}", name) in state["bindings"]
 
 
 def test_conflicting_queue_gives_one_clear_error_and_publishing_goes_on(

@@ -280,6 +280,10 @@ class BrokerConnection:
         broker.bind(names.control_queue(queue), names.direct_exchange, names.control_queue(queue))
         broker.bind(names.dead_letter_queue(queue), names.dlx_exchange, queue)
 
+    def ensure_topologies(self, queues: Any) -> None:
+        for queue in queues:
+            self.ensure_topology(queue)
+
     def drain_events(self, timeout: float | None = None) -> None:
         if not any(channel.deliver() for channel in self.consuming):
             time.sleep(timeout or 0)

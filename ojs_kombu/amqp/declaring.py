@@ -8,12 +8,18 @@ declaration, one round trip, confirms them all, since the broker handles a
 channel's methods in order and closes the channel with the first one it refuses.  A refusal is
 then made again one reply at a time, on a new channel, so that the error names
 the entity (:class:`~ojs_kombu.spec.errors.TopologyConflictError`).
+
+A worker's start declares the topology of all its queues at once with
+:func:`declare_spread`: RabbitMQ runs each channel's methods in order but
+different channels' side by side, and creating a queue (a priority queue above
+all) costs the broker far more than the round trip, so the queues are spread
+over a few channels.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from contextlib import suppress
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, suppress
 from typing import Any
 
 import amqp
@@ -26,6 +32,9 @@ DECLARE_TIMEOUT_S = 30.0
 #: error of a declaration before it, ends the pipeline; closing the channel instead
 #: could cross the broker's own close.
 BARRIER_EXCHANGE = "amq.direct"
+#: Channels :func:`declare_spread` uses at most: on a 2-core broker, 4 channels
+#: created 100 priority queues in half the time of one; 8 added little.
+SPREAD_CHANNELS = 4
 
 
 class NoWait:
@@ -58,10 +67,7 @@ def declare_on(connection: Any, declare: Callable[..., Any], *args: Any,
     for here.  ``pipelined``: no reply per declaration (only for declarations that read
     no reply, unlike a passive ``queue_declare``); a 406 is looked for again one reply at
     a time."""
-    sock = connection.transport.sock
-    previous = sock.gettimeout()
-    sock.settimeout(DECLARE_TIMEOUT_S)
-    try:
+    with _blocking(connection):
         if pipelined:
             try:
                 _run(connection, declare, args, pipelined=True)
@@ -69,6 +75,36 @@ def declare_on(connection: Any, declare: Callable[..., Any], *args: Any,
             except PreconditionFailed:
                 pass  # which declaration: again, one reply at a time
         _run(connection, declare, args, pipelined=False)
+
+
+def declare_spread(connection: Any, declare: Callable[..., Any],
+                   argsets: Sequence[tuple[Any, ...]], channels: int = SPREAD_CHANNELS) -> None:
+    """Run ``declare(channel, names, *args)`` for each ``args`` of ``argsets``, pipelined,
+    round robin over up to ``channels`` channels of their own, then wait for one reply
+    per channel.  A refusal raises the broker's error (``PreconditionFailed`` for a 406):
+    the caller declares again one at a time to name the entity."""
+    with _blocking(connection):
+        opened = [connection.channel() for _ in range(max(1, min(channels, len(argsets))))]
+        try:
+            for index, args in enumerate(argsets):
+                declare(NoWait(opened[index % len(opened)]), connection.ojs.names, *args)
+            for channel in opened:
+                channel.exchange_declare(BARRIER_EXCHANGE, "direct", passive=True)
+        finally:
+            for channel in opened:
+                with suppress(Exception):  # one the broker closed was reopened by py-amqp
+                    if channel.is_open:
+                        channel.close()
+
+
+@contextmanager
+def _blocking(connection: Any) -> Iterator[None]:
+    """The connection's socket blocks (with :data:`DECLARE_TIMEOUT_S`) meanwhile."""
+    sock = connection.transport.sock
+    previous = sock.gettimeout()
+    sock.settimeout(DECLARE_TIMEOUT_S)
+    try:
+        yield
     finally:
         with suppress(OSError):
             sock.settimeout(previous)

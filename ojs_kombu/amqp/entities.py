@@ -10,6 +10,7 @@ per connection.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from kombu import Exchange, Queue
@@ -60,6 +61,17 @@ def job_queue(names: TopologyNames, queue: str, arguments: dict[str, Any] | None
         alias=queue,
         ojs_queue=queue,
     )
+
+
+def declare_job_queues(connection: Any, queues: Iterable[Queue]) -> None:
+    """Declare the OJS topology of every :class:`JobQueue` of ``queues`` at once, over
+    ``connection`` (a kombu connection or channel of the ``ojs`` transport): a worker
+    consuming many queues starts without one queue's declarations waiting for the
+    last's.  Their own ``declare`` then finds them declared."""
+    transport_connection = getattr(connection, "connection", None)
+    if isinstance(transport_connection, JobConnection):
+        transport_connection.ensure_topologies(
+            queue.ojs_queue for queue in queues if isinstance(queue, JobQueue))
 
 
 def extra_arguments(queue: Queue) -> dict[str, Any]:

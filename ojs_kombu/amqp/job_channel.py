@@ -13,7 +13,7 @@ check against them tells an ``ojs://`` connection from any other.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
@@ -48,6 +48,8 @@ class JobConnection(Protocol):
     def drain_events(self, timeout: float | None = None) -> Any: ...
 
     def ensure_topology(self, queue: str, via: Declarer | None = None) -> None: ...
+
+    def ensure_topologies(self, queues: Iterable[str]) -> None: ...
 
     def ensure_retry_queue(self, queue: str, delay_ms: int,
                            via: Declarer | None = None) -> None: ...

@@ -13,7 +13,7 @@ its consumer), retry queues again while they are in use.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import suppress
 from time import monotonic
 from typing import Any, Protocol
@@ -24,7 +24,7 @@ from ..spec.backpressure import drops_head, rejects_when_full
 from ..spec.delays import SCHEDULE_LEVELS, delivery_binding_key, level_binding_keys
 from ..spec.errors import OJSConfigurationError, TopologyConflictError
 from ..spec.naming import TopologyNames
-from .declaring import declare_on
+from .declaring import declare_on, declare_spread
 
 #: Arguments ojs_kombu owns on every job queue; user arguments may not override them.
 OWNED_ARGUMENTS = ("x-dead-letter-exchange", "x-dead-letter-routing-key")
@@ -321,6 +321,26 @@ class DeclaredTopology:
         (via or self._declare)(declare_queue_topology, queue, ojs.declare_arguments(queue),
                                ojs.settings.unroutable_dead_letter_arguments())
         self._declared.add(queue)
+
+    def ensure_each(self, queues: Iterable[str]) -> None:
+        """The OJS topology of every queue of ``queues`` at once (a worker's start),
+        spread over a few channels (:func:`declare_spread`); a refusal is declared again
+        queue by queue, which names the entity."""
+        todo = [queue for queue in dict.fromkeys(queues) if queue not in self._declared]
+        if len(todo) < 2:
+            for queue in todo:
+                self.ensure(queue)
+            return
+        ojs = self._connection.ojs
+        unroutable = ojs.settings.unroutable_dead_letter_arguments()
+        try:
+            declare_spread(self._connection, declare_queue_topology,
+                           [(queue, ojs.declare_arguments(queue), unroutable) for queue in todo])
+        except PreconditionFailed:
+            for queue in todo:
+                self.ensure(queue)
+            return
+        self._declared.update(todo)
 
     def ensure_retry_queue(self, queue: str, delay_ms: int, via: Declarer | None = None) -> None:
         """``ojs.queue.retry.{queue}.{delay_ms}``; re-declared while in use so that its

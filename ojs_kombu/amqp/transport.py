@@ -12,7 +12,7 @@ ojs_kombu uses of it is :class:`ojs_kombu.amqp.job_channel.JobConnection`.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from kombu.transport import pyamqp
@@ -193,6 +193,10 @@ class Connection(pyamqp.Connection):
     def ensure_topology(self, queue: str, via: Declarer | None = None) -> None:
         """Declare the OJS topology of ``queue`` once per connection (lazy and eager paths)."""
         self.ojs_topology.ensure(queue, via)
+
+    def ensure_topologies(self, queues: Iterable[str]) -> None:
+        """Declare the OJS topology of every queue of ``queues`` at once (a worker's start)."""
+        self.ojs_topology.ensure_each(queues)
 
     def ensure_retry_queue(self, queue: str, delay_ms: int, via: Declarer | None = None) -> None:
         self.ojs_topology.ensure_retry_queue(queue, delay_ms, via)

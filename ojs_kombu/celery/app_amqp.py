@@ -21,6 +21,7 @@ from kombu.utils.objects import cached_property
 
 from ..amqp.binding import Binding, register_binding
 from ..amqp.connection import BrokerConnection as ReconnectingConnection
+from ..amqp.entities import declare_job_queues
 from ..spec.envelope import RetryPolicy
 from ..spec.settings import BINDING_OPTION, OJSSettings
 from .batch import origin_nodename
@@ -92,6 +93,14 @@ class OJSAMQP(AMQP):
 
     BrokerConnection = Connection
     Producer = TaskProducer
+
+    def TaskConsumer(self, channel: Any, queues: Any = None, accept: Any = None,
+                     **kw: Any) -> Any:
+        """Celery's task consumer, with the topology of all its job queues declared at
+        once first (:func:`~ojs_kombu.amqp.entities.declare_job_queues`)."""
+        queues = queues or list(self.queues.consume_from.values())
+        declare_job_queues(channel, queues)
+        return super().TaskConsumer(channel, queues=queues, accept=accept, **kw)
 
     @property
     def producer_pool(self) -> ProducerPool:

@@ -29,6 +29,5 @@ def declare_topology(app: Celery, queues: Iterable[str] | None = None) -> list[s
             raise OJSConfigurationError(
                 f"declare_topology needs an ojs:// broker; {connection.as_uri()} is "
                 f"{connection.transport_cls!r}")
-        for name in ojs_names:
-            amqp_connection.ensure_topology(name)
+        amqp_connection.ensure_topologies(ojs_names)
     return ojs_names

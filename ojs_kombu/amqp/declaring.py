@@ -35,6 +35,10 @@ BARRIER_EXCHANGE = "amq.direct"
 #: Channels :func:`declare_spread` uses at most: on a 2-core broker, 4 channels
 #: created 100 priority queues in half the time of one; 8 added little.
 SPREAD_CHANNELS = 4
+#: Job queues (a dozen declarations each) a channel of :func:`declare_spread` sends
+#: between two replies: each reply is awaited within :data:`DECLARE_TIMEOUT_S`, and a
+#: busy cluster creating quorum queues takes up to seconds for each.
+SPREAD_ROUND = 4
 
 
 class NoWait:
@@ -80,16 +84,19 @@ def declare_on(connection: Any, declare: Callable[..., Any], *args: Any,
 def declare_spread(connection: Any, declare: Callable[..., Any],
                    argsets: Sequence[tuple[Any, ...]], channels: int = SPREAD_CHANNELS) -> None:
     """Run ``declare(channel, names, *args)`` for each ``args`` of ``argsets``, pipelined,
-    round robin over up to ``channels`` channels of their own, then wait for one reply
-    per channel.  A refusal raises the broker's error (``PreconditionFailed`` for a 406):
-    the caller declares again one at a time to name the entity."""
+    round robin over up to ``channels`` channels of their own, with one reply per channel
+    every :data:`SPREAD_ROUND` of them.  A refusal raises the broker's error
+    (``PreconditionFailed`` for a 406): the caller declares again one at a time to name
+    the entity."""
     with _blocking(connection):
         opened = [connection.channel() for _ in range(max(1, min(channels, len(argsets))))]
+        step = len(opened) * SPREAD_ROUND
         try:
-            for index, args in enumerate(argsets):
-                declare(NoWait(opened[index % len(opened)]), connection.ojs.names, *args)
-            for channel in opened:
-                channel.exchange_declare(BARRIER_EXCHANGE, "direct", passive=True)
+            for start in range(0, len(argsets), step):
+                for index, args in enumerate(argsets[start:start + step]):
+                    declare(NoWait(opened[index % len(opened)]), connection.ojs.names, *args)
+                for channel in opened:
+                    channel.exchange_declare(BARRIER_EXCHANGE, "direct", passive=True)
         finally:
             for channel in opened:
                 with suppress(Exception):  # one the broker closed was reopened by py-amqp

@@ -189,9 +189,10 @@ class DeadLetterQueue:
         job id; returns how many were replayed.
 
         Streams: :data:`REPLAY_WINDOW` dead letters at a time are consumed,
-        republished pipelined (mandatory, confirmed) and then acked together, so
-        memory does not grow with the queue and the rate is a batch's, not one
-        round trip per job.  ``progress`` is called once a job's window is
+        republished pipelined (mandatory, confirmed) and then acked together, while
+        the broker already delivers the next window (a prefetch of two), so memory
+        does not grow with the queue and the rate is a batch's, not one round trip
+        per job.  ``progress`` is called once a job's window is
         replayed; ``stop()`` true ends the replay between windows.  A job the broker
         refuses or returns stops the replay with its dead letter (and those after
         it) left in the DLQ (:class:`JobNackedError`)."""
@@ -202,7 +203,7 @@ class DeadLetterQueue:
                 return done
             if not self.unroutable:
                 self._amqp.ensure_topology(self.queue)
-            channel.basic_qos(0, min(REPLAY_WINDOW, present), False)
+            channel.basic_qos(0, min(2 * REPLAY_WINDOW, present), False)
             arrived: list[amqp.Message] = []
             consumer = channel.basic_consume(self.dlq, no_ack=False, callback=arrived.append)
             try:

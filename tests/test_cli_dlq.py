@@ -158,13 +158,19 @@ def test_ctrl_c_stops_a_replay_between_windows_and_loses_none(
         os.kill(os.getpid(), signal.SIGINT)
 
     broker.after_publish = interrupt
-    result = dlq(broker, "replay", "-q", "email", "--all", "--json")
+    before = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal
+    try:
+        result = dlq(broker, "replay", "-q", "email", "--all", "--json")
+        after = signal.getsignal(signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGINT, before)
     assert result.exit_code == 130, result.output
     assert json.loads(result.stdout) == {"queue": "email", "replayed": ids[:1],
                                          "interrupted": True}
     assert f"interrupted after 1 of 3; the others are still in {DLQ}" in result.stderr
     assert ids_in(broker, JOB_QUEUE) == ids[:1] and ids_in(broker, DLQ) == ids[1:]
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert after is signal.default_int_handler
 
 
 def test_a_script_replaying_then_purging_with_yes_replays_first(broker: Broker) -> None:

@@ -88,7 +88,7 @@ class ScaleResult:
     rss_rest_mb: float
     rss_after_mb: float
     retried: int
-    restart_s: float | None = None
+    restart_s: float
 
 
 Ctl = Callable[..., str]
@@ -272,8 +272,7 @@ def summarize(results: list[ScaleResult], settings: Settings) -> dict[str, Any]:
         per_queue[side]["start_s"] = (hi.start_s - lo.start_s) / span
     both = [n for n in counts if ("ojs", n) in by and ("plain", n) in by]
     start_ratio = {n: by[("ojs", n)].start_s / by[("plain", n)].start_s for n in both}
-    restart_ratio = {n: by[("ojs", n)].restart_s / by[("plain", n)].restart_s for n in both
-                     if by[("ojs", n)].restart_s and by[("plain", n)].restart_s}
+    restart_ratio = {n: by[("ojs", n)].restart_s / by[("plain", n)].restart_s for n in both}
     top = counts[-1]
     return {"results": [asdict(r) for r in results], "per_queue": per_queue,
             "start_ratio": start_ratio, "restart_ratio": restart_ratio,

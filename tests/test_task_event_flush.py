@@ -43,4 +43,3 @@ def dispatcher_sending_late_event() -> list[list[str]]:
 def test_an_event_buffered_during_the_flush_is_sent_by_the_next() -> None:
     published = dispatcher_sending_late_event()
     assert published == [["task-received", "task-started"], ["task-succeeded"]]
-

@@ -31,6 +31,8 @@ T = TypeVar("T")
 
 #: Dead letters a replay consumes, republishes (pipelined) and acks at a time.
 REPLAY_WINDOW = 500
+#: Windows the broker may deliver ahead: the next arrives while one is republished.
+REPLAY_WINDOWS_AHEAD = 2
 #: Longest wait for the next window of dead letters to arrive.
 REPLAY_WAIT_S = 10.0
 
@@ -203,7 +205,7 @@ class DeadLetterQueue:
                 return done
             if not self.unroutable:
                 self._amqp.ensure_topology(self.queue)
-            channel.basic_qos(0, min(2 * REPLAY_WINDOW, present), False)
+            channel.basic_qos(0, min(REPLAY_WINDOWS_AHEAD * REPLAY_WINDOW, present), False)
             arrived: list[amqp.Message] = []
             consumer = channel.basic_consume(self.dlq, no_ack=False, callback=arrived.append)
             try:

@@ -71,14 +71,14 @@ def declare_on(connection: Any, declare: Callable[..., Any], *args: Any,
     for here.  ``pipelined``: no reply per declaration (only for declarations that read
     no reply, unlike a passive ``queue_declare``); a 406 is looked for again one reply at
     a time."""
+    if pipelined:
+        try:
+            declare_spread(connection, declare, [args], channels=1)
+            return
+        except PreconditionFailed:
+            pass  # which declaration: again, one reply at a time
     with _blocking(connection):
-        if pipelined:
-            try:
-                _run(connection, declare, args, pipelined=True)
-                return
-            except PreconditionFailed:
-                pass  # which declaration: again, one reply at a time
-        _run(connection, declare, args, pipelined=False)
+        _run(connection, declare, args)
 
 
 def declare_spread(connection: Any, declare: Callable[..., Any],
@@ -117,13 +117,11 @@ def _blocking(connection: Any) -> Iterator[None]:
             sock.settimeout(previous)
 
 
-def _run(connection: Any, declare: Callable[..., Any], args: tuple[Any, ...], *,
-         pipelined: bool) -> None:
+def _run(connection: Any, declare: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    """``declare`` on a channel of its own, a reply per declaration."""
     channel = connection.channel()
     try:
-        declare(NoWait(channel) if pipelined else channel, connection.ojs.names, *args)
-        if pipelined:  # one reply, after every declaration sent before it
-            channel.exchange_declare(BARRIER_EXCHANGE, "direct", passive=True)
+        declare(channel, connection.ojs.names, *args)
         channel.close()
     except BaseException:
         with suppress(Exception):  # the broker may have closed it: keep the cause

@@ -327,9 +327,7 @@ class DeclaredTopology:
         spread over a few channels (:func:`declare_spread`); a refusal is declared again
         queue by queue, which names the entity."""
         todo = [queue for queue in dict.fromkeys(queues) if queue not in self._declared]
-        if len(todo) < 2:
-            for queue in todo:
-                self.ensure(queue)
+        if not todo:
             return
         ojs = self._connection.ojs
         unroutable = ojs.settings.unroutable_dead_letter_arguments()

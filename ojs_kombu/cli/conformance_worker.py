@@ -153,8 +153,8 @@ def _each(results: Results, checks: Any) -> None:
                 results.set(check_id, "fail", f"{type(exc).__name__}: {exc}")
 
 
-def _publish_probe(connection: kombu.Connection, binding: Binding, queue: str, job_type: str,
-             args: list[Any]) -> str:
+def _publish_probe(connection: kombu.Connection, binding: Binding, queue: str,
+                   job_type: str, args: list[Any]) -> str:
     job_id = new_job_id()
     publish_cli_job(connection.connection, build_cli_job(
         binding, job_type, job_id, queue, args, eta=None, priority=None, meta=None,

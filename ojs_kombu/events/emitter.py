@@ -66,10 +66,10 @@ class JobEvents(Observer):
         if not self.active:
             return None
         return self._emit(event_type, subject,
-                             {k: _json_ready(v) for k, v in data.items() if v is not None})
+                          {k: _json_ready(v) for k, v in data.items() if v is not None})
 
     def _emit(self, event_type: str, subject: str | None, payload: dict[str, Any]
-                 ) -> Event | None:
+              ) -> Event | None:
         """Publish an event whose ``payload`` is JSON-ready already (and its own)."""
         try:
             if self.validate:

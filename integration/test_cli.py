@@ -388,6 +388,26 @@ def test_dlq_list_show_replay_purge(broker_url: str, amqp_channel: amqp.Channel)
     assert queue_depth(amqp_channel, "ojs.queue.dlx.cli-dlq") == 0
 
 
+def test_dlq_browses_past_its_windows_in_order_and_leaves_every_other_dead_letter(
+        broker_url: str, amqp_channel: amqp.Channel) -> None:
+    """``list``, ``show`` and a purge by id read the DLQ a window (500) at a time: past
+    the second window they still see every dead letter, oldest first, and leave in place
+    all but the one purged."""
+    run(broker_url, "topology", "declare", "-q", "cli-browse")
+    ids = raw_publish_and_reject(amqp_channel, "cli-browse", 1203)
+    code, listed = run_json(broker_url, "dlq", "list", "-q", "cli-browse", "--limit", "2000")
+    assert code == 0 and [d["job_id"] for d in listed["dead_letters"]] == ids
+    code, shown = run_json(broker_url, "dlq", "show", "-q", "cli-browse", ids[-1])
+    assert code == 0 and shown["envelope"]["id"] == ids[-1]
+    result = run(broker_url, "dlq", "purge", "-q", "cli-browse", ids[1100], "--yes")
+    assert result.returncode == 0 and "deleted 1" in result.stdout
+    assert queue_depth(amqp_channel, "ojs.queue.dlx.cli-browse") == 1202
+    code, listed = run_json(broker_url, "dlq", "list", "-q", "cli-browse", "--limit", "2000")
+    assert [d["job_id"] for d in listed["dead_letters"]] == ids[:1100] + ids[1101:]
+    code, purged = run_json(broker_url, "dlq", "purge", "-q", "cli-browse", "--yes")
+    assert code == 0 and purged["deleted"] == 1202
+
+
 def test_dlq_replay_needs_id_or_all(broker_url: str) -> None:
     run(broker_url, "topology", "declare", "-q", "cli-dlq")
     result = run(broker_url, "dlq", "replay", "-q", "cli-dlq")

@@ -73,7 +73,7 @@ def test_replay_resets_the_attempt_and_keeps_the_history() -> None:
     body, headers = record_failure(json.dumps(JOB).encode(), HEADERS,
                                    JobFailure("HANDLER_ERROR", "E", "boom"), attempt=3,
                                    state="discarded", now=NOW)
-    replayed, replay_headers = reset_for_replay(body, {**headers, "x-death": [1]})
+    replayed, replay_headers = reset_for_replay(json.loads(body), {**headers, "x-death": [1]})
     job = json.loads(replayed)
     assert job["id"] == JOB["id"] and job["attempt"] == 0 and job["state"] == "available"
     assert "error" not in job and len(job["errors"]) == 1

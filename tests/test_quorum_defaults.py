@@ -147,7 +147,7 @@ def test_delivery_limit_on_a_classic_queue_is_refused() -> None:
     lambda h: record_failure(b'{"id": "x"}', h, JobFailure(HANDLER_ERROR, "E", "boom"),
                              attempt=1, state="retryable")[1],
     lambda h: with_error_headers(h, HANDLER_ERROR, "boom"),
-    lambda h: reset_for_replay(b'{"id": "x", "attempt": 3}', h)[1],
+    lambda h: reset_for_replay({"id": "x", "attempt": 3}, h)[1],
 ], ids=["retry or dead letter", "invalid input", "replay"])
 def test_x_death_is_stripped_on_every_republish(republish: Any) -> None:
     # RabbitMQ 4 drops a message whose x-death shows a cycle of only `expired` reasons

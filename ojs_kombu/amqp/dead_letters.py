@@ -1,6 +1,6 @@
 """Inspect, replay and purge the dead letters of an OJS queue (``ojs.queue.dlx.{q}``).
 
-Listing never consumes: messages are fetched with ``Basic.Get`` and left
+Listing never consumes: messages are delivered to a consumer and left
 unacknowledged, and closing the channel puts them back where they were.
 A replay republishes the job to its queue (same id, attempt reset, error
 history kept), waits for the broker's confirm, and only then acks the dead
@@ -12,6 +12,7 @@ window of jobs at a time (pipelined publishes, one ack for the window).
 from __future__ import annotations
 
 import json
+from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -283,7 +284,7 @@ class DeadLetterQueue:
         that puts the job back on that queue."""
         dead = self._dead_letter(message)
         if dead.envelope is not None:
-            body, headers = reset_for_replay(dead.body, dead.headers)
+            body, headers = reset_for_replay(dead.envelope, dead.headers)
         else:  # not an OJS job (dead-lettered as malformed): replay it as it came
             body, headers = dead.body, without_failure_headers(dead.headers)
         properties = dict(message.properties)
@@ -291,13 +292,30 @@ class DeadLetterQueue:
         return dead.job_id, dead.queue, amqp.Message(body, **properties)
 
     def _browse(self, channel: Channel) -> Iterator[amqp.Message]:
-        """Every message present now, unacknowledged (closing the channel requeues them)."""
+        """Every message present now, unacknowledged (closing the channel requeues them).
+
+        Streamed a window at a time: a consumer with a prefetch of one window takes it
+        (pipelined, not one ``Basic.Get`` round trip each) and is cancelled; the window
+        stays unacknowledged on the channel, so the next consumer gets the next one.
+        (A channel-wide prefetch raised as it goes would need no new consumer, but
+        quorum queues refuse consumers on such channels.)"""
         present = channel.queue_declare(self.dlq, passive=True).message_count
-        for _ in range(present):
-            message = channel.basic_get(self.dlq, no_ack=False)
-            if message is None:
-                return
-            yield message
+        arrived: deque[amqp.Message] = deque()
+        seen = 0
+        while seen < present:
+            window = min(REPLAY_WINDOW, present - seen)
+            channel.basic_qos(0, window, False)
+            consumer = channel.basic_consume(self.dlq, no_ack=False, callback=arrived.append)
+            try:
+                for _ in range(window):
+                    if not arrived and not drain_until(self._amqp, lambda: bool(arrived),
+                                                       REPLAY_WAIT_S):
+                        return  # the rest was taken by someone else meanwhile
+                    seen += 1
+                    yield arrived.popleft()
+            finally:
+                if channel.is_open:
+                    channel.basic_cancel(consumer)
 
     def _with_channel(self, work: Callable[[Channel], T]) -> T:
         channel = self._amqp.channel()

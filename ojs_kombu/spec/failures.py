@@ -113,11 +113,11 @@ def record_failure(
     return json.dumps(job, separators=(",", ":"), ensure_ascii=False).encode(), out
 
 
-def reset_for_replay(body: bytes, headers: Mapping[str, Any]) -> tuple[bytes, dict[str, Any]]:
-    """A dead-lettered job made runnable again: same id, attempt reset, history kept."""
-    job = json.loads(body)
-    job["state"] = "available"
-    job["attempt"] = 0
+def reset_for_replay(envelope: Mapping[str, Any],
+                     headers: Mapping[str, Any]) -> tuple[bytes, dict[str, Any]]:
+    """Body and headers of a dead-lettered job (its decoded ``envelope``) made runnable
+    again: same id, attempt reset, history kept."""
+    job = {**envelope, "state": "available", "attempt": 0}
     job.pop("error", None)
     out = without_failure_headers(headers)
     out["x-ojs-attempt"] = 1

@@ -59,6 +59,8 @@ class SizeResult:
     replay_jobs_per_s: float
     #: after the replay the job queue holds exactly n jobs and the DLQ none
     replay_counts_exact: bool
+    #: :func:`raw_move`'s rate: the ceiling of a replay by a py-amqp client
+    raw_move_jobs_per_s: float
 
 
 def _app(url: str) -> Celery:
@@ -152,13 +154,51 @@ def measure(base_url: str, n: int, log: Callable[[str], None]) -> SizeResult:
                         }[command]
                 if command == "purge":  # dead-letter the replayed jobs again first
                     reject_all(channel, n)
+                    log(f"dlq scale: {n}: the same move by a bare py-amqp client ...")
+                    raw_s = raw_move(probe, n)
+                    reject_all(channel, n)
                 seconds, rss, code, _ = run_command(url, *args)
                 steps[command] = Step(seconds, rss, code, *counts(channel))
         finally:
             probe.close()
         replay = steps["replay"]
         return SizeResult(n, rate, steps, n / replay.seconds,
-                          replay.job_queue_after == n and replay.dlq_after == 0)
+                          replay.job_queue_after == n and replay.dlq_after == 0, n / raw_s)
+
+
+def raw_move(connection: amqp.Connection, n: int) -> float:
+    """Seconds a bare py-amqp client takes to move the DLQ's ``n`` dead letters back to
+    the job queue as they are (no decoding, no re-encoding): consumed with the replay's
+    prefetch, republished pipelined with confirms a window at a time, then acked
+    together, as ``dlq replay`` does.  The ceiling of any replay written on py-amqp."""
+    from ojs_kombu.amqp.dead_letters import REPLAY_WINDOW, REPLAY_WINDOWS_AHEAD
+
+    channel = connection.channel()
+    channel.confirm_select()
+    confirmed = [0]
+    channel.events["basic_ack"].add(  # RabbitMQ confirms a channel's publishes in order
+        lambda tag, multiple: confirmed.__setitem__(0, max(confirmed[0], tag)))
+    channel.basic_qos(0, REPLAY_WINDOWS_AHEAD * REPLAY_WINDOW, False)
+    arrived: list[amqp.Message] = []
+    started = time.perf_counter()
+    tag = channel.basic_consume(f"ojs.queue.dlx.{QUEUE}", callback=arrived.append)
+    published = 0
+    while published < n:
+        want = min(REPLAY_WINDOW, n - published)
+        while len(arrived) < want:
+            connection.drain_events(timeout=30)
+        batch, arrived[:] = arrived[:want], arrived[want:]
+        for message in batch:
+            channel.basic_publish(amqp.Message(message.body, **message.properties),
+                                  exchange="ojs.exchange.direct", routing_key=QUEUE)
+        published += want
+        while confirmed[0] < published:
+            connection.drain_events(timeout=30)
+        channel.basic_ack(batch[-1].delivery_tag, multiple=True)
+    seconds = time.perf_counter() - started
+    channel.basic_cancel(tag)
+    channel.close()
+    return seconds
 
 
 def reject_all(channel: amqp.Channel, n: int) -> None:
@@ -200,6 +240,9 @@ def render(result: dict[str, Any]) -> list[str]:
         lines.append(f"  {r['dead_letters']}: replay {r['replay_jobs_per_s']:.0f} jobs/s vs "
                      f"enqueue_many {r['enqueue_many_jobs_per_s']:.0f} jobs/s "
                      f"({r['replay_jobs_per_s'] / r['enqueue_many_jobs_per_s']:.2f}x); "
+                     f"bare py-amqp moving them back {r['raw_move_jobs_per_s']:.0f} jobs/s "
+                     f"({r['raw_move_jobs_per_s'] / r['enqueue_many_jobs_per_s']:.2f}x, "
+                     f"replay at {r['replay_jobs_per_s'] / r['raw_move_jobs_per_s']:.2f}x it); "
                      "job queue and DLQ after it: "
                      f"{'exactly n and 0' if r['replay_counts_exact'] else 'NOT n and 0'}")
     return lines

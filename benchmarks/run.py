@@ -696,7 +696,8 @@ def run(broker: Broker, args: argparse.Namespace) -> dict[str, Any]:
         settings = scheduling.Settings(
             memory_jobs=args.schedule_jobs, settle_s=args.settle,
             countdown_range=args.schedule_range,
-            lateness_jobs=args.lateness_jobs, grace_s=args.lateness_grace)
+            lateness_jobs=args.lateness_jobs, grace_s=args.lateness_grace,
+            batch=args.schedule_batch)
         results["schedule"] = scheduling.run(broker, args.broker, _ojs_url(args.broker),
                                              settings, log=_progress)
     if "storm" in args.parts:
@@ -1049,6 +1050,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         default=scheduling.COUNTDOWN_RANGE,
                         help="scheduling: LOW,HIGH seconds ahead the memory jobs are due "
                         "(3600,604800: the next hour to 7 days)")
+    parser.add_argument("--schedule-batch", type=int, default=0,
+                        help="scheduling: publish the memory jobs N at a time with "
+                        "enqueue_many (plain Celery: apply_async without confirms); "
+                        "0: one confirmed apply_async each")
     parser.add_argument("--lateness-jobs", type=int, default=1_000,
                         help="scheduling: jobs due within 30 s, for the lateness numbers")
     parser.add_argument("--settle", type=float, default=15.0,
@@ -1081,9 +1086,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--batch-size must be at least 1 and --fast-jobs at least twice it "
                      "(for the batch latency percentiles)")
     if (args.schedule_jobs < 1 or args.lateness_jobs < 2 or args.settle < 0
-            or args.lateness_grace < 0):
+            or args.lateness_grace < 0 or args.schedule_batch < 0):
         parser.error("--schedule-jobs must be at least 1, --lateness-jobs at least 2, "
-                     "--settle and --lateness-grace not negative")
+                     "--settle, --lateness-grace and --schedule-batch not negative")
     if args.storm_jobs < 1 or args.storm_timeout <= 0:
         parser.error("--storm-jobs must be at least 1 and --storm-timeout positive")
     if args.dedup_jobs < 1 or args.dedup_work_ms < 0:

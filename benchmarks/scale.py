@@ -42,6 +42,7 @@ from urllib.parse import urlsplit
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from scale_app import make_app, queue_names  # noqa: E402
+from scale_ceiling import measure as measure_ceiling  # noqa: E402
 from scheduling import rss_bytes  # noqa: E402
 
 #: The three-node cluster of the quorum-queue run (``--only scale_cluster``): ports and
@@ -89,6 +90,8 @@ class ScaleResult:
     rss_after_mb: float
     retried: int
     restart_s: float
+    #: ``scale_recovery.Recovery`` as a dict: the cluster run's node restart
+    recovery: dict[str, Any] | None = None
 
 
 Ctl = Callable[..., str]
@@ -185,8 +188,13 @@ class Worker:
                 self.process.wait()
 
 
+#: After a side's restart: ``(side, n, broker_url, vhost, workdir)`` -> recovery figures.
+Recover = Callable[[str, int, str, str, Path], dict[str, Any]]
+
+
 def measure(side: str, n: int, broker_url: str, ctl: Ctl, vhost: str, workdir: Path,
-            settings: Settings, log: Callable[[str], None]) -> ScaleResult:
+            settings: Settings, log: Callable[[str], None],
+            recover: Recover | None = None) -> ScaleResult:
     """One side with ``n`` job queues in ``vhost`` (``broker_url`` points at it)."""
     worker = Worker(side, broker_url, n, workdir, settings.quorum)
     try:
@@ -216,11 +224,16 @@ def measure(side: str, n: int, broker_url: str, ctl: Ctl, vhost: str, workdir: P
     finally:
         again.stop()
     log(f"scale: {LABELS[side]} x{n}: restarted in {restart_s:.2f}s")
-    return ScaleResult(side, n, start_s, rest, after, rss_rest, rss_after, retried, restart_s)
+    recovery = None
+    if recover is not None:
+        log(f"scale: {LABELS[side]} x{n}: restarting a node with jobs waiting ...")
+        recovery = recover(side, n, broker_url, vhost, workdir)
+    return ScaleResult(side, n, start_s, rest, after, rss_rest, rss_after, retried, restart_s,
+                       recovery)
 
 
 def run(broker_url: str, settings: Settings, *, ctl: Ctl = local_ctl,
-        log: Callable[[str], None] = print) -> dict[str, Any]:
+        log: Callable[[str], None] = print, recover: Recover | None = None) -> dict[str, Any]:
     """Every queue count, plain Celery then ojs_kombu (alternating per count)."""
     results: list[ScaleResult] = []
     netloc = urlsplit(broker_url).netloc
@@ -232,8 +245,13 @@ def run(broker_url: str, settings: Settings, *, ctl: Ctl = local_ctl,
                     scheme = "ojs" if side == "ojs" else "amqp"
                     url = f"{scheme}://{netloc}/{vhost}"
                     results.append(measure(side, n, url, ctl, vhost, Path(tmp), settings,
-                                           log))
-    return summarize(results, settings)
+                                           log, recover))
+    summary = summarize(results, settings)
+    if not settings.quorum:
+        top = settings.counts[-1]
+        log(f"scale: the broker's ceiling, {top} job queues declared by a bare client ...")
+        summary["ceiling"] = {"job_queues": top, "seconds": measure_ceiling(broker_url, ctl, top)}
+    return summary
 
 
 def run_cluster(settings: Settings, log: Callable[[str], None] = print) -> dict[str, Any]:
@@ -241,6 +259,8 @@ def run_cluster(settings: Settings, log: Callable[[str], None] = print) -> dict[
     stopped and deleted afterwards, whatever happens); counted on its first node."""
     if str(HERE.parent) not in sys.path:
         sys.path.append(str(HERE.parent))  # the fault suite's cluster
+    from scale_recovery import measure as measure_recovery
+
     from faults.cluster import Cluster
 
     log(f"scale: starting a three-node cluster on ports {CLUSTER_PORTS} ...")
@@ -249,7 +269,8 @@ def run_cluster(settings: Settings, log: Callable[[str], None] = print) -> dict[
         quorum = Settings(counts=settings.counts, quorum=True, timeout_s=settings.timeout_s)
         try:
             return run(f"amqp://guest:guest@127.0.0.1:{first.port}//", quorum,
-                       ctl=first.ctl, log=log)
+                       ctl=first.ctl, log=log,
+                       recover=lambda *args: asdict(measure_recovery(*args, cluster=cluster)))
         finally:
             log("scale: stopping the cluster ...")
 
@@ -272,10 +293,14 @@ def summarize(results: list[ScaleResult], settings: Settings) -> dict[str, Any]:
         per_queue[side]["start_s"] = (hi.start_s - lo.start_s) / span
     both = [n for n in counts if ("ojs", n) in by and ("plain", n) in by]
     start_ratio = {n: by[("ojs", n)].start_s / by[("plain", n)].start_s for n in both}
+    recovery_ratio = {n: by[("ojs", n)].recovery["queues_online_s"]
+                      / by[("plain", n)].recovery["queues_online_s"]
+                      for n in both if by[("ojs", n)].recovery and by[("plain", n)].recovery}
     restart_ratio = {n: by[("ojs", n)].restart_s / by[("plain", n)].restart_s for n in both}
     top = counts[-1]
     return {"results": [asdict(r) for r in results], "per_queue": per_queue,
             "start_ratio": start_ratio, "restart_ratio": restart_ratio,
+            "recovery_ratio": recovery_ratio,
             "quorum": settings.quorum,
             "target": {"name": f"worker start, {top} queues, <= {START_RATIO_MAX}x plain Celery",
                        "ratio": start_ratio.get(top),
@@ -315,8 +340,46 @@ def render(result: dict[str, Any]) -> list[str]:
         f"{n} queues {ratio:.2f}x" for n, ratio in result["start_ratio"].items()))
     lines.append("  restart ratio (every broker object there): " + ", ".join(
         f"{n} queues {ratio:.2f}x" for n, ratio in result.get("restart_ratio", {}).items()))
+    lines += _ceiling_lines(result) + _recovery_lines(result)
     target = result["target"]
     verdict = "-" if target["ratio"] is None else ("met" if target["met"] else "not met")
     ratio = "-" if target["ratio"] is None else f"{target['ratio']:.2f}"
     return [*lines, "", *grid([("target (issue 39)", "ratio", "status"),
                                (target["name"], ratio, verdict)])]
+
+
+def _ceiling_lines(result: dict[str, Any]) -> list[str]:
+    """The bare client's declaration times beside the workers' first starts."""
+    ceiling = result.get("ceiling")
+    if not ceiling:
+        return []
+    n, raw = ceiling["job_queues"], ceiling["seconds"]
+    starts = {r["side"]: r["start_s"] for r in result["results"] if r["job_queues"] == n}
+    lines = [f"  broker's ceiling, {n} job queues declared by bare py-amqp (pipelined, "
+             f"4 channels): plain Celery's objects {raw['plain']:.2f}s, ojs_kombu's "
+             f"{raw['ojs']:.2f}s ({raw['ojs_no_priority']:.2f}s without x-max-priority)"]
+    if len(starts) == 2:
+        lines.append(f"  first start, ojs_kombu minus plain Celery: workers "
+                     f"{starts['ojs'] - starts['plain']:+.2f}s, bare client "
+                     f"{raw['ojs'] - raw['plain']:+.2f}s (what the broker alone adds)")
+    return lines
+
+
+def _recovery_lines(result: dict[str, Any]) -> list[str]:
+    """The node restart of the cluster run, per side and count, and its ratio."""
+    lines = []
+    for r in result["results"]:
+        rec = r.get("recovery")
+        if rec:
+            lines.append(
+                f"  node restart, {LABELS[r['side']]} x{r['job_queues']}: node back "
+                f"{rec['node_back_s']:.1f}s, every quorum queue online "
+                f"{rec['queues_online_s']:.1f}s, "
+                f"{rec['published']} jobs drained by {rec['drained_s']:.1f}s: ran {rec['ran']}, "
+                f"lost {rec['lost']}, run twice {rec['duplicates']}")
+    ratios = result.get("recovery_ratio") or {}
+    if ratios:
+        lines.append("  recovery ratio (queues online, ojs_kombu / plain Celery; target <= 2x, "
+                     "none lost): " + ", ".join(f"{n} queues {ratio:.2f}x"
+                                                for n, ratio in ratios.items()))
+    return lines

@@ -26,14 +26,16 @@ IDLE = "idle"
 
 
 def make_app(broker: str, queue: str, control_exchange: str, *, ojs_prefix: str | None = None,
-             record_path: str | None = None, set_as_current: bool = False) -> Celery:
-    """Plain Celery app, or an ojs_kombu one when ``ojs_prefix`` is given (broker ``ojs://``)."""
+             record_path: str | None = None, set_as_current: bool = False,
+             confirm: bool = True) -> Celery:
+    """Plain Celery app, or an ojs_kombu one when ``ojs_prefix`` is given (broker ``ojs://``);
+    ``confirm=False`` gives plain Celery its default publish (no confirms)."""
     app = Celery("bench_sched", broker=broker, set_as_current=set_as_current)
     if ojs_prefix is not None:
         ojs_kombu.install(app)
         app.conf.ojs_prefix = ojs_prefix
     else:
-        app.conf.broker_transport_options = {"confirm_publish": True}
+        app.conf.broker_transport_options = {"confirm_publish": confirm}
     app.conf.update(
         task_default_queue=queue,
         task_acks_late=True,

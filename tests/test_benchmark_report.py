@@ -635,3 +635,51 @@ def test_cluster_drain_table_shows_rates_cpu_qos_and_the_verdicts(
     assert verdicts["drain prefork on the cluster >= 0.9x plain Celery"] == ["1.00", "met"]
     assert "queue leaders: plain Celery ojs-b1@localhost, ojs_kombu ojs-b1@localhost" in (
         "\n".join(lines))
+
+
+def _scale(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    monkeypatch.syspath_prepend(str(BENCHMARKS))  # scale imports scale_app, scheduling, report
+    return _load("scale")
+
+
+def _scale_result(side: str, n: int, start_s: float) -> dict[str, Any]:
+    objects = {"queues": n, "exchanges": n, "bindings": n, "queue_memory_mb": 1.0,
+               "retry_queues": 0, "retry_queue_expires_s": []}
+    return {"side": side, "job_queues": n, "start_s": start_s, "rest": objects,
+            "after": objects, "rss_rest_mb": 70.0, "rss_after_mb": 71.0, "retried": n,
+            "restart_s": 1.0}
+
+
+def test_scale_table_puts_the_bare_clients_declaration_times_beside_the_first_starts(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The broker's share of ojs_kombu's slower first start: the bare client's difference
+    next to the workers' difference, at the largest queue count."""
+    scale = _scale(monkeypatch)
+    result = {"results": [_scale_result("plain", 100, 1.25), _scale_result("ojs", 100, 2.5)],
+              "per_queue": {}, "start_ratio": {100: 2.0}, "restart_ratio": {100: 1.0},
+              "quorum": False, "target": {"name": "start", "ratio": 2.0, "met": False},
+              "ceiling": {"job_queues": 100,
+                          "seconds": {"plain": 0.25, "ojs": 1.5, "ojs_no_priority": 0.5}}}
+    lines = scale.render(result)
+    ceiling = next(line for line in lines if "broker's ceiling" in line)
+    assert "plain Celery's objects 0.25s" in ceiling and "ojs_kombu's 1.50s" in ceiling
+    assert "(0.50s without x-max-priority)" in ceiling
+    difference = next(line for line in lines if "ojs_kombu minus plain Celery" in line)
+    assert "workers +1.25s" in difference and "bare client +1.25s" in difference
+    del result["ceiling"]
+    assert not any("broker's ceiling" in line for line in scale.render(result))
+
+
+def test_dlq_scale_reads_the_replay_against_enqueue_many_and_the_bare_clients_move(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    dlq_scale = _load("dlq_scale")
+    step = {"seconds": 10.0, "peak_rss_mb": 50.0, "exit_code": 0, "job_queue_after": 0,
+            "dlq_after": 0}
+    result = {"results": [{"dead_letters": 1000, "enqueue_many_jobs_per_s": 4000.0,
+                           "steps": {"replay": step}, "replay_jobs_per_s": 3000.0,
+                           "replay_counts_exact": True, "raw_move_jobs_per_s": 3750.0}]}
+    summary = dlq_scale.render(result)[-1]
+    assert "replay 3000 jobs/s vs enqueue_many 4000 jobs/s (0.75x)" in summary
+    assert "bare py-amqp moving them back 3750 jobs/s (0.94x, replay at 0.80x it)" in summary
+    assert "exactly n and 0" in summary

@@ -683,3 +683,21 @@ def test_dlq_scale_reads_the_replay_against_enqueue_many_and_the_bare_clients_mo
     assert "replay 3000 jobs/s vs enqueue_many 4000 jobs/s (0.75x)" in summary
     assert "bare py-amqp moving them back 3750 jobs/s (0.94x, replay at 0.80x it)" in summary
     assert "exactly n and 0" in summary
+
+
+def test_scale_table_reports_each_node_restart_with_its_counts_and_the_recovery_ratio(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    scale = _scale(monkeypatch)
+    plain, ojs = _scale_result("plain", 100, 4.0), _scale_result("ojs", 100, 6.0)
+    plain["recovery"] = {"published": 2000, "node_back_s": 7.0, "queues_online_s": 8.0,
+                         "drained_s": 11.0, "ran": 2000, "lost": 0, "duplicates": 0}
+    ojs["recovery"] = {**plain["recovery"], "queues_online_s": 10.0, "ran": 1999, "lost": 1}
+    summary = scale.summarize(
+        [scale.ScaleResult(**{**r, "rest": scale.Objects(**r["rest"]),
+                              "after": scale.Objects(**r["after"])}) for r in (plain, ojs)],
+        scale.Settings(counts=(100,), quorum=True))
+    assert summary["recovery_ratio"] == {100: 1.25}
+    lines = scale.render(summary)
+    restart = next(line for line in lines if "node restart, ojs_kombu x100" in line)
+    assert "every quorum queue online 10.0s" in restart and "ran 1999, lost 1" in restart
+    assert any("recovery ratio" in line and "100 queues 1.25x" in line for line in lines)

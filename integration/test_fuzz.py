@@ -24,7 +24,7 @@ import amqp
 import pytest
 import redis
 
-from .conftest import queue_depth, unacked
+from .conftest import queue_depth, rabbitmqctl, unacked
 from .fuzz_messages import deliveries
 
 BACKEND = "redis://127.0.0.1:6379/12"
@@ -93,6 +93,7 @@ def test_fuzzed_deliveries_are_dead_lettered_and_valid_jobs_run_once(
         wait_declared(channel, queue, worker)
         kinds: Counter[str] = Counter()
         valid: list[str] = []
+        sent: dict[str, str] = {}
         for delivery in deliveries(queue, DELIVERIES, valid_every=20, seed=seed):
             # each one confirmed by the broker: what is counted below was enqueued
             channel.basic_publish_confirm(delivery.message, exchange="ojs.exchange.direct",
@@ -101,6 +102,9 @@ def test_fuzzed_deliveries_are_dead_lettered_and_valid_jobs_run_once(
                 valid.append(delivery.job_id)
             else:
                 kinds[delivery.kind] += 1
+                message_id = delivery.message.properties.get("message_id")
+                if isinstance(message_id, str):  # its dead letter keeps it
+                    sent[message_id] = delivery.kind
         dlq, job_queue = f"ojs.queue.dlx.{queue}", f"ojs.queue.{queue}"
         seen, last_change, stalls = 0, time.monotonic(), 0
         while (dead := queue_depth(channel, dlq)) < DELIVERIES:
@@ -119,12 +123,17 @@ def test_fuzzed_deliveries_are_dead_lettered_and_valid_jobs_run_once(
                 break
             codes[(message.properties.get("application_headers") or {}).get(
                 "x-ojs-error-code", "(none)")] += 1
+            sent.pop(message.properties.get("message_id"), None)
         left = queue_depth(channel, job_queue) + unacked(vhost, job_queue)
         report = (f"seed {seed}, pool {pool}: published and confirmed {DELIVERIES} malformed "
                   f"({dict(kinds)}) and {len(valid)} valid; dead-lettered {dead}, codes "
                   f"{dict(codes)}; valid ran {sum(ran)} (lost {ran.count(0)}, duplicates "
                   f"{sum(r - 1 for r in ran if r > 1)}); left in the queue (ready or "
                   f"unacked) {left}; stalls {stalls}")
+        if stalls or dead != DELIVERIES:  # which are missing, and where the broker has what
+            report += (f"\nnot in the DLQ (message id: kind): {dict(list(sent.items())[:10])}"
+                       "\nqueues of the vhost (ready, unacked):\n") + rabbitmqctl(
+                "list_queues", "-p", vhost, "name", "messages_ready", "messages_unacknowledged")
         print(report)
         assert stalls == 0, report
         assert dead == DELIVERIES and "(none)" not in codes, report

@@ -50,11 +50,13 @@ def measure(side: str, n: int, broker_url: str, vhost: str, workdir: Path,
     from scale import Worker
 
     app = make_app(broker_url, side, quorum=True)
-    tags = [f"recover-{q}-{i}" for q in queue_names(n) for i in range(JOBS_PER_QUEUE)]
+    jobs = [(queue, f"recover-{queue}-{i}") for queue in queue_names(n)
+            for i in range(JOBS_PER_QUEUE)]
+    tags = [tag for _, tag in jobs]
     try:
         noop = app.tasks["scale.noop"]
-        for tag in tags:
-            noop.apply_async((tag,), queue=tag.split("-")[1])
+        for queue, tag in jobs:
+            noop.apply_async((tag,), queue=queue)
     finally:
         app.close()
     first, second = cluster.nodes[0], cluster.nodes[1]
@@ -70,22 +72,17 @@ def measure(side: str, n: int, broker_url: str, vhost: str, workdir: Path,
                                f"{ONLINE_TIMEOUT_S:.0f}s")
         time.sleep(0.2)
     online = time.perf_counter() - started
-    worker = Worker(side, broker_url, n, workdir, quorum=True, tag="-recovery")
+    worker = Worker(side, broker_url, n, workdir, quorum=True, tag="-recovery")  # own record
     try:
         worker.wait_ready()
         deadline = time.monotonic() + DRAIN_TIMEOUT_S
-        while _recorded(worker.record) < len(tags) and time.monotonic() < deadline:
+        while worker.done() < len(tags) and time.monotonic() < deadline:
             time.sleep(0.1)
         time.sleep(1.0)  # a job run twice would show up now
         drained = time.perf_counter() - started
     finally:
         worker.stop()
-    ran = Counter(line for line in worker.record.read_text().splitlines()
-                  if line.startswith("recover-"))
+    ran = Counter(worker.record.read_text().splitlines())
     return Recovery(len(tags), node_back, online, drained, sum(1 for t in tags if t in ran),
                     sum(1 for t in tags if t not in ran),
                     sum(count - 1 for count in ran.values() if count > 1))
-
-
-def _recorded(path: Path) -> int:
-    return sum(1 for line in path.read_text().splitlines() if line.startswith("recover-"))

@@ -337,14 +337,16 @@ def delete_side(side: SchedSide, admin: Admin) -> None:
 
 
 def publish_memory_jobs(task: Task, n: int, rng: random.Random,
-                        countdown_range: tuple[float, float] = COUNTDOWN_RANGE) -> float:
-    """``n`` jobs due within ``countdown_range`` seconds; returns the seconds publishing
-    took."""
+                        countdown_range: tuple[float, float] = COUNTDOWN_RANGE,
+                        producer: Any = None) -> float:
+    """``n`` jobs due within ``countdown_range`` seconds, one ``apply_async`` each (on
+    ``producer`` if given); returns the seconds publishing took."""
     low, high = countdown_range
     started = time.perf_counter()
     for _ in range(n):
         countdown = rng.uniform(low, high)
-        task.apply_async((IDLE, time.time() + countdown), countdown=countdown)
+        task.apply_async((IDLE, time.time() + countdown), countdown=countdown,
+                         producer=producer)
     return time.perf_counter() - started
 
 
@@ -354,22 +356,18 @@ def publish_memory_batches(side: SchedSide, n: int, batch: int, rng: random.Rand
     unconfirmed ``apply_async`` loop for plain Celery; returns the seconds it took."""
     app = side.make_app(confirm=False)
     task = app.tasks[TASK_NAME]
-    low, high = countdown_range
-    started = time.perf_counter()
     try:
         if side.ojs_prefix is None:
             with app.producer_or_acquire() as producer:
-                for _ in range(n):
-                    countdown = rng.uniform(low, high)
-                    task.apply_async((IDLE, time.time() + countdown), countdown=countdown,
-                                     producer=producer)
-        else:
-            for start in range(0, n, batch):
-                jobs = []
-                for _ in range(min(batch, n - start)):
-                    countdown = rng.uniform(low, high)
-                    jobs.append(task.s(IDLE, time.time() + countdown).set(countdown=countdown))
-                enqueue_many(app, jobs)
+                return publish_memory_jobs(task, n, rng, countdown_range, producer)
+        low, high = countdown_range
+        started = time.perf_counter()
+        for start in range(0, n, batch):
+            jobs = []
+            for _ in range(min(batch, n - start)):
+                countdown = rng.uniform(low, high)
+                jobs.append(task.s(IDLE, time.time() + countdown).set(countdown=countdown))
+            enqueue_many(app, jobs)
         return time.perf_counter() - started
     finally:
         app.close()

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from celery import Celery
 from click.testing import CliRunner
+from kombu.exceptions import EncodeError
 from kombu.serialization import dumps
 
 import ojs_kombu
@@ -386,9 +387,13 @@ def test_non_json_arguments_raise_the_documented_error_on_every_path(app: Celery
         ojs_kombu.enqueue_many(app, [("math.add", (value,))])
 
 
-def test_bytes_in_a_json_body_raise_non_json_argument_error() -> None:
-    with pytest.raises(NonJSONArgumentError, match="bytes"):
-        celery_encode(args=(b"raw",))
+def test_a_kombu_tag_no_registered_type_reads_raises_an_encode_error() -> None:
+    tagged = b'[[{"__type__": "money", "__value__": "1.00"}], {}, {}]'
+    with pytest.raises(EncodeError, match="'money'") as info:
+        encode_task_message(body=tagged, content_type="application/json", properties={},
+                            headers={"task": "email.send", "id": new_job_id()},
+                            job_type="email.send", queue="email")
+    assert isinstance(info.value, NonJSONArgumentError)
 
 
 def test_send_task_refuses_a_job_over_the_limit_before_connecting(app: Celery) -> None:

@@ -7,6 +7,7 @@ reaches it is the job the ``ojs`` transport would put on the wire.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
@@ -14,9 +15,10 @@ from typing import Any
 import pytest
 from celery import Celery, chain
 from celery.signals import after_task_publish, before_task_publish
+from kombu.exceptions import EncodeError
 
 import ojs_kombu
-from ojs_kombu.spec.errors import InvalidJobIdError, JobOptionError, NonJSONArgumentError
+from ojs_kombu.spec.errors import JobOptionError, NonJSONArgumentError
 
 from .in_memory_broker import Broker, InMemoryTransport
 
@@ -152,7 +154,7 @@ def test_celerys_headers_and_options_become_the_envelope(app: Celery, broker: Br
     assert (headers["x-ojs-max-attempts"], headers["x-ojs-tags"]) == (5, "a")
 
 
-def test_arguments_are_written_as_kombus_json_encoder_writes_them_or_refused(
+def test_arguments_are_written_in_natural_json_or_refused_naming_the_value(
         app: Celery, broker: Broker) -> None:
     class Point:
         def __json__(self) -> list[int]:
@@ -161,12 +163,21 @@ def test_arguments_are_written_as_kombus_json_encoder_writes_them_or_refused(
     add = app.tasks["math.add"]
     add.apply_async(((1, 2), Point()))
     assert jobs(broker)[0]["args"] == [[1, 2], [1, 2]]
-    for value, kind in [(datetime.now(UTC), "datetime"), (b"raw", "bytes"),
-                        (float("nan"), "NaN"), ({1}, "set")]:
-        with pytest.raises(NonJSONArgumentError, match=kind) as info:
-            add.apply_async((value,))
+    when = datetime(2026, 5, 1, 12, 30, tzinfo=UTC)
+    add.apply_async((when,), {"y": [b"raw", float("nan")]})
+    job = jobs(broker)[1]
+    assert job["args"] == ["2026-05-01T12:30:00+00:00"]
+    assert job["x_celery"]["kwargs"] == {"y": ["cmF3", "NaN"]}
+    assert job["meta"]["x_celery_types"] == {"/args/0": "datetime",
+                                             "/x_celery/kwargs/y/0": "bytes",
+                                             "/x_celery/kwargs/y/1": "float"}
+    for call, path in [(((1, {2}),), "args[1]"),
+                       (((1,), {"y": {"order": object()}}), "kwargs['y']['order']")]:
+        with pytest.raises(EncodeError, match=re.escape(path)) as info:
+            add.apply_async(*call)
+        assert isinstance(info.value, NonJSONArgumentError)
         assert "'math.add'" in str(info.value) and info.value.job_id
-    assert len(broker.published) == 1
+    assert len(broker.published) == 2
 
 
 def test_typed_errors_are_raised_before_the_broker_is_reached(app: Celery,
@@ -174,8 +185,8 @@ def test_typed_errors_are_raised_before_the_broker_is_reached(app: Celery,
     add = app.tasks["math.add"]
     with pytest.raises(JobOptionError, match="priority"):
         add.apply_async((1,), priority=1000)
-    with pytest.raises(InvalidJobIdError):
-        add.apply_async((1,), task_id="3f2b8c1e-4c4a-4b6e-9a51-2f7b7c1d2e3f")
+    with pytest.raises(NonJSONArgumentError):
+        add.apply_async(({1},))
     assert broker.published == [] and broker.connections_opened == 0
 
 

@@ -18,11 +18,13 @@ from functools import cache
 from typing import Any, TypeVar
 
 import kombu
+import kombu.utils.json as kombu_json
 from kombu.asynchronous import get_event_loop, set_event_loop
 from kombu.message import Message
 from kombu.transport import base
 
 from ..spec.seams import Hook, verify
+from ..spec.typed_values import BUILTIN_TYPES, use_registered_types
 from .py_amqp_seam import NO_READ_AHEAD
 
 CHECKED = "5.5.4, 5.6.2, 5.7.0"
@@ -59,6 +61,12 @@ HOOKS: tuple[Hook, ...] = (
     _hook(kombu.Connection, "_info", "pool members with the pool's settings", ("resolve",)),
     _hook(Message, "_decoded_cache", "handing kombu the Celery message a job delivery "
           "was decoded into once", probe=_decoded_cache_is_read),
+    _hook(kombu_json, "_encoders", "values of types an app registers with "
+          "register_type travel in jobs (spec/typed_values.py)",
+          probe=lambda: all(isinstance(v, tuple) and len(v) == 2
+                            for v in kombu_json._encoders.values())),
+    _hook(kombu_json, "_decoders", "reading back values of types an app registers with "
+          "register_type", probe=lambda: isinstance(kombu_json._decoders, dict)),
 )
 
 
@@ -176,3 +184,27 @@ def forget_loop_on_close(loop: Any) -> None:
 def _forget_if_current(loop: Any) -> None:
     if get_event_loop() is loop:
         set_event_loop(None)
+
+
+def registered_type(value: Any) -> tuple[str | None, Any] | None:
+    """``(marker, JSON value)`` of ``value`` as kombu's JSON encoder writes it, when the
+    first type it matches in kombu's registry (``register_type``, in order) is one an
+    app registered; ``None`` for kombu's own datetime, date, time, Decimal and UUID,
+    which travel in their natural forms (:mod:`ojs_kombu.spec.typed_values`)."""
+    for registered, (marker, encoder) in kombu_json._encoders.items():
+        if isinstance(value, registered):
+            builtin = BUILTIN_TYPES.get(marker) if marker is not None else None
+            if builtin is not None and builtin[0] is registered:
+                return None
+            return marker, encoder(value)
+    return None
+
+
+def registered_decoder(marker: str) -> Callable[[Any], Any] | None:
+    """What kombu reads a value tagged ``marker`` back with."""
+    return kombu_json._decoders.get(marker)
+
+
+# Jobs carry values of the types registered with kombu from the moment the transport
+# is imported (in a prefork child too: it forks from a process that imported it).
+use_registered_types(registered_type, registered_decoder, tuple(kombu_json.textual_types))

@@ -21,9 +21,11 @@ from typing import Any
 
 from .envelope import JobEnvelope
 from .errors import JobRejected
+from .job_ids import JOB_ID_HEADER, TASK_ID_KEY
 from .job_types import JobTypeRegistry
 from .strict_input import INVALID_ENVELOPE, check_content_type, parse_envelope
 from .times import celery_time
+from .typed_values import TYPES_KEY, TypeMapError, check_type_map, restore
 from .unique import UNIQUE_HEADER, fingerprint
 from .x_celery import EMBED_KEYS, HEADER_DEFAULTS, X_CELERY, check_x_celery
 
@@ -54,8 +56,9 @@ class IncomingJob:
 #: ``x_celery`` (Celery's ``self.retry(args=...)`` forwards a request's custom
 #: headers) is stale and ignored.
 _CONSUMER_PREFIXES = ("x-ojs-", "ojs_")
-#: ``x_celery`` entries that are Celery's message body, not its headers.
-_BODY_KEYS = frozenset(("kwargs", *EMBED_KEYS))
+#: ``x_celery`` entries that are not Celery headers: its message body, and the task id
+#: (the ``id`` header).
+_CELERY_OWN = frozenset(("kwargs", *EMBED_KEYS, TASK_ID_KEY))
 
 
 def _builtin_refused(resolve_task: Callable[[str], str | None], job_type: str,
@@ -102,6 +105,15 @@ def decode_job_message(
     extra = envelope.model_extra or {}
     celery_job = X_CELERY in extra
     x_celery = check_x_celery(extra[X_CELERY]) if celery_job else {}
+    natural_kwargs = x_celery.get("kwargs") or {}
+    args = envelope.args
+    meta = envelope.meta
+    if meta and TYPES_KEY in meta:  # values JSON has no type for: their Python types back
+        try:
+            typed = restore({"args": args, X_CELERY: x_celery}, check_type_map(meta[TYPES_KEY]))
+        except TypeMapError as exc:
+            raise JobRejected(INVALID_ENVELOPE, str(exc)) from None
+        args, x_celery = typed["args"], typed[X_CELERY]
     task_name = resolve_task(envelope.type)
     if task_name is None:
         raise JobRejected(
@@ -119,11 +131,12 @@ def decode_job_message(
     amqp_headers = properties.get("application_headers") or {}
     attempt = amqp_headers.get("x-ojs-attempt")
     kwargs = x_celery.get("kwargs") or {}
+    task_id = x_celery.get(TASK_ID_KEY) or envelope.id
 
     headers: dict[str, Any] = {
         **HEADER_DEFAULTS,
         "lang": "py",
-        "root_id": envelope.id,
+        "root_id": task_id,
         "parent_id": None,
         "group": None,
         "retries": (attempt - 1) if isinstance(attempt, int) and attempt > 0 else 0,
@@ -131,10 +144,10 @@ def decode_job_message(
         "stamps": {},  # a job's own: Celery's stamping writes into it
     }
     if x_celery.get("argsrepr") is None:
-        headers["argsrepr"] = argsrepr(envelope.args)
+        headers["argsrepr"] = argsrepr(args)
     # Plain loops: this runs for every consumed job, on the worker's event-loop thread.
     for key, value in x_celery.items():
-        if value is not None and key not in _BODY_KEYS and not key.startswith(_CONSUMER_PREFIXES):
+        if value is not None and key not in _CELERY_OWN and not key.startswith(_CONSUMER_PREFIXES):
             headers[key] = value
     for key, value in amqp_headers.items():
         if isinstance(key, str) and key.startswith("x-ojs-"):
@@ -156,7 +169,8 @@ def decode_job_message(
     if unique is not None:  # what the pool needs to keep the job's unique record current
         headers[UNIQUE_HEADER] = {
             "fingerprint": fingerprint(unique, job_type=envelope.type, queue=envelope.queue,
-                                       args=envelope.args, kwargs=kwargs, meta=envelope.meta),
+                                       args=envelope.args, kwargs=natural_kwargs,
+                                       meta=envelope.meta),
             "policy": unique.model_dump(mode="json", exclude_unset=True),
             "scheduled_at": celery_time(envelope.scheduled_at),
         }
@@ -170,14 +184,16 @@ def decode_job_message(
             if isinstance(tracestate, str):
                 headers["tracestate"] = tracestate
     headers["task"] = task_name
-    headers["id"] = envelope.id
+    headers["id"] = task_id
+    if task_id != envelope.id:
+        headers[JOB_ID_HEADER] = envelope.id
     # Only a job still due later keeps an eta (the transport sends back any job
     # more than a moment early); a past scheduled_at would just cost Celery's ETA path.
     due = envelope.scheduled_at
     headers["eta"] = celery_time(due) if due is not None and due > datetime.now(UTC) else None
     headers["expires"] = celery_time(envelope.expires_at)
     return IncomingJob(envelope=envelope, task_name=task_name, headers=headers,
-                       payload=(envelope.args, kwargs, _embed(x_celery)))
+                       payload=(args, kwargs, _embed(x_celery)))
 
 
 def _embed(x_celery: dict[str, Any]) -> dict[str, Any]:
@@ -196,9 +212,13 @@ assert tuple(_embed({})) == tuple(EMBED_KEYS), "_embed spells out EMBED_KEYS, in
 def celery_payload(body: bytes | str) -> tuple[list[Any], dict[str, Any], dict[str, Any]]:
     """``(args, kwargs, embed)`` of an already validated OJS job body (the pool side)."""
     job = json.loads(body)
-    x_celery = job.get(X_CELERY) or {}
+    args, x_celery = job["args"], job.get(X_CELERY) or {}
+    meta = job.get("meta")
+    if meta and TYPES_KEY in meta:
+        typed = restore({"args": args, X_CELERY: x_celery}, meta[TYPES_KEY])
+        args, x_celery = typed["args"], typed[X_CELERY]
     return (
-        job["args"],
+        args,
         x_celery.get("kwargs") or {},
         _embed(x_celery),
     )

@@ -24,10 +24,8 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, date, datetime, time
-from decimal import Decimal
+from datetime import UTC, datetime
 from typing import Any
-from uuid import UUID
 
 from .envelope import CONTENT_TYPE, SPEC_VERSION, RetryPolicy, UniquePolicy
 from .errors import (
@@ -39,6 +37,7 @@ from .errors import (
     OJSConfigurationError,
     UnsupportedSerializerError,
 )
+from .job_ids import JOB_ID_HEADER, job_id_for
 from .job_options import (
     META_OPTION,
     RETRY_OPTION,
@@ -47,9 +46,16 @@ from .job_options import (
     check_time_limits,
     time_option,
 )
-from .naming import is_job_id
 from .times import format_time
 from .trace_context import trace_id_of
+from .typed_values import (
+    TYPES_KEY,
+    UnencodableValue,
+    natural,
+    parse_pointer,
+    python_path,
+    registered_decoder,
+)
 from .unique import IDEMPOTENCY_OPTION, UNIQUE_OPTION, idempotency_key, unique_policy
 from .x_celery import X_CELERY, x_celery_of
 
@@ -62,47 +68,40 @@ DEFAULT_MAX_ATTEMPTS = 3
 _DEFAULT_POLICY = RetryPolicy()
 
 
-#: What kombu's JSON encoder writes as a tagged object (``{"__type__": ...}``) that only
-#: a Python/kombu consumer can read back, by its tag.
-_KOMBU_TAGGED = ((datetime, "datetime"), (date, "date"), (time, "time"),
-                 (Decimal, "decimal"), (UUID, "uuid"), (bytes, "bytes"))
-
-
-def _not_json_native(kind: str) -> NonJSONArgumentError:
-    return NonJSONArgumentError(
-        f"a task argument of type {kind!r} is not a JSON-native value; OJS args/kwargs "
-        "carry only strings, numbers, booleans, null, arrays and objects (pass an ISO "
-        "8601 string or a number instead)")
+class _NotNative(TypeError):
+    """A value the fast encoder leaves to :func:`~ojs_kombu.spec.typed_values.natural`."""
 
 
 def _json_value(obj: Any) -> Any:
     """What kombu's JSON encoder writes for ``obj`` when it is JSON (a ``__json__``
-    reducer, as Celery's signatures have); refused when kombu would tag it."""
+    reducer, as Celery's signatures have); anything else takes the typed path."""
     reducer = getattr(obj, "__json__", None)
     if reducer is not None:
         return reducer()
-    for kind, tag in _KOMBU_TAGGED:
-        if isinstance(obj, kind):
-            raise _not_json_native(tag)
-    raise TypeError(f"Object of type {type(obj).__name__} is not JSON serializable")
+    raise _NotNative
 
 
-def _reject_kombu_type(obj: dict[str, Any]) -> dict[str, Any]:
-    # A body kombu serialised: its tagged objects are the values refused above.
+def _kombu_value(obj: dict[str, Any]) -> Any:
+    """A tagged object of a body kombu serialised, read back as its Python value (it
+    then travels in its natural JSON form, typed in ``meta``)."""
     if "__type__" in obj and "__value__" in obj and len(obj) == 2:
-        raise _not_json_native(obj["__type__"])
+        tag = obj["__type__"]
+        read = registered_decoder(tag) if isinstance(tag, str) else None
+        if read is None:
+            raise NonJSONArgumentError(
+                f"a task argument is kombu's tagged type {tag!r}, which no type registered "
+                "with kombu.utils.json.register_type reads")
+        return read(obj["__value__"])
     return obj
 
 
-def _reject_constant(name: str) -> Any:
-    raise NonJSONArgumentError(f"a task argument is {name}, which JSON cannot carry")
+def _constant(name: str) -> float:
+    # kombu's JSON writes NaN and the infinities; they travel as typed strings
+    return {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}[name]
 
 
-_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
-_CHECKING_DECODER = json.JSONDecoder(object_hook=_reject_kombu_type,
-                                     parse_constant=_reject_constant)
-
-
+_DECODER = json.JSONDecoder(parse_constant=_constant)
+_TAGGED_DECODER = json.JSONDecoder(object_hook=_kombu_value, parse_constant=_constant)
 _ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False,
                             default=_json_value)
 
@@ -149,14 +148,14 @@ def encode_task_message(
     :class:`JobEncodeError` subclass naming the option and the task.
     """
     task_name = headers.get("task")
-    job_id = headers.get("id")
-    if not isinstance(job_id, str) or not is_job_id(job_id):
+    task_id = headers.get("id")
+    if not isinstance(task_id, str) or not task_id:
         raise InvalidJobIdError(
-            f"task {task_name!r} has id {job_id!r}, which is not a lowercase UUIDv7; "
-            "OJS job ids are UUIDv7: leave task_id unset (ojs_kombu.install() makes "
-            "Celery mint UUIDv7 ids) or pass ojs_kombu.new_job_id()",
-            job_id=job_id if isinstance(job_id, str) else None, queue=queue,
+            f"task {task_name!r} has id {task_id!r}; a task id is a non-empty string "
+            "(leave task_id unset and Celery mints one)",
+            job_id=None, queue=queue,
         )
+    job_id = job_id_for(task_id, headers.get(JOB_ID_HEADER))
     if content_type != CELERY_JSON and content_type != CELERY_CALL:
         raise UnsupportedSerializerError(
             f"task {task_name!r} was serialized as {content_type!r}; OJS jobs are JSON: "
@@ -175,7 +174,7 @@ def encode_task_message(
             # kombu tags non-JSON values as {"__type__": ..., "__value__": ...}; only a
             # body that mentions the tag needs the (slower) per-object check.
             text = body.decode() if isinstance(body, bytes) else body
-            payload = (_CHECKING_DECODER if '"__type__"' in text else _DECODER).decode(text)
+            payload = (_TAGGED_DECODER if '"__type__"' in text else _DECODER).decode(text)
             args, kwargs, embed = payload
     except NonJSONArgumentError as exc:
         exc.job_id, exc.queue = job_id, queue
@@ -198,11 +197,11 @@ def encode_task_message(
     check_time_limits(*timelimit, task_name=task_name, job_id=job_id, queue=queue)
     eta = headers.get("eta")
     expires = headers.get("expires")
-    x_celery = x_celery_of(headers, job_id=job_id, kwargs=kwargs, embed=embed)
+    x_celery = x_celery_of(headers, job_id=job_id, task_id=task_id, kwargs=kwargs, embed=embed)
     unique = unique_policy(properties.get(UNIQUE_OPTION), task_name=task_name, job_id=job_id,
                            queue=queue)
     key = idempotency_key(properties.get(IDEMPOTENCY_OPTION), task_name=task_name,
-                          job_id=job_id, args=args, kwargs=kwargs or {})
+                          job_id=task_id, args=args, kwargs=kwargs or {})
     return build_job(
         job_id=job_id, job_type=job_type, queue=queue, args=args, task_name=task_name,
         now=now, created=format_time(now), meta=meta,
@@ -262,6 +261,7 @@ def build_job(
             job_id=job_id, queue=queue,
         )
     meta = dict(meta) if meta else {}
+    meta.pop(TYPES_KEY, None)  # written below, from the values themselves
     if idempotency_key is not None:
         meta["idempotency_key"] = idempotency_key
     if traceparent is not None and "traceparent" not in meta:
@@ -304,17 +304,8 @@ def build_job(
 
     try:
         encoded = _dumps(job)
-    except NonJSONArgumentError as exc:
-        exc.job_id, exc.queue = job_id, queue
-        exc.args = (f"task {task_name!r}: {exc}",)
-        raise exc.with_traceback(None) from None
-    except (TypeError, ValueError) as exc:
-        reason = ("a task argument is NaN or Infinity, which JSON cannot carry"
-                  if isinstance(exc, ValueError) else str(exc))
-        raise NonJSONArgumentError(
-            f"task {task_name!r}: {reason}; OJS jobs carry JSON-native values only",
-            job_id=job_id, queue=queue,
-        ) from None
+    except (TypeError, ValueError):  # a value JSON has no type for: its natural form
+        encoded = _dumps(_typed_job(job, meta, task_name=task_name, job_id=job_id, queue=queue))
     if max_job_bytes is not None and len(encoded) > max_job_bytes:
         raise JobTooLargeError(
             f"job {job_id} (task {task_name!r}, queue {queue!r}) is {len(encoded)} bytes as "
@@ -354,6 +345,35 @@ def build_job(
         props["reply_to"] = reply_to
     return OutgoingJob(job_id=job_id, job_type=job_type, queue=queue, body=encoded,
                        properties=props, delay_ms=delay_ms)
+
+
+def _typed_job(job: dict[str, Any], meta: dict[str, Any], *, task_name: str | None,
+               job_id: str, queue: str) -> dict[str, Any]:
+    """``job`` with its values in their natural JSON forms (:mod:`.typed_values`) and
+    their types in ``meta.x_celery_types``; a :class:`NonJSONArgumentError` names the
+    first value JSON cannot carry."""
+    types: dict[str, str] = {}
+    try:
+        for root in ("args", X_CELERY):
+            if root in job:
+                job[root] = natural(job[root], (root,), types)
+        meta_types: dict[str, str] = {}
+        if meta:
+            natural(meta, ("meta",), meta_types)
+    except UnencodableValue as exc:
+        raise NonJSONArgumentError(
+            f"task {task_name!r}: {python_path(exc.path)} is a {type(exc.value).__name__}: "
+            f"{exc.advice}", job_id=job_id, queue=queue, path=python_path(exc.path),
+        ) from None
+    if meta_types:
+        where, kind = next(iter(meta_types.items()))
+        path = python_path(tuple(parse_pointer(where)))
+        raise NonJSONArgumentError(
+            f"task {task_name!r}: {path} is a {kind}; ojs_meta carries JSON values only "
+            "(pass it as a string)", job_id=job_id, queue=queue, path=path)
+    if types:
+        job["meta"] = {**meta, TYPES_KEY: types}
+    return job
 
 
 #: A task's policy is one object for all its jobs: what its envelopes state, by id.

@@ -12,7 +12,8 @@ builtin: ``LookupError``, ``TimeoutError``, ``ValueError``)::
                              RetryPolicyError, DedupNotConfigured,
                              UnsupportedDependencyError
     JobPublishError
-      JobEncodeError         nothing was sent: NonJSONArgumentError, InvalidJobIdError,
+      JobEncodeError         nothing was sent: NonJSONArgumentError (also kombu's
+                             EncodeError), InvalidJobIdError,
                              UnsupportedSerializerError, JobRoutingError,
                              JobOptionError, JobTooLargeError
       UnroutableJobError     the broker returned it
@@ -38,6 +39,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
+
+from kombu.exceptions import EncodeError
 
 
 class OJSError(Exception):
@@ -120,8 +123,16 @@ class JobEncodeError(JobPublishError):
     """The job cannot be written as an OJS envelope; nothing was sent."""
 
 
-class NonJSONArgumentError(JobEncodeError):
-    """An argument is not a JSON-native value; nothing was sent."""
+class NonJSONArgumentError(JobEncodeError, EncodeError):
+    """A value of the call (an argument, a keyword argument, a header) has no JSON form:
+    nothing was sent.  A kombu ``EncodeError`` too, as plain Celery raises for it;
+    ``path`` names the value as the caller wrote it (``args[1]``,
+    ``kwargs['order']['id']``)."""
+
+    def __init__(self, message: str, *, job_id: str | None = None, queue: str | None = None,
+                 path: str | None = None) -> None:
+        self.path = path
+        super().__init__(message, job_id=job_id, queue=queue)
 
 
 class InvalidJobIdError(JobEncodeError):

@@ -1,7 +1,13 @@
-"""UUIDv7 job ids.
+"""UUIDv7 job ids, and how a Celery task id relates to the OJS job id.
 
-OJS job ids are UUIDv7 (time-ordered).  Celery's ids become UUIDv7
-too (:mod:`ojs_kombu.celery.task_ids`), so ``AsyncResult.id`` *is* the OJS job id.
+OJS job ids are UUIDv7 (time-ordered).  Celery's ids become UUIDv7 too
+(:mod:`ojs_kombu.celery.task_ids`), so ``AsyncResult.id`` *is* the OJS job id.
+Celery accepts any string as a task id (``apply_async(task_id="report-42")``,
+``str(uuid.uuid4())``); the one rule (:func:`job_id_for`): a task id that is a
+lowercase UUIDv7 is the OJS id; any other is carried as ``x_celery.task_id`` of
+a job whose OJS id is a new UUIDv7.  Celery (results, revoke, events, Flower)
+sees the task id; OJS (``message_id``, CANCEL, INFO, dead letters) the job id,
+and CANCEL and INFO take either.
 """
 
 from __future__ import annotations
@@ -10,8 +16,25 @@ import uuid_utils
 
 from .naming import is_job_id
 
-__all__ = ["is_job_id", "new_job_id"]
+__all__ = ["JOB_ID_HEADER", "TASK_ID_KEY", "is_job_id", "job_id_for", "new_job_id"]
+
+#: ``x_celery`` entry: the Celery task id of a job whose task id is not its OJS id.
+TASK_ID_KEY = "task_id"
+#: Celery header of a consumed job whose task id is not its OJS id: the OJS id, so that
+#: ``self.retry(args=...)`` (Celery forwards the request's headers) keeps it.
+JOB_ID_HEADER = "ojs_job_id"
 
 
 def new_job_id() -> str:
     return str(uuid_utils.uuid7())
+
+
+def job_id_for(task_id: str, carried: object = None) -> str:
+    """The OJS id of a job with Celery task id ``task_id``: the task id when it is a
+    lowercase UUIDv7, else ``carried`` (the id of the job a retry replaces) when it is
+    one, else a new UUIDv7."""
+    if is_job_id(task_id):
+        return task_id
+    if isinstance(carried, str) and is_job_id(carried):
+        return carried
+    return new_job_id()

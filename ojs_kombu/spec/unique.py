@@ -29,6 +29,7 @@ from pydantic import ValidationError
 
 from .envelope import UniquePolicy, parse_duration
 from .errors import JobOptionError
+from .typed_values import natural
 
 #: apply_async option (and task option) carrying an OJS ``unique`` policy.
 UNIQUE_OPTION = "ojs_unique"
@@ -111,8 +112,10 @@ def fingerprint(policy: UniquePolicy, *, job_type: str, queue: str, args: Sequen
                          if policy.args_keys is None else _pick(policy.args_keys, args, kwargs))
     if "meta" in policy.keys:
         parts["meta"] = {key: (meta or {}).get(key) for key in policy.meta_keys or ()}
-    text = json.dumps(parts, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                      default=str)
+    # values in their natural JSON forms: a producer's date and a consumer's ISO string
+    # of it are the same work
+    text = json.dumps(natural(parts, (), {}), sort_keys=True, separators=(",", ":"),
+                      ensure_ascii=False)
     return hashlib.sha256(text.encode()).hexdigest()
 
 

@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .errors import JobRejected
+from .job_ids import JOB_ID_HEADER, TASK_ID_KEY
 from .strict_input import INVALID_ENVELOPE
 
 X_CELERY = "x_celery"
@@ -40,17 +41,21 @@ HEADER_DEFAULTS: dict[str, Any] = {
 }
 
 
-def x_celery_of(headers: Mapping[str, Any], *, job_id: str, kwargs: Any = None,
-                embed: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def x_celery_of(headers: Mapping[str, Any], *, job_id: str, task_id: str | None = None,
+                kwargs: Any = None, embed: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The ``x_celery`` of a job: its Celery ``headers`` without what the envelope
     carries, ``None`` and the defaults the consumer restores, then ``kwargs`` and the
-    canvas elements of ``embed`` that are set."""
+    canvas elements of ``embed`` that are set.  A ``task_id`` other than ``job_id``
+    travels as ``task_id`` (:func:`~ojs_kombu.spec.job_ids.job_id_for`)."""
     x_celery = {
         k: v for k, v in headers.items()
         if k not in MAPPED_HEADERS and v is not None
         and (k not in HEADER_DEFAULTS or HEADER_DEFAULTS[k] != v)
     }
-    if x_celery.get("root_id") == job_id:
+    x_celery.pop(JOB_ID_HEADER, None)  # the consumed job's own: its id is the envelope's
+    if task_id is not None and task_id != job_id:
+        x_celery[TASK_ID_KEY] = task_id
+    if x_celery.get("root_id") == (task_id or job_id):
         del x_celery["root_id"]
     if x_celery.get("timelimit") == [None, None]:
         del x_celery["timelimit"]
@@ -93,6 +98,7 @@ X_CELERY_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "errbacks": (_is_signatures, "an array of signatures (objects with a string task)"),
     "chain": (_is_signatures, "an array of signatures (objects with a string task)"),
     "chord": (_is_signature, "a signature (an object with a string task)"),
+    TASK_ID_KEY: (lambda v: isinstance(v, str) and v != "", "a non-empty string"),
     "root_id": (_is_str, "a string"),
     "parent_id": (_is_str, "a string"),
     "group": (_is_str, "a string"),

@@ -1,0 +1,257 @@
+"""Python values JSON has no type for, in the natural JSON form every language reads.
+
+Celery's JSON (kombu 5.3+) carries ``datetime``, ``date``, ``time``, ``UUID``,
+``Decimal`` and ``bytes`` as tagged objects (``{"__type__": ..., "__value__": ...}``)
+that only kombu reads back.  An OJS job carries them in ``args`` (and in
+``x_celery``: kwargs, canvas, headers) as what another language reads without
+help: an ISO 8601 string, a UUID string, a decimal string, base64; ``NaN`` and
+the infinities as the strings ``"NaN"``, ``"Infinity"``, ``"-Infinity"``.  What
+gives a Celery task its Python types back travels beside the values, in one
+place: the envelope's ``meta.x_celery_types``, an object mapping a JSON Pointer
+(RFC 6901) into the envelope (``/args/0``, ``/x_celery/kwargs/order/id``) to a
+type name (:data:`BUILTIN_TYPES`, or the marker of a type the app registered
+with ``kombu.utils.json.register_type``).  A client in another language ignores
+it, or writes it to send a Celery task a ``date``.
+
+Pure code: kombu's registry reaches it through :func:`use_registered_types`,
+called by the AMQP floor's kombu seam.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import copy
+import math
+from collections.abc import Callable, Mapping
+from datetime import date, datetime, time
+from decimal import Decimal, InvalidOperation
+from typing import Any
+from uuid import UUID
+
+#: The ``meta`` key of the type map.
+TYPES_KEY = "x_celery_types"
+#: The envelope members whose values a type map may point into.
+TYPED_ROOTS = ("args", "x_celery")
+
+Path = tuple[str | int, ...]
+
+
+def _float(text: str) -> float:
+    value = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}.get(text)
+    if value is None:
+        raise ValueError(f"{text!r} is not 'NaN', 'Infinity' or '-Infinity'")
+    return value
+
+
+def _float_text(value: float) -> str:
+    return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+
+
+def _bytes(text: str) -> bytes:
+    return base64.b64decode(text.encode("ascii"), validate=True)
+
+
+#: Type name -> (Python type, to natural JSON, from natural JSON).  ``datetime``
+#: before ``date``: a datetime is a date too.  The names are kombu's markers.
+BUILTIN_TYPES: dict[str, tuple[type, Callable[[Any], Any], Callable[[Any], Any]]] = {
+    "datetime": (datetime, datetime.isoformat, datetime.fromisoformat),
+    "date": (date, date.isoformat, date.fromisoformat),
+    "time": (time, time.isoformat, time.fromisoformat),
+    "uuid": (UUID, str, UUID),
+    "decimal": (Decimal, str, Decimal),
+    "bytes": (bytes, lambda b: base64.b64encode(b).decode("ascii"), _bytes),
+    "float": (float, _float_text, _float),
+}
+
+
+class _Registry:
+    """Types the app registered with kombu (``register_type``), as the kombu seam
+    reads them: ``encode(value)`` gives ``(marker, JSON value)`` or ``None``;
+    ``decoder(marker)`` the function that reads it back, or ``None``."""
+
+    encode: Callable[[Any], tuple[str | None, Any] | None] = staticmethod(lambda value: None)
+    decoder: Callable[[str], Callable[[Any], Any] | None] = staticmethod(lambda marker: None)
+    #: What turns a value to text the way kombu's encoder does (Django's lazy strings).
+    textual: tuple[type, ...] = ()
+
+
+_registry = _Registry()
+
+
+def use_registered_types(encode: Callable[[Any], tuple[str | None, Any] | None],
+                         decoder: Callable[[str], Callable[[Any], Any] | None],
+                         textual: tuple[type, ...] = ()) -> None:
+    """Let values of types an app registered with kombu travel (the kombu seam calls it)."""
+    _registry.encode = encode
+    _registry.decoder = decoder
+    _registry.textual = textual
+
+
+def registered_decoder(marker: str) -> Callable[[Any], Any] | None:
+    """What reads back a value kombu tagged ``marker`` (``None``: no such type)."""
+    return _registry.decoder(marker)
+
+
+class UnencodableValue(TypeError):
+    """A value no JSON form and no registered type carries, at ``path``."""
+
+    def __init__(self, path: Path, value: Any, advice: str) -> None:
+        self.path = path
+        self.value = value
+        self.advice = advice
+        super().__init__(f"{type(value).__name__} at {python_path(path)}: {advice}")
+
+
+def pointer(path: Path) -> str:
+    """The RFC 6901 JSON Pointer of ``path``."""
+    return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in path)
+
+
+def parse_pointer(text: str) -> list[str]:
+    if not text.startswith("/"):
+        raise ValueError(f"{text!r} is not a JSON Pointer (it must start with '/')")
+    return [part.replace("~1", "/").replace("~0", "~") for part in text[1:].split("/")]
+
+
+_EMBED_KEYS = ("callbacks", "errbacks", "chain", "chord")
+
+
+def python_path(path: Path) -> str:
+    """How a path into the envelope reads in an error, as the caller wrote the value:
+    ``args[1]``, ``kwargs['order']['id']``, ``chain[0]['args'][0]``, ``headers['x']``."""
+    if path[:1] == ("args",):
+        name, rest = "args", path[1:]
+    elif path[:2] == ("x_celery", "kwargs"):
+        name, rest = "kwargs", path[2:]
+    elif path[:1] == ("x_celery",) and len(path) > 1 and path[1] in _EMBED_KEYS:
+        name, rest = str(path[1]), path[2:]
+    elif path[:1] == ("x_celery",):
+        name, rest = "headers", path[1:]
+    elif path[:1] == ("meta",):
+        name, rest = "ojs_meta", path[1:]
+    else:
+        name, rest = "value", path
+    return name + "".join(f"[{p!r}]" for p in rest)
+
+
+def _advice(value: Any) -> str:
+    if isinstance(value, set | frozenset):
+        return "JSON has no sets: pass a list (sorted(...) keeps it stable)"
+    if isinstance(value, bytearray | memoryview):
+        return "pass bytes(...) (sent as base64)"
+    if isinstance(value, complex):
+        return "JSON has no complex numbers: pass [real, imag]"
+    return ("JSON cannot carry it: pass its fields as a dict, or register the type with "
+            "kombu.utils.json.register_type")
+
+
+def _key(key: Any, path: Path) -> str:
+    """A mapping key as JSON writes it (as Python's json module does)."""
+    if isinstance(key, str):
+        return key
+    if key is True or key is False or key is None:
+        return "true" if key is True else ("false" if key is False else "null")
+    if isinstance(key, int | float):
+        return str(int(key)) if isinstance(key, int) else repr(float(key))
+    raise UnencodableValue((*path, str(key)), key,
+                           f"a mapping key must be a string or a number, not "
+                           f"{type(key).__name__}")
+
+
+def natural(value: Any, path: Path, types: dict[str, str]) -> Any:
+    """``value`` with every typed value in its natural JSON form, each recorded in
+    ``types`` by its pointer; :class:`UnencodableValue` for what JSON cannot carry."""
+    kind = type(value)
+    if kind is str or kind is int or kind is bool or value is None:
+        return value
+    if kind is float:
+        if math.isfinite(value):
+            return value
+        types[pointer(path)] = "float"
+        return _float_text(value)
+    if isinstance(value, Mapping):
+        return {(k := _key(key, path)): natural(item, (*path, k), types)
+                for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [natural(item, (*path, i), types) for i, item in enumerate(value)]
+    if isinstance(value, str | int):  # str and int subclasses (enums) as JSON writes them
+        return value
+    if isinstance(value, float):
+        return natural(float(value), path, types)
+    reducer = getattr(value, "__json__", None)
+    if reducer is not None:
+        return natural(reducer(), path, types)
+    if _registry.textual and isinstance(value, _registry.textual):
+        return str(value)
+    registered = _registry.encode(value)
+    if registered is not None:
+        marker, encoded = registered
+        inner = natural(encoded, path, types)
+        if marker is not None:
+            types[pointer(path)] = marker
+        return inner
+    for name, (python_type, to_json, _) in BUILTIN_TYPES.items():
+        if isinstance(value, python_type):
+            types[pointer(path)] = name
+            return to_json(value)
+    raise UnencodableValue(path, value, _advice(value))
+
+
+class TypeMapError(ValueError):
+    """A consumed job's type map cannot be applied: the message names the entry."""
+
+
+def check_type_map(types: Any) -> dict[str, str]:
+    """The type map of a consumed job (``meta.x_celery_types``), or :class:`TypeMapError`."""
+    if not isinstance(types, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in types.items()):
+        raise TypeMapError(f"meta.{TYPES_KEY} must be an object of JSON Pointer -> type name "
+                           "strings")
+    for ptr, name in types.items():
+        if name not in BUILTIN_TYPES and _registry.decoder(name) is None:
+            raise TypeMapError(
+                f"meta.{TYPES_KEY}[{ptr!r}] names type {name!r}, which this worker cannot read "
+                f"(known: {', '.join(BUILTIN_TYPES)}, and types the app registers with "
+                "kombu.utils.json.register_type)")
+    return types
+
+
+def restore(members: dict[str, Any], types: Mapping[str, str]) -> dict[str, Any]:
+    """Copies of the envelope ``members`` (``args``, ``x_celery``) with each value
+    ``types`` points to read back as its Python type; deepest pointers first, so a
+    registered type whose JSON holds typed values gets them as Python values.
+    :class:`TypeMapError` names a pointer that leads nowhere or a value that does not
+    read as its type."""
+    restored = {name: copy.deepcopy(members[name]) for name in TYPED_ROOTS if name in members}
+    for ptr in sorted(types, key=lambda p: -p.count("/")):
+        name = types[ptr]
+        try:
+            parts = parse_pointer(ptr)
+            if parts[0] not in restored:
+                raise KeyError(parts[0])
+            parent: Any = restored
+            for part in parts[:-1]:
+                parent = parent[int(part) if isinstance(parent, list) else part]
+            last: str | int = int(parts[-1]) if isinstance(parent, list) else parts[-1]
+            raw = parent[last]
+        except (KeyError, IndexError, TypeError, ValueError):
+            raise TypeMapError(f"meta.{TYPES_KEY}[{ptr!r}] points at no value of "
+                               f"{' or '.join(TYPED_ROOTS)}") from None
+        builtin = BUILTIN_TYPES.get(name)
+        read = builtin[2] if builtin is not None else _registry.decoder(name)
+        try:
+            if read is None:
+                raise ValueError("no decoder")
+            if builtin is not None and not isinstance(raw, str):
+                raise TypeError(f"a {name} is a string in JSON, not {type(raw).__name__}")
+            parent[last] = read(raw)
+        except (ValueError, TypeError, InvalidOperation, binascii.Error) as exc:
+            raise TypeMapError(f"meta.{TYPES_KEY}[{ptr!r}]: {_short(raw)} does not read as "
+                               f"{name} ({exc})") from None
+    return restored
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

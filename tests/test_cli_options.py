@@ -120,8 +120,8 @@ def test_app_given_after_the_command_and_through_celery_app(project: Path,
 
 
 @pytest.mark.parametrize("command, fragment", [
-    (["info", "not-a-uuid", "-q", "email"], "UUIDv7"),
-    (["cancel", "42", "-q", "email"], "UUIDv7"),
+    (["info", "", "-q", "email"], "neither a job id nor a task id"),
+    (["cancel", "x" * 256, "-q", "email"], "neither a job id nor a task id"),
     (["dlq", "show", "-q", "email", "not-a-uuid"], "not a job id"),
     (["dlq", "show", "-q", "email", "--id", "not-a-uuid"], "not a job id"),
     (["dlq", "show", "-q", "email"], "JOB_ID"),

@@ -22,7 +22,8 @@ def test_control_messages_round_trip() -> None:
     (b"not json", CANCEL, "not JSON"),
     (b"[1]", CANCEL, "job_id"),
     (json.dumps({"job_id": 5}).encode(), INFO, "job_id"),
-    (json.dumps({"job_id": "abc"}).encode(), CANCEL, "UUIDv7"),
+    (json.dumps({"job_id": ""}).encode(), CANCEL, "neither a job id nor a task id"),
+    (json.dumps({"job_id": "a\nb"}).encode(), INFO, "neither a job id nor a task id"),
 ])
 def test_bad_control_messages_are_named(body: bytes, kind: str, problem: str) -> None:
     with pytest.raises(ValueError, match=problem):

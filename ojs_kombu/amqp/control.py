@@ -18,8 +18,7 @@ import amqp
 from kombu import Connection
 
 from ..spec.errors import BrokerBackingOff, ControlError, ControlTimeout
-from ..spec.job_ids import new_job_id
-from ..spec.naming import is_job_id
+from ..spec.job_ids import is_task_id, new_job_id
 from .binding import Binding
 from .connection import connect_on_demand
 from .drain import drain_until
@@ -51,8 +50,8 @@ def parse_control(message: amqp.Message) -> tuple[str, dict[str, Any]]:
         raise ValueError(f"{kind} body is not JSON") from None
     if not isinstance(body, dict) or not isinstance(body.get("job_id"), str):
         raise ValueError(f"{kind} body must be an object with a string job_id")
-    if not is_job_id(body["job_id"]):
-        raise ValueError(f"{kind}: job_id {body['job_id']!r} is not a UUIDv7")
+    if not is_task_id(body["job_id"]):
+        raise ValueError(f"{kind}: job_id {body['job_id']!r} is neither a job id nor a task id")
     return kind, body
 
 
@@ -98,8 +97,8 @@ class ControlClient:
         (``terminate=True``: its pool process is killed).  Cancelling an unknown
         or finished job is a no-op, reported by the workers in their logs.
         """
-        if not is_job_id(job_id):
-            raise ControlError(f"job id {job_id!r} is not a UUIDv7")
+        if not is_task_id(job_id):
+            raise ControlError(f"{job_id!r} is neither a job id (UUIDv7) nor a Celery task id")
         body = {"job_id": job_id, "reason": reason, "cancelled_by": cancelled_by,
                 "terminate": terminate}
         self._send_control(queue, control_message(CANCEL, {k: v for k, v in body.items()

@@ -178,7 +178,7 @@ class JobReceiver:
             raw.delivery_info["routing_key"] = queue
             properties = raw.properties
             properties["application_headers"] = job.headers
-            properties["correlation_id"] = envelope.id
+            properties["correlation_id"] = job.headers["id"]  # the Celery task id
             if properties.get("priority") is None:  # kombu's producer always sends one: 0
                 properties["priority"] = 0
             properties[_PAYLOAD_KEY] = job.payload

@@ -40,9 +40,8 @@ from ..amqp.publisher import job_queue_for
 from ..events.tracing import with_current_trace
 from ..spec.encode import OutgoingJob, build_job
 from ..spec.errors import BatchPublishError, InvalidJobIdError, JobEncodeError
-from ..spec.job_ids import new_job_id
+from ..spec.job_ids import job_id_for, new_job_id
 from ..spec.job_options import META_OPTION, RETRY_OPTION, check_time_limits, time_option
-from ..spec.naming import is_job_id
 from ..spec.times import format_time
 from ..spec.unique import IDEMPOTENCY_OPTION, UNIQUE_OPTION, idempotency_key
 from ..spec.x_celery import x_celery_of
@@ -89,33 +88,36 @@ def enqueue_many(app: Celery, jobs: Iterable[JobSpec] | group, *,
     encoder = JobEncoder(app)
     outgoing = [encoder.encode(index, spec) for index, spec in enumerate(specs)]
     seen: set[str] = set()
-    for job in outgoing:
-        if job.job_id in seen:
-            raise InvalidJobIdError(f"task_id {job.job_id} appears twice in the batch",
+    for job, task_id in zip(outgoing, encoder.task_ids, strict=True):
+        if task_id in seen:
+            raise InvalidJobIdError(f"task_id {task_id} appears twice in the batch",
                                     job_id=job.job_id, queue=job.queue)
-        seen.add(job.job_id)
+        seen.add(task_id)
     with app.producer_or_acquire() as producer, \
             library_errors(producer.connection):
         backend = app.backend
         recorded: list[str] = []
-        for job, wants_result in zip(outgoing, encoder.wants_result, strict=True):
+        for job, task_id, wants_result in zip(outgoing, encoder.task_ids,
+                                              encoder.wants_result, strict=True):
             if wants_result:
-                backend.on_task_call(producer, job.job_id)
+                backend.on_task_call(producer, task_id)
                 if job.delay_ms and wants_record(app, False):  # before the publish
                     scheduled_at = job.properties["application_headers"]["x-ojs-scheduled-at"]
-                    if record_scheduled(app, job.job_id, scheduled_at):
-                        recorded.append(job.job_id)
+                    if record_scheduled(app, task_id, scheduled_at):
+                        recorded.append(task_id)
         channel: JobChannel = producer.channel
         try:
             channel.publish_jobs(outgoing, confirm_timeout=confirm_timeout)
         except BatchPublishError as exc:
-            forget_scheduled(app, [job_id for job_id in recorded if job_id in exc.rejected])
+            rejected = {task_id for job, task_id in zip(outgoing, encoder.task_ids, strict=True)
+                        if job.job_id in exc.rejected}
+            forget_scheduled(app, [task_id for task_id in recorded if task_id in rejected])
             raise
         except BaseException:
             forget_scheduled(app, recorded)
             raise
     result_cls = app.AsyncResult
-    return [result_cls(job.job_id) for job in outgoing]
+    return [result_cls(task_id) for task_id in encoder.task_ids]
 
 
 def _flatten(jobs: Iterable[JobSpec] | group) -> Iterable[JobSpec]:
@@ -182,6 +184,8 @@ class JobEncoder:
         self.parent_ids = ((parent.request.root_id or parent.request.id, parent.request.id)
                            if parent else None)
         self.wants_result: list[bool] = []
+        #: The Celery task id of each job, in order (its OJS id when a UUIDv7).
+        self.task_ids: list[str] = []
         self._routes: dict[Any, str] = {}
         self._task_defaults: dict[str, tuple[Mapping[str, Any], Any, bool]] = {}
 
@@ -207,18 +211,18 @@ class JobEncoder:
         if opts.get(UNIQUE_OPTION) not in (None, False):
             raise JobEncodeError(f"task {name!r} is unique ({UNIQUE_OPTION}): send it with "
                                  "apply_async, which claims its fingerprint first")
-        job_id = opts.get("task_id") or new_job_id()
+        task_id = opts.get("task_id") or new_job_id()
         queue = self._queue_for(name, opts.get("queue"), args, kwargs)
-        if not isinstance(job_id, str) or not is_job_id(job_id):
-            raise InvalidJobIdError(
-                f"task_id {job_id!r} is not a lowercase UUIDv7",
-                job_id=None, queue=queue,
-            )
+        if not isinstance(task_id, str):
+            raise InvalidJobIdError(f"task_id {task_id!r} is not a string", job_id=None,
+                                    queue=queue)
+        job_id = job_id_for(task_id)
+        self.task_ids.append(task_id)
         ignore_result = opts.get("ignore_result", ignore_default)
         self.wants_result.append(not ignore_result)
         hard, soft = opts.get("time_limit"), opts.get("soft_time_limit")
         check_time_limits(hard, soft, task_name=name, job_id=job_id, queue=queue)
-        key = idempotency_key(opts.get(IDEMPOTENCY_OPTION), task_name=name, job_id=job_id,
+        key = idempotency_key(opts.get(IDEMPOTENCY_OPTION), task_name=name, job_id=task_id,
                               args=args or (), kwargs=kwargs or {})
         if key is not None and not self.binding.settings.dedup_url:
             store_for(self.binding.settings)  # DedupNotConfigured, naming the setting
@@ -229,7 +233,7 @@ class JobEncoder:
             "timelimit": [hard, soft] if hard or soft else None, "root_id": root_id,
             "parent_id": parent_id, "origin": origin_nodename(),
             "ignore_result": None if ignore_result is None else bool(ignore_result),
-        }, job_id=job_id, kwargs=dict(kwargs) if kwargs else None)
+        }, job_id=job_id, task_id=task_id, kwargs=dict(kwargs) if kwargs else None)
         return build_job(
             job_id=job_id, job_type=self.binding.job_types.type_for(name), queue=queue,
             args=list(args or ()), task_name=name, now=self.now, created=self.created,

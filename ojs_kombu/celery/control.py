@@ -83,11 +83,16 @@ def ojs_cancel(state: Any, job_id: str, reason: str | None = None,
 
     cancellations.remember(job_id, (reason, cancelled_by))
     held = _held(job_id)
+    # By its OJS id or its Celery task id: a job not here yet is kept from starting by
+    # either (JobRequest.revoked), one held here is revoked by its task id.
     revoke(state, job_id, terminate=terminate, signal="SIGTERM")
+    if held is not None and held[1].id != job_id:
+        cancellations.remember(held[1].id, (reason, cancelled_by))
+        revoke(state, held[1].id, terminate=terminate, signal="SIGTERM")
     if held is not None and held[0] == "active" and not terminate:
         pool = getattr(state.consumer, "pool", None)
         _ask_to_stop(held[1], pool)
-        _end_after_grace(state, job_id, held[1], pool)
+        _end_after_grace(state, held[1].id, held[1], pool)
     if held is None:
         logger.info("cancel of job %s: not on this worker now; it will not start here", job_id)
     return {"ok": f"job {job_id} cancelled", "held": held}
@@ -103,8 +108,8 @@ def ojs_job_info(state: Any, job_id: str) -> dict[str, Any] | None:
         attempt = message.ojs.attempt if isinstance(message, JobMessage) else None
         answer = {"state": "active" if held[0] == "active" else "available",
                   "worker_id": state.consumer.hostname, "attempt": attempt}
-        if job_id in unstoppable:
-            answer["cancel"] = unstoppable[job_id]
+        if request.id in unstoppable:
+            answer["cancel"] = unstoppable[request.id]
         return answer
     return outcomes.get(job_id)
 
@@ -183,12 +188,21 @@ def _install_cancel_handler(**_: Any) -> None:
     signal.signal(COOPERATIVE_SIGNAL, lambda *_: cancel_requested.set())
 
 
+def job_ids_of(request: Any) -> tuple[str, ...]:
+    """The ids a job held by this worker answers to: its Celery task id, and its OJS id
+    when that differs (:func:`~ojs_kombu.spec.job_ids.job_id_for`)."""
+    message = request.message
+    job_id = message.ojs.job_id if isinstance(message, JobMessage) else None
+    return (request.id,) if job_id in (None, request.id) else (request.id, job_id)
+
+
 def _held(job_id: str) -> tuple[str, Any] | None:
+    """``("active" | "reserved", request)`` of the job ``job_id`` (either id) held here."""
     for request in list(worker_state.active_requests):
-        if request.id == job_id:
+        if job_id in job_ids_of(request):
             return "active", request
     for request in list(worker_state.reserved_requests):
-        if request.id == job_id:
+        if job_id in job_ids_of(request):
             return "reserved", request
     return None
 

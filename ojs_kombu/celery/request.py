@@ -37,7 +37,7 @@ from ..spec.failures import (
 )
 from ..spec.retry import Backoff
 from .celery_seam import request_context, request_hooks
-from .control import cancellations, outcomes, unstoppable
+from .control import cancellations, job_ids_of, outcomes, unstoppable
 from .events import count_completed
 from .retries import failure_retryable, job_retry_policy
 from .task import REPUBLISHED, JobCancelled
@@ -97,6 +97,21 @@ class JobRequest(Request):
     @property
     def _ojs_hook(self) -> Hook:
         return self.app.amqp.binding.hook
+
+    def revoked(self) -> bool:
+        """Celery's check, by the job's OJS id too: a CANCEL by the OJS id of a job whose
+        Celery task id differs may reach this worker before the job does."""
+        ids = job_ids_of(self)
+        if len(ids) > 1 and ids[1] in worker_state.revoked and self.id not in worker_state.revoked:
+            worker_state.revoked.add(self.id)
+        return bool(super().revoked())
+
+    def _ojs_cancellation(self) -> tuple[str | None, str | None]:
+        """``(reason, cancelled_by)`` of the CANCEL that stopped this job, by either id."""
+        for job_id in job_ids_of(self):
+            if job_id in cancellations:
+                return cancellations[job_id]  # type: ignore[no-any-return]
+        return None, None
 
     def on_accepted(self, pid: Any, time_accepted: float) -> None:
         super().on_accepted(pid, time_accepted)
@@ -194,7 +209,8 @@ class JobRequest(Request):
         refused = unstoppable.get(self.id)
         if refused is not None:  # a CANCEL its pool could not carry out (INFO says so)
             record["cancel"] = refused
-        outcomes.remember(self.id, record)
+        for job_id in job_ids_of(self):  # INFO by either id
+            outcomes.remember(job_id, record)
 
     _ojs_expired = False
 
@@ -208,7 +224,7 @@ class JobRequest(Request):
         message = self.message
         if isinstance(message, JobMessage) and not expired:
             self._remember("cancelled", message)
-            why, by = cancellations.get(self.id, (None, None))
+            why, by = self._ojs_cancellation()
             self._ojs_hook.job_cancelled(message.ojs.info(), by, why or f"{reason} by Celery")
 
     def acknowledge(self) -> None:
@@ -219,7 +235,7 @@ class JobRequest(Request):
             outcome = self._decide(message, Delivered(Happened.CANCELLED))  # an ack
             assert outcome.action is Action.ACK
             self._remember("cancelled", message)
-            why, by = cancellations.get(self.id, (None, None))
+            why, by = self._ojs_cancellation()
             self._ojs_hook.job_cancelled(message.ojs.info(), by, why or "cancelled while running")
             return super().acknowledge()
         if self._ojs_expired and not self.acknowledged and isinstance(message, JobMessage):

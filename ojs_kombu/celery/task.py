@@ -23,6 +23,7 @@ from celery.utils.serialization import raise_with_context
 from celery.worker import state as worker_state
 
 from ..events.emitter import JobInfo
+from ..spec.job_ids import JOB_ID_HEADER
 from ..spec.retry import Backoff
 from ..spec.unique import IDEMPOTENCY_HEADER, UNIQUE_HEADER
 from .control import cancel_requested
@@ -52,7 +53,8 @@ class JobContext:
         request = self.task.request
         queue = (request.delivery_info or {}).get("routing_key") or ""
         binding = self.task.app.amqp.binding
-        return JobInfo.from_headers(request.id, binding.job_types.type_for(self.task.name),
+        job_id = getattr(request, JOB_ID_HEADER, None) or request.id  # the OJS id
+        return JobInfo.from_headers(job_id, binding.job_types.type_for(self.task.name),
                                     queue, vars(request))
 
     @property

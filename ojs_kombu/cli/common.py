@@ -29,6 +29,7 @@ from ..spec.errors import (
     OJSConfigurationError,
     TopologyConflictError,
 )
+from ..spec.job_ids import is_task_id
 from ..spec.naming import is_job_id
 from .config import DEFAULT_BROKER, Options
 from .exits import (
@@ -125,13 +126,20 @@ def fail(ctx: click.Context, message: str, exit_code: int) -> NoReturn:
     raise AssertionError("unreachable")  # pragma: no cover  (ctx.exit raises)
 
 
-def check_job_id(value: str, *, any_uuid: bool = False, hint: str = "JOB_ID") -> str:
+def check_job_id(value: str, *, any_uuid: bool = False, task_id: bool = False,
+                 hint: str = "JOB_ID") -> str:
     """A job id given on the command line (exit 2 when malformed).
 
-    CANCEL and INFO carry UUIDv7 ids only; a dead letter may come from another
-    producer, so the ``dlq`` commands take any UUID.
+    CANCEL and INFO take a job's OJS id (UUIDv7) or its Celery task id
+    (``task_id=True``); a dead letter may come from another producer, so the
+    ``dlq`` commands take any UUID.
     """
-    if any_uuid:
+    if task_id:
+        if not is_task_id(value):
+            raise click.BadParameter(f"{value!r} is neither a job id nor a task id (a "
+                                     "non-empty printable string of at most 255 characters)",
+                                     param_hint=hint)
+    elif any_uuid:
         if not _UUID.match(value):
             raise click.BadParameter(f"{value!r} is not a job id (a UUID)", param_hint=hint)
     elif not is_job_id(value):

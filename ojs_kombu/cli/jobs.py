@@ -150,11 +150,13 @@ def cancel(ctx: click.Context, job_id: str, queue: str, reason: str | None,
            cancelled_by: str | None, terminate: bool) -> None:
     """Ask the workers of QUEUE to cancel JOB_ID (CANCEL, AMQP-019).
 
+    JOB_ID is the job's OJS id or its Celery task id.
+
     The request is confirmed by the broker.  A job that has not started never
     starts; a running job is asked to stop.  Cancelling an unknown or finished
     job is a no-op the workers log.
     """
-    job_id, ojs_queue = check_job_id(job_id), queue_name(queue)
+    job_id, ojs_queue = check_job_id(job_id, task_id=True), queue_name(queue)
     client, consumers = _control_client(ctx, ojs_queue)
     with client:
         client.cancel(job_id, ojs_queue, reason=reason, cancelled_by=cancelled_by,
@@ -176,11 +178,13 @@ def cancel(ctx: click.Context, job_id: str, queue: str, reason: str | None,
 def info(ctx: click.Context, job_id: str, queue: str, timeout: float) -> None:
     """Ask the workers of QUEUE for the state of JOB_ID (INFO, AMQP-021).
 
+    JOB_ID is the job's OJS id or its Celery task id.
+
     Exit 4 when no worker and no result backend knows the job (state
     not_found, or unknown for an app without a result backend), 1 when the
     worker answered with an error, 5 when no worker answered in time.
     """
-    job_id, ojs_queue = check_job_id(job_id), queue_name(queue)
+    job_id, ojs_queue = check_job_id(job_id, task_id=True), queue_name(queue)
     client, _ = _control_client(ctx, ojs_queue)
     with client:
         answer = client.info(job_id, ojs_queue, timeout=timeout)

@@ -16,13 +16,24 @@ import uuid_utils
 
 from .naming import is_job_id
 
-__all__ = ["JOB_ID_HEADER", "TASK_ID_KEY", "is_job_id", "job_id_for", "new_job_id"]
+__all__ = ["JOB_ID_HEADER", "TASK_ID_KEY", "is_job_id", "is_task_id", "job_id_for",
+           "new_job_id"]
 
 #: ``x_celery`` entry: the Celery task id of a job whose task id is not its OJS id.
 TASK_ID_KEY = "task_id"
 #: Celery header of a consumed job whose task id is not its OJS id: the OJS id, so that
 #: ``self.retry(args=...)`` (Celery forwards the request's headers) keeps it.
 JOB_ID_HEADER = "ojs_job_id"
+
+
+#: The longest task id CANCEL and INFO take (an AMQP short string holds 255 bytes).
+TASK_ID_MAX = 255
+
+
+def is_task_id(value: object) -> bool:
+    """Whether ``value`` can name a job in CANCEL and INFO: its OJS id, or any Celery task
+    id (a non-empty string of printable characters, at most :data:`TASK_ID_MAX`)."""
+    return isinstance(value, str) and 0 < len(value) <= TASK_ID_MAX and value.isprintable()
 
 
 def new_job_id() -> str:

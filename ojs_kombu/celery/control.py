@@ -108,6 +108,9 @@ def ojs_job_info(state: Any, job_id: str) -> dict[str, Any] | None:
         attempt = message.ojs.attempt if isinstance(message, JobMessage) else None
         answer = {"state": "active" if held[0] == "active" else "available",
                   "worker_id": state.consumer.hostname, "attempt": attempt}
+        ids = job_ids_of(request)
+        if len(ids) > 1:  # asked by either id: the answer names both
+            answer["job_id"], answer["task_id"] = ids[1], ids[0]
         if request.id in unstoppable:
             answer["cancel"] = unstoppable[request.id]
         return answer

@@ -209,7 +209,10 @@ class JobRequest(Request):
         refused = unstoppable.get(self.id)
         if refused is not None:  # a CANCEL its pool could not carry out (INFO says so)
             record["cancel"] = refused
-        for job_id in job_ids_of(self):  # INFO by either id
+        ids = job_ids_of(self)
+        if len(ids) > 1:  # INFO by either id, and the answer names both
+            record["job_id"], record["task_id"] = ids[1], ids[0]
+        for job_id in ids:
             outcomes.remember(job_id, record)
 
     _ojs_expired = False

@@ -81,6 +81,7 @@ import scale
 import scheduling
 import storm_backlog
 import traced_publish
+import typed_publish
 from drain_app import TASK_NAME, common_conf
 from dramatiq_side import DramatiqPublisher, queues_of
 from raw_side import RawConfirmPublisher
@@ -93,7 +94,8 @@ POOL = "threads"
 CONCURRENCY = 4
 #: Jobs per batch of ``enqueue_many`` (``--batch-size``).
 BATCH_SIZE = 1000
-PARTS = ("throughput", "traced_publish", "publish_phases", "events", "schedule", "storm",
+PARTS = ("throughput", "typed_publish", "traced_publish", "publish_phases", "events",
+         "schedule", "storm",
          "storm_backlog", "green", "dedup", "scale", "dlq_scale")
 #: Parts that run only when ``--only`` names them (they start brokers of their own).
 EXTRA_PARTS = ("cluster_drain", "scale_cluster")
@@ -522,6 +524,8 @@ def render(results: dict[str, dict[str, Any]]) -> str:
     if "throughput" in results:
         tp = results["throughput"]
         tables.append(report.render(tp["medians"], tp["jobs"], tp["settings"]["batch_size"]))
+    if "typed_publish" in results:
+        tables.append(typed_publish.render(results["typed_publish"]))
     if "traced_publish" in results:
         tables.append(traced_publish.render(results["traced_publish"]))
     if "publish_phases" in results:
@@ -682,6 +686,8 @@ def run(broker: Broker, args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {}
     if "throughput" in args.parts:
         results["throughput"] = run_throughput(broker, args)
+    if "typed_publish" in args.parts:
+        results["typed_publish"] = run_typed_publish(broker, args)
     if "traced_publish" in args.parts:
         traced = traced_publish.Settings(jobs=args.jobs, rounds=args.rounds, blocks=args.blocks,
                                          timeout_s=args.timeout)
@@ -892,6 +898,23 @@ def run_throughput(broker: Broker, args: argparse.Namespace) -> dict[str, Any]:
                          "dramatiq_queue": dramatiq_queue}}
 
 
+def run_typed_publish(broker: Broker, args: argparse.Namespace) -> dict[str, Any]:
+    """Typed and untyped confirmed publishes, plain Celery beside ojs_kombu
+    (``typed_publish.py``)."""
+    pid = os.getpid()
+    made = [make_plain_side(args.broker, pid), make_ojs_side(args.broker, pid)]
+    try:
+        for side in made:
+            warm_up(side, broker)
+        return typed_publish.run(made[0], made[1], broker, time_block, jobs=args.jobs,
+                                 rounds=max(args.rounds, 3), blocks=args.blocks,
+                                 log=_progress)
+    finally:
+        for side in made:
+            side.app.close()
+            broker.delete_side(side)
+
+
 @contextmanager
 def events_side(broker: Broker, broker_url: str, kind: str
                 ) -> Iterator[tuple[Side, events_scenario.Probe | None]]:
@@ -1008,7 +1031,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--timeout", type=float, default=300.0,
                         help="seconds a drain may take before it counts as an error")
     parser.add_argument("--only", choices=PARTS + EXTRA_PARTS,
-                        help="run one part: throughput (publish, drain), traced_publish "
+                        help="run one part: throughput (publish, drain), typed_publish "
+                        "(confirmed apply_async with typed and untyped arguments), traced_publish "
                         "(single apply_async with OpenTelemetry's Celery instrumentation on and "
                         "off), events (ojs_kombu "
                         "with events off vs on), schedule, storm (poison messages), green "

@@ -39,3 +39,9 @@ suppress_warnings = ["ref.python"]
 autodoc_inherit_docstrings = False
 # Option names (--yes) and quotes in the generated tables stay as typed.
 smartquotes = False
+
+# Counts the pages give, from the code (never written by hand).
+_exchanges = ojs_kombu.TopologyNames().exchanges(events=False, delayed=False)
+rst_epilog = f"""
+.. |ojs_exchange_count| replace:: {len(_exchanges)}
+"""

@@ -75,7 +75,8 @@ def register_tasks(app: Celery) -> None:
     def send_email(self: Any, to: str, template: str) -> str:
         calls.add(id=self.request.id, task="email.send", args=[to, template],
                   scheduled_at=getattr(self.request, "x-ojs-scheduled-at", None),
-                  started=datetime.now(UTC), retries=self.request.retries)
+                  eta=self.request.eta, started=datetime.now(UTC),
+                  retries=self.request.retries)
         return f"sent {template} to {to}"
 
     @app.task(name="math.add", bind=True, shared=False)

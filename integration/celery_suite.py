@@ -43,16 +43,10 @@ FILE_NAMES = ("test_tasks", "test_canvas", "test_inspect", "test_group_chains",
 TEST_FILES = tuple(f"t/integration/{name}.py" for name in FILE_NAMES)
 PLUGIN = "integration.celery_suite_plugin"
 
-_UUID7 = ("OJS job ids are UUIDv7: the test passes task_id=str(uuid.uuid4()), which "
-          "ojs_kombu refuses (InvalidJobIdError)")
-_JSON_ARGS = ("OJS args are JSON values: the test passes bytes (in a linked callback), "
-              "which ojs_kombu refuses (NonJSONArgumentError)")
 _REJECT = ("Reject(requeue=True) is a failed attempt that the broker retries while "
            "max_attempts allows (1 here, so the job is dead-lettered), never an "
            "immediate requeue that comes back with redelivered=True")
 _APP_ID = "job messages carry the binding's properties (app_id 'ojs'): app_id=... does not travel"
-_ETA = ("countdown jobs wait in the broker and reach the worker when due, without a "
-        "Celery eta (request.eta is None; the due time is x-ojs-scheduled-at)")
 _ACKS_LATE = ("a job is acked after it ran (task_acks_late, AMQP-008/009), so a running job "
               "shows acknowledged=False; it came through ojs.exchange.direct with its OJS "
               "queue as routing key ('default', Celery's 'celery')")
@@ -65,19 +59,9 @@ _CONFIRM = ("apply_async returns once the broker confirmed the job, so the worke
 
 #: Tests that pass on ``pyamqp://`` and cannot pass on ``ojs://``, with the OJS reason.
 KNOWN_DIFFERENCES: dict[str, str] = {
-    "t.integration.test_canvas.test_chain::"
-    "test_chain_of_two_groups_as_tuple_holds_each_task_once[True]": _UUID7,
-    **{f"t.integration.test_canvas.test_chord::test_chain_of_implicit_chords_as_body[{p}]":
-       _UUID7 for p in ("False-False", "False-True", "True-False", "True-True")},
-    **{f"t.integration.test_canvas.test_group::{name}": _JSON_ARGS
-       for name in ("test_callback_called_by_group", "test_errback_called_by_group_fail_first",
-                    "test_errback_called_by_group_fail_last")},
-    **{f"t.integration.test_canvas.test_chord::test_immutable_errback_called_by_chord_{name}":
-       _JSON_ARGS for name in ("from_simple", "from_chain", "from_chain_tail", "from_group")},
     "t.integration.test_tasks.test_tasks::test_reject_with_requeue_redelivers_and_succeeds":
         _REJECT,
     "t.integration.test_tasks.test_tasks::test_properties": _APP_ID,
-    "t.integration.test_canvas.test_chord::test_group_or_task_countdown_delays_header": _ETA,
     "t.integration.test_tasks.test_task_replacement::test_replaced_task_nesting_level_0":
         _CONFIRM,
     "t.integration.test_inspect.test_Inspect::test_active": _ACKS_LATE,

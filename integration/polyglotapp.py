@@ -44,6 +44,14 @@ def hello(self: Any, name: str) -> str:
     return f"hello {name}"
 
 
+@app.task(name="billing.charge", bind=True, shared=False)
+def charge(self: Any, day: Any, ref: Any, amount: Any, **kwargs: Any) -> str:
+    """Records the Python types its arguments arrived as (a Node job sends typed values)."""
+    record(self, args=[str(day), str(ref), str(amount)],
+           kinds=[type(v).__name__ for v in (day, ref, amount)])
+    return f"charged {amount}"
+
+
 @app.task(name="always.fail", bind=True, shared=False)
 def always_fail(self: Any) -> None:
     record(self, args=[])

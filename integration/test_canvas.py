@@ -33,6 +33,7 @@ def test_countdown_becomes_scheduled_at_and_is_honoured(app: Celery, worker: Any
     scheduled_at = datetime.fromisoformat(call["scheduled_at"])
     assert scheduled_at >= before + timedelta(seconds=2)
     assert call["started"] >= scheduled_at  # did not start early
+    assert datetime.fromisoformat(call["eta"]) == scheduled_at  # request.eta, as on Celery
 
 
 def test_chain(app: Celery, worker: Any) -> None:

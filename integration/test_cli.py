@@ -648,6 +648,7 @@ def test_migrate_check_of_an_app_that_can_switch(broker_url: str) -> None:
     assert types["proj.tasks.Legacy"] == "legacy.run" and types["math.add"] == "math.add"
     human = run(broker_url, "migrate", "check", "-A", "integration.cliapp", env=env)
     assert human.returncode == 0 and "nothing blocks the switch" in human.stdout
+    assert "docs/differences.rst#task-ids" in human.stdout
 
 
 def test_migrate_check_reports_what_blocks_the_switch(broker_url: str, tmp_path: Path) -> None:

@@ -280,6 +280,23 @@ def celery_producer(broker_url: str) -> Celery:
     return app
 
 
+def test_a_node_job_gives_a_celery_task_a_date_a_uuid_and_a_decimal(
+        node: str, node_env: dict[str, str], celery_worker: Any, runs_file: Path) -> None:
+    """examples/node marks typed values; the Celery task receives Python types."""
+    args = [{"$celery": "date", "value": "2026-07-01"},
+            {"$celery": "uuid", "value": "0f8fad5b-d9cb-469f-a165-70867728950e"},
+            {"$celery": "decimal", "value": "19.90"}]
+    job = producer(node, node_env, "enqueue", TO_CELERY, "billing.charge", json.dumps(args))
+    assert job["args"] == ["2026-07-01", "0f8fad5b-d9cb-469f-a165-70867728950e", "19.90"]
+    assert job["meta"]["x_celery_types"] == {"/args/0": "date", "/args/1": "uuid",
+                                             "/args/2": "decimal"}
+    check_job(job)
+    run = wait_until(lambda: next((r for r in runs(runs_file) if r["id"] == job["id"]), None),
+                     30, "the billing.charge run")
+    assert run["kinds"] == ["date", "UUID", "Decimal"]
+    assert run["args"] == ["2026-07-01", "0f8fad5b-d9cb-469f-a165-70867728950e", "19.90"]
+
+
 def test_celery_jobs_run_on_the_node_worker(
         node: str, celery_producer: Celery, node_worker: NodeProcess, vhost: str) -> None:
     def send(task: str, *args: Any, **options: Any) -> str:

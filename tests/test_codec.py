@@ -146,13 +146,13 @@ def test_round_trip_of_eta_and_expires_is_exact() -> None:
     assert datetime.fromisoformat(incoming.headers["expires"]) == eta + timedelta(minutes=5)
 
 
-def test_a_past_scheduled_at_gives_celery_no_eta() -> None:
-    """Retried jobs keep their old scheduled_at; Celery must not route them through its
-    ETA timer (the transport already holds early jobs back)."""
-    job = encode(eta=datetime.now(UTC) - timedelta(minutes=1))
+def test_a_past_scheduled_at_is_still_the_requests_eta() -> None:
+    """A countdown job reaches the worker when due; its task sees the due time as
+    ``request.eta``, as on plain Celery (the worker does not hold it again)."""
+    due = datetime.now(UTC) - timedelta(minutes=1)
+    job = encode(eta=due)
     incoming = decode_job_message(job.body, job.properties, resolve_task=lambda t: t)
-    assert incoming.headers["eta"] is None
-    assert incoming.envelope.scheduled_at is not None
+    assert datetime.fromisoformat(incoming.headers["eta"]) == due
 
 
 def test_foreign_job_runs_with_positional_args() -> None:

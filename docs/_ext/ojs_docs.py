@@ -5,7 +5,9 @@
 * ``.. ojs-commands::``: every ``ojs-kombu`` command with its usage line and the first
   line of its help, from the click group;
 * ``.. ojs-exit-codes::``: the CLI's exit codes, from ``EXIT_CODES``;
-* ``.. ojs-modules:: PACKAGE``: an ``automodule`` for every module of PACKAGE.
+* ``.. ojs-modules:: PACKAGE``: an ``automodule`` for every module of PACKAGE;
+* ``.. ojs-differences:: KIND``: the differences from Celery (``refused`` or
+  ``different``), from :data:`ojs_kombu.cli.differences.DIFFERENCES`.
 
 The tables are built from the code at build time, so a page cannot drift from it.
 :func:`command_rows` and :func:`setting_rows` are plain functions the test suite uses.
@@ -130,6 +132,27 @@ class ExitCodesTable(_Generated):
         return _table("", ["code", "meaning"], rows, "8 92")
 
 
+class DifferencesTable(_Generated):
+    """``.. ojs-differences:: refused|different``: the rows of
+    :data:`ojs_kombu.cli.differences.DIFFERENCES` of that kind, each with its anchor
+    (what ``migrate check`` links to)."""
+
+    required_arguments = 1
+    optional_arguments = 0
+
+    def lines(self) -> list[str]:
+        from ojs_kombu.cli.differences import DIFFERENCES
+
+        kind = self.arguments[0]
+        lines = [f".. list-table:: {kind.capitalize()}", "   :header-rows: 1",
+                 "   :widths: 55 45", "", "   * - ojs_kombu", "     - why"]
+        for difference in DIFFERENCES:
+            if difference.kind == kind:
+                lines += [f"   * - .. _{difference.anchor}:", "", f"       {difference.what}",
+                          f"     - {difference.why}"]
+        return lines
+
+
 class ModulesReference(_Generated):
     required_arguments = 1
     optional_arguments = 0
@@ -149,4 +172,5 @@ def setup(app: Sphinx) -> dict[str, Any]:
     app.add_directive("ojs-commands", CommandsTable)
     app.add_directive("ojs-exit-codes", ExitCodesTable)
     app.add_directive("ojs-modules", ModulesReference)
+    app.add_directive("ojs-differences", DifferencesTable)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -53,6 +53,33 @@ export function newJobId(now = Date.now()) {
 
 export const isoNow = (ms = Date.now()) => new Date(ms).toISOString();
 
+// Values a Celery task should receive as Python types (a date, a UUID, a Decimal ...):
+// each travels in its natural JSON form (an ISO 8601, UUID or decimal string, base64),
+// and its type in meta.x_celery_types, keyed by a JSON Pointer into the envelope
+// (docs/polyglot.rst).  Mark a value { $celery: 'date', value: '2026-07-01' }, in code or
+// in the producer's JSON arguments; CELERY_TYPES are the names a worker reads.
+export const CELERY_TYPES = ['datetime', 'date', 'time', 'uuid', 'decimal', 'bytes', 'float'];
+export const celeryValue = (type, value) => ({ $celery: type, value });
+
+// { args, types }: the arguments with each marked value replaced by its JSON form, and
+// the x_celery_types entries for them.
+export function withCeleryTypes(args, root = '/args') {
+  const types = {};
+  const walk = (value, pointer) => {
+    if (Array.isArray(value)) return value.map((item, i) => walk(item, `${pointer}/${i}`));
+    if (value === null || typeof value !== 'object') return value;
+    if (Object.hasOwn(value, '$celery')) {
+      if (!CELERY_TYPES.includes(value.$celery)) throw new RangeError(`unknown Celery type ${value.$celery}`);
+      if (typeof value.value !== 'string') throw new TypeError(`a ${value.$celery} travels as a string`);
+      types[pointer] = value.$celery;
+      return value.value;
+    }
+    const escape = (key) => key.replace(/~/g, '~0').replace(/\//g, '~1');
+    return Object.fromEntries(Object.entries(value).map(([k, v]) => [k, walk(v, `${pointer}/${escape(k)}`)]));
+  };
+  return { args: walk(args, root), types };
+}
+
 // Section 6.2 types x-ojs-attempt and x-ojs-max-attempts as int32; amqplib would
 // pick the smallest integer type, so name it.
 export const int32 = (value) => ({ '!': 'int', value });

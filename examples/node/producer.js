@@ -2,6 +2,7 @@
 // CANCEL (5.6) and INFO (5.8) over AMQP 0-9-1.
 //
 //   node producer.js enqueue QUEUE TYPE '[args]' [--delay-ms N] [--retry '{...}'] [--meta '{...}']
+//     (an argument {"$celery": "date", "value": "2026-07-01"} reaches a Celery task as a date)
 //   node producer.js info QUEUE JOB_ID
 //   node producer.js cancel QUEUE JOB_ID [REASON]
 //
@@ -10,7 +11,7 @@ import { randomUUID } from 'node:crypto';
 import { pathToFileURL } from 'node:url';
 import {
   CONTROL, DIRECT, RETRY, connect, controlQueue, declareDelayQueue, declareQueue, delayKey,
-  isoNow, jobProperties, newJobId,
+  isoNow, jobProperties, newJobId, withCeleryTypes,
 } from './ojs.js';
 
 export class Producer {
@@ -52,10 +53,12 @@ export class Producer {
       this.declared.add(queue);
     }
     const now = Date.now();
-    const job = { specversion: '1.0', id: newJobId(now), type, queue, args,
+    const typed = withCeleryTypes(args);
+    const job = { specversion: '1.0', id: newJobId(now), type, queue, args: typed.args,
       created_at: isoNow(now), enqueued_at: isoNow(now) };
     if (delayMs > 0) job.scheduled_at = isoNow(now + delayMs);
     if (retry) job.retry = retry;
+    if (Object.keys(typed.types).length) meta = { ...meta, x_celery_types: typed.types };
     if (meta) job.meta = meta;
     if (priority !== undefined) job.priority = priority;
     const options = jobProperties(job);

@@ -42,15 +42,10 @@ def delete_exchanges(broker_url: str, prefix: str = "") -> list[str]:
     # worker or producer runs (they hold no message; RabbitMQ keeps them until deleted).
     import kombu
 
-    from ojs_kombu.spec.delays import SCHEDULE_LEVELS
     from ojs_kombu.spec.naming import TopologyNames
 
     names = TopologyNames(prefix=prefix)     # your app's ojs_prefix, if any
-    exchanges = [names.direct_exchange, names.dlx_exchange, names.dlx_guard_exchange,
-                 names.dlx_unroutable_exchange, names.retry_exchange,
-                 names.delayed_exchange, names.schedule_ready_exchange,
-                 names.schedule_unroutable_exchange, f"{names.prefix}ojs.exchange.events",
-                 *(names.schedule_exchange(k) for k in range(SCHEDULE_LEVELS))]
+    exchanges = names.exchanges()
     with kombu.Connection(broker_url) as connection:  # ojs://, ojss:// or amqp://
         channel = connection.channel()
         for exchange in exchanges:

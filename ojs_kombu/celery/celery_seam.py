@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 from celery import canvas
 from celery.app import amqp as celery_amqp
 from celery.app.task import Task
+from celery.backends import redis as redis_backend
 from celery.events.dispatcher import EventDispatcher
 from celery.worker.request import Request
 
@@ -55,7 +56,21 @@ HOOKS: tuple[Hook, ...] = (
           probe=source_uses(EventDispatcher, "self._group_buffer = defaultdict(list)")),
     _hook(EventDispatcher, "_publish", "publishing the buffered task events taken",
           ("event", "producer", "routing_key", "retry", "retry_policy", "utcoffset")),
+    _hook(redis_backend.RedisBackend, "set_chord_size", "clearing a re-applied chord's "
+          "done marker before its first header task is published (celery/task_sender.py)",
+          ("group_id", "chord_size"), probe=lambda: _chord_done_marker() is not None),
 )
+
+
+@cache
+def _chord_done_marker() -> str | None:
+    """The key suffix of the Redis backend's chord done marker (``".c"``, Celery 5.7), or
+    ``""`` when the backend has none (its chords have no such race)."""
+    source = inspect.getsource(redis_backend)
+    if "done_marker" not in source:
+        return ""
+    set_size = inspect.getsource(redis_backend.RedisBackend.set_chord_size)
+    return ".c" if "'.c'" in set_size or '".c"' in set_size else None
 
 
 @cache
@@ -118,6 +133,19 @@ def request_hooks(cls: _T) -> _T:
 
     cls._announce_revoked = _announce_revoked  # type: ignore[attr-defined]
     return cls
+
+
+def clear_chord_done_marker(backend: Any, group_id: str) -> None:
+    """Clear the done marker a previous run of the chord ``group_id`` left, as Celery's
+    Redis backend does in ``set_chord_size`` (a frozen chord applied again is a new run).
+
+    Celery clears it just before it publishes the last header task; with confirmed
+    publishes a worker can finish an earlier header task before that, and Celery then
+    drops its result and never calls the body.  Called as the first header task is
+    published; other backends have no marker."""
+    suffix = _chord_done_marker()
+    if suffix and isinstance(backend, redis_backend.RedisBackend):
+        backend.ensure(backend.client.delete, (backend.get_key_for_group(group_id, suffix),))
 
 
 def flush_task_events(dispatcher: EventDispatcher) -> None:

@@ -98,6 +98,15 @@ class JobRequest(Request):
     def _ojs_hook(self) -> Hook:
         return self.app.amqp.binding.hook
 
+    @property
+    def eta(self) -> datetime | None:
+        """Celery's ETA of the job while it is still due (the transport sends back a job
+        more than a moment early, and Celery's timer holds it that moment); ``None`` once
+        due, so the worker runs it at once.  The task's ``request.eta`` keeps the due
+        time either way."""
+        due = super().eta
+        return due if due is not None and due > datetime.now(UTC) else None
+
     def revoked(self) -> bool:
         """Celery's check, by the job's OJS id too: a CANCEL by the OJS id of a job whose
         Celery task id differs may reach this worker before the job does."""

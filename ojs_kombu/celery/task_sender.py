@@ -32,6 +32,7 @@ from ..amqp.transport import Transport
 from ..spec.encode import CELERY_CALL, CELERY_JSON
 from ..spec.errors import NonJSONArgumentError
 from ..spec.unique import IDEMPOTENCY_OPTION, UNIQUE_OPTION
+from .celery_seam import clear_chord_done_marker
 from .dedup_store import store_for
 from .scheduled import forget_scheduled, record_scheduled, scheduled_at_of, wants_record
 
@@ -117,6 +118,8 @@ def job_task_sender(send: SendTaskMessage, binding: Binding, app: Celery) -> Sen
         if options.get(UNIQUE_OPTION) or options.get(IDEMPOTENCY_OPTION):
             store_for(binding.settings)  # DedupNotConfigured without ojs_dedup_url
         headers = getattr(message, "headers", None) or {}
+        if headers.get("group_index") == 0 and headers.get("group") and _chord_header(message):
+            clear_chord_done_marker(app.backend, headers["group"])
         recorded = _record_if_scheduled(app, headers)
         try:
             return send(producer, name, message, **options)
@@ -134,6 +137,13 @@ def job_task_sender(send: SendTaskMessage, binding: Binding, app: Celery) -> Sen
             raise
 
     return send_task_message
+
+
+def _chord_header(message: Any) -> bool:
+    """Whether ``message`` is a header task of a chord (its body names the chord's body)."""
+    body = getattr(message, "body", None)
+    return isinstance(body, tuple) and len(body) == 3 and isinstance(body[2], dict) \
+        and body[2].get("chord") is not None
 
 
 def _record_if_scheduled(app: Celery, headers: dict[str, Any]) -> str | None:

@@ -23,6 +23,7 @@ from ..spec.naming import DEFAULT_QUEUE_ALIASES, TopologyNames
 from ..spec.settings import OJSSettings
 from .common import EXIT_FAILED, OJSGroup, emit, options, store_option
 from .config import load_app
+from .differences import unproven
 from .migrate_locks import lock_hint
 from .migrate_report import (
     JSON_SERIALIZERS,
@@ -120,6 +121,10 @@ def build_report(app: Any) -> MigrationReport:
     check_serializers(conf, report)
     check_queues(conf, app.tasks, aliases, settings.prefix, report)
     check_worker(conf, report, acks_before)
+    for difference in unproven():  # what no check of the app can prove absent
+        report.add("warning", f"difference {difference.anchor}",
+                   f"{difference.summary}: check the code that relies on it "
+                   f"({difference.link})")
     return report
 
 

@@ -238,6 +238,8 @@ def render_report(report: MigrationReport) -> str:
     order = {"blocker": 0, "warning": 1, "info": 2}
     for finding in sorted(report.findings, key=lambda f: order[f.level]):
         lines.append(f"{finding.level.upper():<8} {finding.subject}: {finding.message}")
-    lines.append(f"{len(report.blockers)} blocker(s): " + (
-        "fix them before switching" if report.blockers else "nothing blocks the switch"))
+    warnings = sum(f.level == "warning" for f in report.findings)
+    lines.append(f"{len(report.blockers)} blocker(s), {warnings} warning(s): " + (
+        "fix the blockers before switching" if report.blockers else
+        "nothing blocks the switch; read each warning before it"))
     return "\n".join(lines)

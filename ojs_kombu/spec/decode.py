@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from .envelope import JobEnvelope
@@ -187,10 +186,9 @@ def decode_job_message(
     headers["id"] = task_id
     if task_id != envelope.id:
         headers[JOB_ID_HEADER] = envelope.id
-    # Only a job still due later keeps an eta (the transport sends back any job
-    # more than a moment early); a past scheduled_at would just cost Celery's ETA path.
-    due = envelope.scheduled_at
-    headers["eta"] = celery_time(due) if due is not None and due > datetime.now(UTC) else None
+    # A scheduled job's due time, as Celery's request.eta shows it; the worker holds it
+    # only while still due (JobRequest.eta): the broker delivered it when due.
+    headers["eta"] = celery_time(envelope.scheduled_at)
     headers["expires"] = celery_time(envelope.expires_at)
     return IncomingJob(envelope=envelope, task_name=task_name, headers=headers,
                        payload=(args, kwargs, _embed(x_celery)))

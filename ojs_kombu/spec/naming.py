@@ -141,6 +141,22 @@ class TopologyNames:
     def schedule_unroutable_exchange(self) -> str:
         return f"{self.prefix}ojs.exchange.schedule.unroutable"
 
+    def exchanges(self, *, events: bool = True, delayed: bool = True) -> list[str]:
+        """Every exchange ojs_kombu declares: those of every worker and producer, then
+        ``ojs.exchange.events`` (the ``"amqp"`` event sink) and ``ojs.exchange.delayed``
+        (``ojs_delayed_exchange``) unless left out (what a rollback deletes)."""
+        from .delays import SCHEDULE_LEVELS
+
+        found = [self.direct_exchange, self.dlx_exchange, self.dlx_guard_exchange,
+                 self.dlx_unroutable_exchange, self.retry_exchange,
+                 self.schedule_ready_exchange, self.schedule_unroutable_exchange,
+                 *(self.schedule_exchange(k) for k in range(SCHEDULE_LEVELS))]
+        if events:
+            found.append(f"{self.prefix}ojs.exchange.events")
+        if delayed:
+            found.append(self.delayed_exchange)
+        return found
+
     @property
     def schedule_unroutable_queue(self) -> str:
         """Scheduled jobs whose job queue disappeared while they waited."""

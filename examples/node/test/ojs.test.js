@@ -2,7 +2,8 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import {
-  CONTENT_TYPE, durationMs, jobProperties, newJobId, reconnectDelayMs, retryDelayMs,
+  CONTENT_TYPE, celeryValue, durationMs, jobProperties, newJobId, reconnectDelayMs,
+  retryDelayMs, withCeleryTypes,
 } from '../ojs.js';
 
 test('job ids are lowercase UUIDv7 that start with the creation time', () => {
@@ -56,4 +57,18 @@ test('message properties and headers of sections 6.1 and 6.2', () => {
   assert.equal(p.headers['x-ojs-scheduled-at'], job.scheduled_at);
   assert.equal(p.headers['x-ojs-tags'], 'a,b');
   assert.equal(p.headers['x-ojs-trace-id'], job.meta.traceparent);
+});
+
+test('typed values for a Celery task: natural JSON, types in x_celery_types', () => {
+  const { args, types } = withCeleryTypes([
+    celeryValue('date', '2026-07-01'), { order: { id: celeryValue('uuid', '0f8fad5b-d9cb-469f-a165-70867728950e') } },
+    [celeryValue('decimal', '19.90')], 42, { 'a/b': celeryValue('time', '09:30:00') },
+  ]);
+  assert.deepEqual(args, ['2026-07-01', { order: { id: '0f8fad5b-d9cb-469f-a165-70867728950e' } }, ['19.90'], 42,
+    { 'a/b': '09:30:00' }]);
+  assert.deepEqual(types, { '/args/0': 'date', '/args/1/order/id': 'uuid', '/args/2/0': 'decimal',
+    '/args/4/a~1b': 'time' });
+  assert.deepEqual(withCeleryTypes([1, 'x']).types, {});
+  assert.throws(() => withCeleryTypes([celeryValue('money', '1')]), RangeError);
+  assert.throws(() => withCeleryTypes([celeryValue('decimal', 1.5)]), TypeError);
 });

@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 import threading
+import time as time_module
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, date, datetime, time, timedelta, timezone
@@ -143,6 +144,36 @@ def test_chain_group_chord_and_link_pass_typed_results(typed: ModuleType,
         2027, 1, 1)
     linked = AsyncResult(link.id, app=typed.app).get(timeout=30)
     assert linked["args"] == [date(2027, 1, 1), "linked"]
+
+
+def test_a_chord_applied_again_runs_its_body_again(typed: ModuleType, typed_worker: Path
+                                                  ) -> None:
+    """A frozen chord applied twice is two runs.  Celery's Redis backend clears the first
+    run's done marker just before it publishes the last header task; here the first
+    header task finishes before that (the producer is held after publishing it), and
+    its result still counts: the body runs twice."""
+    import redis
+    from celery.signals import after_task_publish
+
+    price, count = typed.app.tasks["typed.price"], typed.app.tasks["typed.count"]
+    key = f"chord-runs-{uuid.uuid4().hex[:8]}"
+    workflow = chord([price.s(100), price.s(250)], count.s(key))
+    workflow.freeze()
+
+    def hold_after_first_header(headers: dict[str, Any] | None = None, **_: Any) -> None:
+        if (headers or {}).get("group_index") == 0:
+            time_module.sleep(2)  # the worker runs the first header task meanwhile
+
+    runs = redis.Redis.from_url(BACKEND)
+    after_task_publish.connect(hold_after_first_header, weak=False)
+    try:
+        for expected in (1, 2):
+            workflow.apply_async()
+            wait_until(lambda n=expected: int(runs.get(key) or 0) >= n, 30,
+                       f"the chord body's run {expected}")
+    finally:
+        after_task_publish.disconnect(hold_after_first_header)
+        runs.delete(key)
 
 
 def test_explicit_task_ids_work_as_on_plain_celery(typed: ModuleType, typed_worker: Path

@@ -79,6 +79,14 @@ def total(amounts: list[Decimal], currency: str = "EUR") -> Money:
     return Money(sum(amounts, Decimal(0)), currency)
 
 
+@app.task(name="typed.count")
+def count(results: list[Any], key: str) -> int:
+    """A chord body that counts its runs in Redis (a re-applied chord runs it again)."""
+    import redis
+
+    return int(redis.Redis.from_url(os.environ["OJS_TEST_BACKEND_URL"]).incr(key))
+
+
 @app.task(name="typed.slow")
 def slow(seconds: float) -> str:
     time.sleep(seconds)

@@ -17,6 +17,7 @@ from amqp import spec
 from amqp.serialization import dumps
 
 from ojs_kombu.amqp import outcomes as outcomes_module
+from ojs_kombu.amqp.ledger import Replaced
 from ojs_kombu.amqp.outcomes import DeadLetterLog, OutcomePublisher, PendingOutcome
 from ojs_kombu.spec.naming import TopologyNames
 
@@ -88,8 +89,8 @@ def outcome(channel: DeliveryChannel, tag: int, prepared: list[str] | None = Non
 
     return PendingOutcome("retry", job_id or f"job-{tag}", "email",
                           amqp.Message(b"{}", message_id=job_id or f"job-{tag}"),
-                          "ojs.exchange.retry", "email.1000", True, channel, tag,
-                          channel.generation, prepare)
+                          "ojs.exchange.retry", "email.1000", True, Replaced(channel, tag),
+                          prepare)
 
 
 def answer(wire: Wire, sig: Any, argsig: str, args: tuple, content: Any = None) -> None:
@@ -136,7 +137,7 @@ def test_a_returned_copy_redeclares_its_topology_and_goes_again(clock: list[floa
     wire, delivered, prepared = Wire(), DeliveryChannel(), []
     publisher = OutcomePublisher(wire, lambda: 131072)
     publisher.publish(outcome(delivered, 5, prepared, job_id="job-a"))
-    answer(wire, spec.Basic.Return, "Bsss", (312, "NO_ROUTE", "ojs.exchange.retry", "email.1"),
+    answer(wire, spec.Basic.Return, "Bsss", (312, "NO_ROUTE", "ojs.exchange.retry", "email.1000"),
            amqp.Message(b"{}", message_id="job-a"))
     answer(wire, spec.Basic.Ack, "Lb", (1, False))
     assert delivered.acked == []  # routed nowhere: the job must not be acked

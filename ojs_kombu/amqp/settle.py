@@ -37,6 +37,7 @@ from ..spec.failures import (
 )
 from .delivery import JobDelivery
 from .job_channel import JobChannel
+from .ledger import Replaced
 from .outcomes import PendingOutcome
 from .publisher import schedule_route
 
@@ -147,7 +148,7 @@ def _send(channel: JobChannel, what: str, delivery: JobDelivery, delivery_tag: i
           on_settled: Callable[[], None] | None, *, mandatory: bool = True) -> None:
     channel.connection.ojs_outcomes.publish(PendingOutcome(
         what, delivery.job_id, delivery.queue, message, exchange, routing_key, mandatory,
-        channel, delivery_tag, channel.generation, prepare, on_settled=on_settled))
+        Replaced(channel, delivery_tag), prepare, on_settled=on_settled))
 
 
 def _copy(delivery: JobDelivery, body: bytes, headers: dict[str, Any], *,
@@ -155,5 +156,5 @@ def _copy(delivery: JobDelivery, body: bytes, headers: dict[str, Any], *,
     properties = dict(delivery.properties)
     properties["application_headers"] = headers
     if not keep_id or not properties.get("message_id"):
-        properties["message_id"] = delivery.job_id  # returns are matched by it
+        properties["message_id"] = delivery.job_id
     return amqp.Message(body, **properties)

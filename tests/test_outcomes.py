@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from concurrent.futures import ThreadPoolExecutor, wait
 from struct import pack
 from typing import Any
 
@@ -20,6 +21,7 @@ from ojs_kombu.amqp import outcomes as outcomes_module
 from ojs_kombu.amqp.ledger import Replaced
 from ojs_kombu.amqp.outcomes import DeadLetterLog, OutcomePublisher, PendingOutcome
 from ojs_kombu.spec.naming import TopologyNames
+from tests.publish_wire import at_each_line, read_publishes, run_traced
 
 #: A Basic.Publish method frame's class and method ids (60, 40).
 PUBLISH_METHOD = pack(">HH", *spec.Basic.Publish)
@@ -40,6 +42,7 @@ class Wire:
         self.methods: list[tuple[int, Any]] = []
         self.publishes = 0
         self.writes = 0
+        self.data = bytearray()
         self.forgotten: list[str] = []
         self.ojs = type("Binding", (), {"names": TopologyNames()})()
 
@@ -55,6 +58,7 @@ class Wire:
     def write_frames(self, data: bytes) -> None:
         self.writes += 1
         self.publishes += data.count(PUBLISH_METHOD)
+        self.data += data
 
     def forget_topology(self, queue: str) -> None:
         self.forgotten.append(queue)
@@ -211,3 +215,83 @@ def test_publishes_from_the_loop_thread_are_written_once_per_tick() -> None:
     assert (wire.publishes, wire.writes) == (50, 1)
     answer(wire, spec.Basic.Ack, "Lb", (50, True))
     assert delivered.acked == list(range(1, 51))
+
+
+def copy(channel: DeliveryChannel, tag: int, body: bytes, exchange: str, routing_key: str,
+         **properties: Any) -> PendingOutcome:
+    return PendingOutcome("dead letter", f"job-{tag}", "email",
+                          amqp.Message(body, **properties), exchange, routing_key, True,
+                          Replaced(channel, tag))
+
+
+@pytest.mark.parametrize("step", range(1, 9))
+def test_a_copy_the_loop_publishes_while_another_thread_flushes_is_written(step: int) -> None:
+    """``wait_until`` flushes from a pool thread; the loop publishes a copy at each point of
+    that flush in turn: every copy is written once, and each confirm acks its own."""
+    wire, delivered = Wire(), DeliveryChannel()
+    loop = ThreadPoolExecutor(1)
+    wire.ojs_loop_thread = loop.submit(threading.get_ident).result()
+    publisher = OutcomePublisher(wire, lambda: 131072)
+    loop.submit(publisher.publish, outcome(delivered, 1)).result()  # held for the tick
+    racing = []
+
+    def pause(line: int) -> None:
+        if line == step:  # the loop publishes now (or blocks until the flush is over)
+            racing.append(loop.submit(publisher.publish, outcome(delivered, 2)))
+            wait(racing, timeout=0.05)
+
+    run_traced(publisher.flush, at_each_line("ojs_kombu", pause))
+    if not racing:
+        racing.append(loop.submit(publisher.publish, outcome(delivered, 2)))
+    racing[0].result()
+    loop.submit(publisher.run_due).result()  # the loop's tick
+    loop.shutdown()
+    written = [p.message_id for p in read_publishes(bytes(wire.data))]
+    assert sorted(written) == ["job-1", "job-2"]
+    answer(wire, spec.Basic.Ack, "Lb", (len(written), True))
+    assert sorted(delivered.acked) == [1, 2] and publisher.in_flight == 0
+
+
+def test_a_copy_from_another_thread_goes_out_after_the_loops_held_ones() -> None:
+    """The broker numbers what it reads: confirm N must settle the N-th copy written."""
+    wire, delivered = Wire(), DeliveryChannel()
+    wire.ojs_loop_thread = threading.get_ident()  # this thread is the loop
+    publisher = OutcomePublisher(wire, lambda: 131072)
+    publisher.publish(outcome(delivered, 1))  # held for the tick
+    other = threading.Thread(target=publisher.publish, args=(outcome(delivered, 2),))
+    other.start()
+    other.join()
+    publisher.run_due()
+    read = [p.message_id for p in read_publishes(bytes(wire.data))]
+    assert read == ["job-1", "job-2"]  # wire order is the numbering
+    answer(wire, spec.Basic.Nack, "Lbb", (1, False, False))  # the first copy it read
+    answer(wire, spec.Basic.Ack, "Lb", (2, False))  # the second
+    assert delivered.acked == [int(read[1].split("-")[1])]
+
+
+def test_a_return_picks_its_copy_not_another_with_the_same_message_id(
+        clock: list[float]) -> None:
+    """Two deliveries of one malformed job id: the routable copy's delivery is acked,
+    the returned copy's delivery stays until its copy goes again."""
+    wire, delivered = Wire(), DeliveryChannel()
+    publisher = OutcomePublisher(wire, lambda: 131072)
+    publisher.publish(copy(delivered, 1, b"[1]", "ojs.exchange.retry", "email.1000",
+                           message_id="dup"))
+    publisher.publish(copy(delivered, 2, b"[2]", "ojs.exchange.dlx", "gone",
+                           message_id="dup"))
+    answer(wire, spec.Basic.Return, "Bsss", (312, "NO_ROUTE", "ojs.exchange.dlx", "gone"),
+           amqp.Message(b"[2]", message_id="dup"))
+    answer(wire, spec.Basic.Ack, "Lb", (2, True))
+    assert delivered.acked == [1]
+    assert publisher.in_flight == 1  # the returned copy, published again after the backoff
+
+
+def test_a_returned_copy_without_message_id_is_not_taken_for_confirmed(
+        clock: list[float]) -> None:
+    wire, delivered = Wire(), DeliveryChannel()
+    publisher = OutcomePublisher(wire, lambda: 131072)
+    publisher.publish(copy(delivered, 4, b"not json", "ojs.exchange.dlx", "gone"))
+    answer(wire, spec.Basic.Return, "Bsss", (312, "NO_ROUTE", "ojs.exchange.dlx", "gone"),
+           amqp.Message(b"not json"))
+    answer(wire, spec.Basic.Ack, "Lb", (1, False))
+    assert delivered.acked == [] and publisher.in_flight == 1

@@ -1,4 +1,5 @@
-"""Reading back the ``Basic.Publish`` frames a publisher wrote, as the broker reads them."""
+"""Reading back the ``Basic.Publish`` frames a publisher wrote, as the broker reads them,
+and the channel whose deliveries the published copies replace."""
 
 from __future__ import annotations
 
@@ -26,6 +27,19 @@ class WirePublish:
     @property
     def message_id(self) -> str | None:
         return self.properties.get("message_id")
+
+
+class Deliveries:
+    """The channel jobs were delivered on: which deliveries were acked, in order."""
+
+    generation = 1
+    is_open = True
+
+    def __init__(self) -> None:
+        self.acked: list[int] = []
+
+    def basic_ack(self, delivery_tag: int, multiple: bool = False) -> None:
+        self.acked.append(delivery_tag)
 
 
 def read_publishes(data: bytes) -> list[WirePublish]:

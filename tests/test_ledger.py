@@ -19,7 +19,13 @@ from hypothesis import strategies as st
 
 from ojs_kombu.amqp.ledger import ConfirmLedger, Publish, Replaced
 from ojs_kombu.amqp.publish_frames import PublishFrames
-from tests.publish_wire import WirePublish, at_each_line, read_publishes, run_traced
+from tests.publish_wire import (
+    Deliveries,
+    WirePublish,
+    at_each_line,
+    read_publishes,
+    run_traced,
+)
 
 FRAMES = PublishFrames(1, 131072)
 
@@ -41,19 +47,6 @@ class Broker:
 
     def ids(self) -> list[str | None]:
         return [p.properties.get("correlation_id") for p in self.read]
-
-
-class Deliveries:
-    """The channel jobs were delivered on: which deliveries were acked, in order."""
-
-    generation = 1
-    is_open = True
-
-    def __init__(self) -> None:
-        self.acked: list[int] = []
-
-    def basic_ack(self, delivery_tag: int, multiple: bool = False) -> None:
-        self.acked.append(delivery_tag)
 
 
 def publish(ledger: ConfirmLedger, name: str, *, hold: bool = False, key: str = "email",

@@ -21,7 +21,7 @@ from ojs_kombu.amqp import outcomes as outcomes_module
 from ojs_kombu.amqp.ledger import Replaced
 from ojs_kombu.amqp.outcomes import DeadLetterLog, OutcomePublisher, PendingOutcome
 from ojs_kombu.spec.naming import TopologyNames
-from tests.publish_wire import at_each_line, read_publishes, run_traced
+from tests.publish_wire import Deliveries, at_each_line, read_publishes, run_traced
 
 #: A Basic.Publish method frame's class and method ids (60, 40).
 PUBLISH_METHOD = pack(">HH", *spec.Basic.Publish)
@@ -67,17 +67,6 @@ class Wire:
         return [channel_id for channel_id, s in self.methods if s == sig]
 
 
-class DeliveryChannel:
-    generation = 1
-    is_open = True
-
-    def __init__(self) -> None:
-        self.acked: list[int] = []
-
-    def basic_ack(self, delivery_tag: int, multiple: bool = False) -> None:
-        self.acked.append(delivery_tag)
-
-
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     now = [1000.0]
@@ -85,7 +74,7 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     return now
 
 
-def outcome(channel: DeliveryChannel, tag: int, prepared: list[str] | None = None,
+def outcome(channel: Deliveries, tag: int, prepared: list[str] | None = None,
             job_id: str = "") -> PendingOutcome:
     def prepare(via: Any) -> None:
         if prepared is not None:
@@ -104,7 +93,7 @@ def answer(wire: Wire, sig: Any, argsig: str, args: tuple, content: Any = None) 
 
 
 def test_the_delivery_is_acked_only_when_the_broker_confirms_its_copy() -> None:
-    wire, delivered = Wire(), DeliveryChannel()
+    wire, delivered = Wire(), Deliveries()
     publisher = OutcomePublisher(wire, lambda: 131072)
     publisher.publish(outcome(delivered, 7))
     publisher.publish(outcome(delivered, 8))
@@ -118,12 +107,12 @@ def test_the_delivery_is_acked_only_when_the_broker_confirms_its_copy() -> None:
 
 def test_the_channel_opens_and_confirms_without_waiting() -> None:
     wire = Wire()
-    OutcomePublisher(wire, lambda: 131072).publish(outcome(DeliveryChannel(), 1))
+    OutcomePublisher(wire, lambda: 131072).publish(outcome(Deliveries(), 1))
     assert [sig for _, sig in wire.methods[:2]] == [spec.Channel.Open, spec.Confirm.Select]
 
 
 def test_a_nacked_copy_is_published_again_after_the_backoff(clock: list[float]) -> None:
-    wire, delivered = Wire(), DeliveryChannel()
+    wire, delivered = Wire(), Deliveries()
     publisher = OutcomePublisher(wire, lambda: 131072)
     publisher.publish(outcome(delivered, 3))
     answer(wire, spec.Basic.Nack, "Lbb", (1, False, False))
@@ -138,7 +127,7 @@ def test_a_nacked_copy_is_published_again_after_the_backoff(clock: list[float]) 
 
 
 def test_a_returned_copy_redeclares_its_topology_and_goes_again(clock: list[float]) -> None:
-    wire, delivered, prepared = Wire(), DeliveryChannel(), []
+    wire, delivered, prepared = Wire(), Deliveries(), []
     publisher = OutcomePublisher(wire, lambda: 131072)
     publisher.publish(outcome(delivered, 5, prepared, job_id="job-a"))
     answer(wire, spec.Basic.Return, "Bsss", (312, "NO_ROUTE", "ojs.exchange.retry", "email.1000"),
@@ -155,7 +144,7 @@ def test_a_returned_copy_redeclares_its_topology_and_goes_again(clock: list[floa
 
 def test_a_channel_error_is_not_raised_into_the_loop(clock: list[float],
                                                     caplog: pytest.LogCaptureFixture) -> None:
-    wire, delivered = Wire(), DeliveryChannel()
+    wire, delivered = Wire(), Deliveries()
     publisher = OutcomePublisher(wire, lambda: 131072)
     publisher.publish(outcome(delivered, 1))
     publisher.publish(outcome(delivered, 2))
@@ -172,7 +161,7 @@ def test_a_channel_error_is_not_raised_into_the_loop(clock: list[float],
 
 
 def test_a_confirm_for_a_reset_channel_acks_nothing() -> None:
-    wire, delivered = Wire(), DeliveryChannel()
+    wire, delivered = Wire(), Deliveries()
     publisher = OutcomePublisher(wire, lambda: 131072)
     publisher.publish(outcome(delivered, 9))
     delivered.generation += 1  # the consumer's channel was reset: tag 9 is not its own
@@ -183,7 +172,7 @@ def test_a_confirm_for_a_reset_channel_acks_nothing() -> None:
 def test_reset_drops_what_the_broker_will_deliver_again() -> None:
     wire = Wire()
     publisher = OutcomePublisher(wire, lambda: 131072)
-    publisher.publish(outcome(DeliveryChannel(), 1))
+    publisher.publish(outcome(Deliveries(), 1))
     publisher.reset()
     assert publisher.in_flight == 0
 
@@ -205,7 +194,7 @@ def test_dead_letter_lines_are_rate_limited_and_summed(caplog: pytest.LogCapture
 def test_publishes_from_the_loop_thread_are_written_once_per_tick() -> None:
     """In a storm, a socket read brings many deliveries: their copies go out in one
     write when the loop ticks, not one write each."""
-    wire, delivered = Wire(), DeliveryChannel()
+    wire, delivered = Wire(), Deliveries()
     wire.ojs_loop_thread = threading.get_ident()
     publisher = OutcomePublisher(wire, lambda: 131072)
     for tag in range(1, 51):
@@ -217,7 +206,7 @@ def test_publishes_from_the_loop_thread_are_written_once_per_tick() -> None:
     assert delivered.acked == list(range(1, 51))
 
 
-def copy(channel: DeliveryChannel, tag: int, body: bytes, exchange: str, routing_key: str,
+def copy(channel: Deliveries, tag: int, body: bytes, exchange: str, routing_key: str,
          **properties: Any) -> PendingOutcome:
     return PendingOutcome("dead letter", f"job-{tag}", "email",
                           amqp.Message(body, **properties), exchange, routing_key, True,
@@ -228,7 +217,7 @@ def copy(channel: DeliveryChannel, tag: int, body: bytes, exchange: str, routing
 def test_a_copy_the_loop_publishes_while_another_thread_flushes_is_written(step: int) -> None:
     """``wait_until`` flushes from a pool thread; the loop publishes a copy at each point of
     that flush in turn: every copy is written once, and each confirm acks its own."""
-    wire, delivered = Wire(), DeliveryChannel()
+    wire, delivered = Wire(), Deliveries()
     loop = ThreadPoolExecutor(1)
     wire.ojs_loop_thread = loop.submit(threading.get_ident).result()
     publisher = OutcomePublisher(wire, lambda: 131072)
@@ -254,7 +243,7 @@ def test_a_copy_the_loop_publishes_while_another_thread_flushes_is_written(step:
 
 def test_a_copy_from_another_thread_goes_out_after_the_loops_held_ones() -> None:
     """The broker numbers what it reads: confirm N must settle the N-th copy written."""
-    wire, delivered = Wire(), DeliveryChannel()
+    wire, delivered = Wire(), Deliveries()
     wire.ojs_loop_thread = threading.get_ident()  # this thread is the loop
     publisher = OutcomePublisher(wire, lambda: 131072)
     publisher.publish(outcome(delivered, 1))  # held for the tick
@@ -273,7 +262,7 @@ def test_a_return_picks_its_copy_not_another_with_the_same_message_id(
         clock: list[float]) -> None:
     """Two deliveries of one malformed job id: the routable copy's delivery is acked,
     the returned copy's delivery stays until its copy goes again."""
-    wire, delivered = Wire(), DeliveryChannel()
+    wire, delivered = Wire(), Deliveries()
     publisher = OutcomePublisher(wire, lambda: 131072)
     publisher.publish(copy(delivered, 1, b"[1]", "ojs.exchange.retry", "email.1000",
                            message_id="dup"))
@@ -288,7 +277,7 @@ def test_a_return_picks_its_copy_not_another_with_the_same_message_id(
 
 def test_a_returned_copy_without_message_id_is_not_taken_for_confirmed(
         clock: list[float]) -> None:
-    wire, delivered = Wire(), DeliveryChannel()
+    wire, delivered = Wire(), Deliveries()
     publisher = OutcomePublisher(wire, lambda: 131072)
     publisher.publish(copy(delivered, 4, b"not json", "ojs.exchange.dlx", "gone"))
     answer(wire, spec.Basic.Return, "Bsss", (312, "NO_ROUTE", "ojs.exchange.dlx", "gone"),

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from contextlib import nullcontext
 from time import monotonic
 from typing import TYPE_CHECKING, Any
 
@@ -329,8 +330,11 @@ class JobPublisher:
         if not connection:
             raise RecoverableConnectionError("basic_publish: connection closed")
         data = self.frames().encode(exchange, routing_key, mandatory, body, properties)
+        # a batch's publishes (no timeout): no socket timeout to set and reset for each
+        guard = (nullcontext() if timeout is None
+                 else connection.transport.having_timeout(timeout))
         try:
-            with connection.transport.having_timeout(timeout):
+            with guard:
                 return self.ledger.publish(
                     data, job_id=job_id, queue=queue, exchange=exchange,
                     routing_key=routing_key, mandatory=mandatory, body=body,

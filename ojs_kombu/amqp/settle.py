@@ -29,8 +29,11 @@ from ..spec.delays import MAX_SCHEDULE_DELAY_MS, retry_delay_ms
 from ..spec.errors import PublishConfirmTimeout
 from ..spec.failures import (
     Action,
+    Delivered,
+    Happened,
     JobFailure,
     Outcome,
+    decide,
     record_failure,
     with_error_headers,
     without_death_headers,
@@ -76,8 +79,9 @@ def retry_and_wait(channel: JobChannel, delivery: JobDelivery, delivery_tag: int
     outside a worker's loop, such as ``ojs-kombu conformance``); returns the delay
     queue's delay in ms."""
     done: list[bool] = []
-    settle(channel, delivery, delivery_tag, Outcome(Action.RETRY, failure, delay_s),
-           lambda: done.append(True))
+    outcome = decide(Delivered(Happened.RETRY_REQUESTED, failure, delay_s=delay_s),
+                     delivery.attempt)
+    settle(channel, delivery, delivery_tag, outcome, lambda: done.append(True))
     limit = timeout or channel.ojs.settings.confirm_timeout
     if not channel.connection.wait_until(lambda: bool(done), limit):
         raise PublishConfirmTimeout(f"no confirm for the retry of job {delivery.job_id} "

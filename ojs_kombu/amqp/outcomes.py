@@ -3,10 +3,11 @@
 A retry republish, a dead letter and an early job's reschedule are published
 with publisher confirms, and the delivery they replace is acked only once the
 broker confirmed the copy (publish, confirm, then ack: the job is never
-nowhere).  Waiting for that confirm inside the delivery handler would read
-the next deliveries inside the wait and handle them nested in this one; so
-outcomes go out on a channel of their own, :class:`OutcomeChannel`, and the
-confirm is handled when the loop reads it, like any other frame.
+nowhere), by :mod:`ojs_kombu.amqp.ledger`.  Waiting for that confirm inside
+the delivery handler would read the next deliveries inside the wait and
+handle them nested in this one; so outcomes go out on a channel of their
+own, :class:`OutcomeChannel`, and the confirm is handled when the loop reads
+it, like any other frame.
 
 Everything on that channel is pipelined (``Channel.Open``, ``Confirm.Select``
 and declarations with ``nowait``): nothing here waits for a reply.  A copy the

@@ -4,7 +4,8 @@ A job goes to ``ojs.exchange.direct`` with ``mandatory=True`` (or into the
 scheduling ladder or the delayed exchange when it is due later) and the caller
 waits for the broker's confirm: a return, a nack or a missing confirm raises a
 typed exception naming job and queue.  Frames are encoded by
-:mod:`ojs_kombu.amqp.publish_frames` and written in one write; batches are in
+:mod:`ojs_kombu.amqp.publish_frames`, and numbered and written by the channel's
+:class:`~ojs_kombu.amqp.ledger.ConfirmLedger`; batches are in
 :mod:`ojs_kombu.amqp.batch`.
 """
 

@@ -12,8 +12,8 @@ import amqp
 import pytest
 
 from ojs_kombu import DeferredPublishError, OJSConfigurationError
-from ojs_kombu.amqp.confirms import ConfirmTracker
 from ojs_kombu.amqp.deferred import DeferredConfirms
+from ojs_kombu.amqp.ledger import ConfirmLedger, Publish
 from ojs_kombu.spec.errors import (
     JobNackedError,
     JobPublishError,
@@ -37,9 +37,9 @@ class ScriptedBroker:
     def __init__(self, answer: Answer = ack_all, **settings: Any) -> None:
         self.answer = answer
         self.settings = OJSSettings(publish_confirms="deferred", **settings)
-        self.confirms = ConfirmTracker()
+        self.ledger = ConfirmLedger(lambda data: None)
         self.written: list[str] = []
-        self.queued: deque[tuple[str, int, str]] = deque()  # answers not yet read
+        self.queued: deque[tuple[amqp.Message, int, str]] = deque()  # answers not yet read
         self.held = False  # answers stay with the broker until released
         self.forgotten: list[str] = []
 
@@ -47,20 +47,28 @@ class ScriptedBroker:
         pass
 
     def send(self, message: amqp.Message, exchange: str, routing_key: str, mandatory: bool,
-             timeout: float | None) -> None:
-        job_id = message.properties["message_id"]
+             timeout: float | None, *, job_id: str, queue: str,
+             on_settled: Callable[[Publish], None] | None = None, **_: Any) -> Publish:
+        entry = self.ledger.publish(b"", job_id=job_id, queue=queue, exchange=exchange,
+                                    routing_key=routing_key, mandatory=mandatory,
+                                    body=message.body, properties=message.properties,
+                                    on_settled=on_settled)
         self.written.append(job_id)
         answer = self.answer(job_id, self.written.count(job_id))
         if answer is not None:
-            self.queued.append((job_id, self.confirms.sequence, answer))
+            self.queued.append((message, entry.sequence, answer))
+        return entry
 
     def read_arrived(self, timeout: float) -> None:
         if self.held or not self.queued:
             raise TimeoutError()
-        job_id, tag, answer = self.queued.popleft()
+        message, tag, answer = self.queued.popleft()
         if answer == "return":
-            self.confirms.returned(job_id, "312 NO_ROUTE")
-        self.confirms.settle(tag, multiple=False, nacked=answer == "nack")
+            self.ledger.returned("ojs.exchange.direct", "email", message, "312 NO_ROUTE")
+        if answer == "nack":
+            self.ledger.nack(tag, multiple=False)
+        else:
+            self.ledger.ack(tag, multiple=False)
 
     def forget_topology(self, queue: str) -> None:
         self.forgotten.append(queue)

@@ -94,9 +94,10 @@ class Channel(pyamqp.Channel):
         if self.connection.ojs_confirm_all:
             return publisher.publish_other(msg, exchange, routing_key, mandatory, timeout,
                                            confirm_timeout)
-        publisher.count_unconfirmed()
-        return publish_unconfirmed(self, msg, exchange, routing_key, mandatory, immediate,
-                                   timeout)
+        with publisher.ledger.lock:  # numbered and written as one step
+            publisher.count_unconfirmed()
+            return publish_unconfirmed(self, msg, exchange, routing_key, mandatory, immediate,
+                                       timeout)
 
     def confirm_select(self, nowait: bool = False) -> None:
         """py-amqp's, remembered so that its own confirmed publish never selects again."""

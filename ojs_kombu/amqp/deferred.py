@@ -41,7 +41,7 @@ from ..spec.errors import (
     UnroutableJobError,
 )
 from ..spec.settings import OJSSettings
-from .confirms import ConfirmTracker, PendingPublish
+from .ledger import Publish
 
 logger = logging.getLogger(__name__)
 
@@ -65,15 +65,16 @@ class DeferringPublisher(Protocol):
     """What :class:`DeferredConfirms` uses of its channel's
     :class:`~ojs_kombu.amqp.publisher.JobPublisher`."""
 
-    confirms: ConfirmTracker
-
     @property
     def settings(self) -> OJSSettings: ...
 
     def confirm_mode(self) -> None: ...
 
     def send(self, message: amqp.Message, exchange: str, routing_key: str, mandatory: bool,
-             timeout: float | None) -> None: ...
+             timeout: float | None, *, job_id: str, queue: str, hold: bool = False,
+             item: Any = None, on_settled: Callable[[Publish], None] | None = None
+             ) -> Publish:
+        """Publish through the channel's :class:`~ojs_kombu.amqp.ledger.ConfirmLedger`."""
 
     def read_arrived(self, timeout: float) -> None:
         """Read and handle one incoming method; :class:`TimeoutError` when none came in
@@ -101,8 +102,8 @@ class DeferredConfirms:
 
     def __init__(self, publisher: DeferringPublisher) -> None:
         self._publisher = publisher
-        self._sent: dict[PendingPublish, Unconfirmed] = {}
-        self._settled: list[PendingPublish] = []
+        self._sent: dict[Publish, Unconfirmed] = {}
+        self._settled: list[Publish] = []
         self._later: list[tuple[float, Unconfirmed]] = []
         self._failed: list[JobPublishError] = []
         self._writes = 0
@@ -185,17 +186,12 @@ class DeferredConfirms:
     def _write(self, item: Unconfirmed, timeout: float | None) -> None:
         publisher = self._publisher
         publisher.confirm_mode()
-        _, pending = publisher.confirms.track(item.job_id, item.queue)
-        pending.on_settled = self._on_settled
+        pending = publisher.send(item.message, item.exchange, item.routing_key,
+                                 item.mandatory, timeout, job_id=item.job_id,
+                                 queue=item.queue, on_settled=self._on_settled)
         self._sent[pending] = item
-        try:
-            publisher.send(item.message, item.exchange, item.routing_key, item.mandatory,
-                           timeout)
-        except BaseException:
-            del self._sent[pending]
-            raise
 
-    def _on_settled(self, pending: PendingPublish) -> None:
+    def _on_settled(self, pending: Publish) -> None:
         self._settled.append(pending)
 
     def _read_until(self, done: Callable[[], bool], limit: float) -> bool:

@@ -10,7 +10,7 @@ from kombu.exceptions import MessageStateError
 from kombu.transport import pyamqp
 
 from ..events.emitter import JobInfo
-from ..spec.failures import HANDLER_ERROR, Action, JobFailure, Outcome
+from ..spec.failures import HANDLER_ERROR, Delivered, Happened, JobFailure, Outcome, decide
 from .job_channel import JobChannel
 
 logger = logging.getLogger(__name__)
@@ -66,7 +66,9 @@ class JobMessage(pyamqp.Message):
         outcome = self.ojs_outcome
         if outcome is None:
             reason = "requeue requested" if requeue else "rejected by Celery"
-            outcome = Outcome(Action.DEAD_LETTER, JobFailure(HANDLER_ERROR, "Rejected", reason))
+            outcome = decide(Delivered(Happened.HANDLER_ERROR,
+                                       JobFailure(HANDLER_ERROR, "Rejected", reason),
+                                       retryable=False), self.ojs.attempt)
             if requeue:
                 logger.warning("job %s: OJS jobs are never requeued immediately (AMQP "
                                "binding 5.4); dead-lettering it instead", self.ojs.job_id)

@@ -3,10 +3,11 @@
 A retry republish, a dead letter and an early job's reschedule are published
 with publisher confirms, and the delivery they replace is acked only once the
 broker confirmed the copy (publish, confirm, then ack: the job is never
-nowhere).  Waiting for that confirm inside the delivery handler would read
-the next deliveries inside the wait and handle them nested in this one; so
-outcomes go out on a channel of their own, :class:`OutcomeChannel`, and the
-confirm is handled when the loop reads it, like any other frame.
+nowhere), by :mod:`ojs_kombu.amqp.ledger`.  Waiting for that confirm inside
+the delivery handler would read the next deliveries inside the wait and
+handle them nested in this one; so outcomes go out on a channel of their
+own, :class:`OutcomeChannel`, and the confirm is handled when the loop reads
+it, like any other frame.
 
 Everything on that channel is pipelined (``Channel.Open``, ``Confirm.Select``
 and declarations with ``nowait``): nothing here waits for a reply.  A copy the
@@ -20,17 +21,17 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from time import monotonic
-from typing import Any, Protocol
+from typing import Any
 
 import amqp
 from amqp import spec
 
 from .declaring import NoWait
 from .drain import drain_until
+from .ledger import ConfirmLedger, Publish, Replaced
 from .publish_frames import PublishFrames
 from .py_amqp_seam import close_hook
 from .reconnect import DEFAULT_POLICY
@@ -42,15 +43,6 @@ logger = logging.getLogger(__name__)
 DEAD_LETTER_LOG_RATE = 10
 #: Longest single read while waiting at close (each read first publishes the due ones).
 CLOSE_POLL_S = 0.2
-
-
-class DeliveryChannel(Protocol):
-    """The channel a job was delivered on (:class:`ojs_kombu.amqp.channel.Channel`)."""
-
-    generation: int
-    is_open: bool
-
-    def basic_ack(self, delivery_tag: int, multiple: bool = False) -> None: ...
 
 
 #: ``(channel, names, *args)`` topology declarations of :mod:`ojs_kombu.amqp.topology`.
@@ -68,13 +60,11 @@ class PendingOutcome:
     exchange: str
     routing_key: str
     mandatory: bool
-    channel: DeliveryChannel
-    delivery_tag: int
-    generation: int
+    #: the delivery, acked by the ledger once the broker confirmed this copy
+    replaces: Replaced
     #: re-declares what the copy needs, through a declaring function (nowait)
     prepare: Callable[[Callable[..., None]], None] | None = None
     tries: int = 0
-    returned: str | None = None
     on_settled: Callable[[], None] | None = field(default=None, repr=False)
 
 
@@ -139,56 +129,51 @@ class DeadLetterLog:
 
 
 class OutcomePublisher:
-    """The outcomes of one connection's deliveries, published on their own channel."""
+    """The outcomes of one connection's deliveries, published on their own channel and
+    numbered by its :class:`~ojs_kombu.amqp.ledger.ConfirmLedger`, which acks each
+    delivery once the broker confirmed its copy."""
 
     def __init__(self, connection: Any, frame_max: Callable[[], int]) -> None:
         self._connection = connection
         self._frame_max = frame_max
         self._channel: OutcomeChannel | None = None
         self._frames: PublishFrames | None = None
-        self._sequence = 0
-        #: publish sequence number -> outcome, in publish order
-        self._pending: OrderedDict[int, PendingOutcome] = OrderedDict()
+        self._ledger = ConfirmLedger(connection.write_frames, connection.ojs_write_lock)
         #: (due, outcome) waiting to be published again
         self._later: list[tuple[float, PendingOutcome]] = []
-        #: frames published from the event loop's thread, written once per loop
-        #: iteration (:meth:`flush`): a storm of dead letters costs one write per
-        #: socket read, not one per job
-        self._unwritten: list[bytes] = []
         self.log_dead_letter = DeadLetterLog()
 
     @property
     def in_flight(self) -> int:
         """Outcomes published or waiting to be, whose deliveries are not settled yet."""
-        return len(self._pending) + len(self._later)
+        return self._ledger.outstanding + len(self._later)
 
     def publish(self, outcome: PendingOutcome) -> None:
-        """Send ``outcome``'s copy; its delivery is acked when the broker confirms it."""
+        """Send ``outcome``'s copy; its delivery is acked when the broker confirms it.
+
+        From the event loop's thread the copy is held and written with the others of
+        the same loop iteration (:meth:`flush`): a storm of dead letters costs one
+        write per socket read, not one per job.  The ledger numbers it in wire order
+        either way (several threads or greenlets may publish at once)."""
         self._open()
         if outcome.prepare is not None:
             outcome.prepare(self.declare_nowait)
         frames = self._frames
         assert frames is not None  # set by _open
         message = outcome.message
+        properties = message.properties
         data = frames.encode(outcome.exchange, outcome.routing_key, outcome.mandatory,
-                             message.body, message.properties)
-        connection = self._connection
-        # Numbered and written as one step: the broker numbers publishes in the order
-        # it reads them (several greenlets may publish at once).
-        with connection.ojs_write_lock:
-            self._sequence += 1
-            self._pending[self._sequence] = outcome
-            if connection.ojs_loop_thread == threading.get_ident():
-                self._unwritten.append(data)
-            else:
-                connection.write_frames(data)
+                             message.body, properties)
+        self._ledger.publish(
+            data, job_id=outcome.job_id, queue=outcome.queue, exchange=outcome.exchange,
+            routing_key=outcome.routing_key, mandatory=outcome.mandatory, body=message.body,
+            properties=properties,
+            hold=self._connection.ojs_loop_thread == threading.get_ident(),
+            item=outcome, on_settled=self._answered, replaces=outcome.replaces)
 
     def flush(self) -> None:
-        """Write the publishes collected in this loop iteration, in one write."""
-        if self._unwritten:
-            data = b"".join(self._unwritten)
-            self._unwritten.clear()
-            self._connection.write_frames(data)
+        """Write the publishes held in this loop iteration, in one write."""
+        self._ledger.flush()
 
     def declare_nowait(self, declare: Declare, *args: Any) -> None:
         """Run a :mod:`ojs_kombu.amqp.topology` declaration on the outcome channel, pipelined."""
@@ -209,7 +194,7 @@ class OutcomePublisher:
             return
         self._later = [item for item in self._later if item[0] > now]
         for _, outcome in due:
-            if not outcome.channel.is_open or outcome.channel.generation != outcome.generation:
+            if not outcome.replaces.current:
                 continue  # its channel was reset: the broker delivers the job again
             try:
                 self.publish(outcome)
@@ -240,8 +225,7 @@ class OutcomePublisher:
         """The connection is gone: nothing left to settle (the broker redelivers)."""
         self._channel = None
         self._frames = None
-        self._unwritten.clear()
-        self._pending.clear()
+        self._ledger.close()
         self._later.clear()
 
     # -- the broker's answers ---------------------------------------------
@@ -250,63 +234,40 @@ class OutcomePublisher:
         channel = self._channel
         if channel is None or not channel.is_open:
             channel = OutcomeChannel(self._connection, self._on_channel_closed)
-            channel.events["basic_ack"].add(self._on_ack)
-            channel.events["basic_nack"].add(self._on_nack)
+            ledger = self._ledger
+            channel.events["basic_ack"].add(ledger.ack)
+            channel.events["basic_nack"].add(ledger.nack)
             channel.events["basic_return"].add(self._on_return)
             self._channel = channel
             self._frames = PublishFrames(channel.channel_id, self._frame_max())
-            self._sequence = 0
+            ledger.start()
         return channel
 
-    def _settled(self, delivery_tag: int, multiple: bool) -> list[PendingOutcome]:
-        pending = self._pending
-        if not multiple:
-            one = pending.pop(delivery_tag, None)
-            return [one] if one is not None else []
-        done = []
-        while pending:
-            tag = next(iter(pending))
-            if tag > delivery_tag:
-                break
-            done.append(pending.popitem(last=False)[1])
-        return done
-
-    def _on_ack(self, delivery_tag: int, multiple: bool) -> None:
-        for outcome in self._settled(delivery_tag, multiple):
-            if outcome.returned is not None:
-                self._connection.forget_topology(outcome.queue)
-                self._again(outcome, f"returned by the broker ({outcome.returned})")
-                continue
-            if outcome.channel.is_open and outcome.channel.generation == outcome.generation:
-                outcome.channel.basic_ack(outcome.delivery_tag)
-            if outcome.on_settled is not None:
-                outcome.on_settled()
-
-    def _on_nack(self, delivery_tag: int, multiple: bool) -> None:
-        for outcome in self._settled(delivery_tag, multiple):
+    def _answered(self, entry: Publish) -> None:
+        outcome: PendingOutcome = entry.item
+        if entry.returned is not None:
+            self._connection.forget_topology(outcome.queue)
+            self._again(outcome, f"returned by the broker ({entry.returned})")
+        elif entry.nacked:
             self._again(outcome, "refused by the broker (Basic.Nack)")
+        elif outcome.on_settled is not None:  # confirmed: the ledger acked the delivery
+            outcome.on_settled()
 
     def _on_return(self, exc: Exception, exchange: str, routing_key: str,
                    message: amqp.Message) -> None:
-        job_id = message.properties.get("message_id")
-        for outcome in self._pending.values():
-            if outcome.job_id == job_id and outcome.returned is None:
-                outcome.returned = str(exc)
-                return
+        self._ledger.returned(exchange, routing_key, message, str(exc))
 
     def _on_channel_closed(self, reply_code: int, reply_text: str) -> None:
+        self._channel = None
+        lost = self._ledger.close()  # held frames were for the closed channel
         logger.error("the broker closed the channel of retries and dead letters (%s %s); "
                      "the %d jobs on it are published again", reply_code, reply_text,
-                     len(self._pending))
-        self._channel = None
-        self._unwritten.clear()  # frames for the closed channel: published again below
-        lost, self._pending = list(self._pending.values()), OrderedDict()
-        for outcome in lost:
-            self._again(outcome, f"channel closed ({reply_code} {reply_text})")
+                     len(lost))
+        for entry in lost:
+            self._again(entry.item, f"channel closed ({reply_code} {reply_text})")
 
     def _again(self, outcome: PendingOutcome, why: str) -> None:
         outcome.tries += 1
-        outcome.returned = None
         delay = DEFAULT_POLICY.delay(min(outcome.tries, 8))
         logger.warning("job %s: the %s was %s; publishing it again in %.1f s (the job stays "
                        "in its queue meanwhile)", outcome.job_id, outcome.what, why, delay)

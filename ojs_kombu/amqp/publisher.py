@@ -4,7 +4,8 @@ A job goes to ``ojs.exchange.direct`` with ``mandatory=True`` (or into the
 scheduling ladder or the delayed exchange when it is due later) and the caller
 waits for the broker's confirm: a return, a nack or a missing confirm raises a
 typed exception naming job and queue.  Frames are encoded by
-:mod:`ojs_kombu.amqp.publish_frames` and written in one write; batches are in
+:mod:`ojs_kombu.amqp.publish_frames`, and numbered and written by the channel's
+:class:`~ojs_kombu.amqp.ledger.ConfirmLedger`; batches are in
 :mod:`ojs_kombu.amqp.batch`.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from contextlib import nullcontext
 from time import monotonic
 from typing import TYPE_CHECKING, Any
 
@@ -34,9 +36,9 @@ from ..spec.naming import TopologyNames
 from ..spec.settings import OJSSettings
 from ..spec.trace_context import trace_id_of
 from .binding import Binding
-from .confirms import ConfirmTracker, PendingPublish
 from .deferred import DeferredConfirms
 from .job_channel import JobConnection
+from .ledger import ConfirmLedger, Publish
 from .publish_frames import PublishFrames
 
 if TYPE_CHECKING:
@@ -106,9 +108,9 @@ def schedule_route(connection: JobConnection, properties: dict[str, Any], job_id
 class JobPublisher:
     """The confirmed publishes of one channel of the ``ojs`` transport.
 
-    In confirm mode the broker numbers every publish of the channel, so the
-    channel counts also the publishes nobody waits for (:meth:`count_unconfirmed`).
-    Like every kombu channel, it is used by one thread at a time.
+    In confirm mode the broker numbers every publish of the channel: each goes
+    through the channel's :class:`~ojs_kombu.amqp.ledger.ConfirmLedger`, which
+    counts also the publishes nobody waits for (:meth:`count_unconfirmed`).
     """
 
     def __init__(self, channel: Channel) -> None:
@@ -120,8 +122,13 @@ class JobPublisher:
     def reset(self) -> None:
         """The channel was (re)opened: confirm mode and frame numbers start anew."""
         self.deferred.channel_lost()
+        ledger = getattr(self, "ledger", None)
+        if ledger is not None:
+            ledger.close()  # lost with the channel: whoever waits sees it
         self._confirming = False
-        self.confirms = ConfirmTracker()
+        connection = self._channel.connection
+        self.ledger = ConfirmLedger(self._write_frames,
+                                    getattr(connection, "ojs_write_lock", None))
         self._frames: PublishFrames | None = None
 
     # -- jobs -----------------------------------------------------------------
@@ -198,6 +205,10 @@ class JobPublisher:
                                        confirm_timeout, job_id=job_id, queue=queue)
         if measure:
             ojs.hook.message_confirmed(monotonic() - started)
+        if pending.lost:
+            raise PublishConfirmTimeout(
+                f"job {job_id} (queue {queue!r}): its channel closed before the broker "
+                "confirmed it; it may or may not be enqueued", job_id=job_id, queue=queue)
         if pending.returned is not None:
             channel.connection.forget_topology(queue)  # the next publish re-declares it
             raise UnroutableJobError(
@@ -216,37 +227,37 @@ class JobPublisher:
 
     def publish_tracked(self, message: amqp.Message, exchange: str, routing_key: str,
                         mandatory: bool, timeout: float | None, confirm_timeout: float | None,
-                        *, job_id: str, queue: str) -> PendingPublish:
+                        *, job_id: str, queue: str) -> Publish:
         """Publish in confirm mode and block until the broker settled the publish."""
         self.confirm_mode()
-        tag, pending = self.confirms.track(job_id, queue)
+        entry = self.send(message, exchange, routing_key, mandatory, timeout,
+                          job_id=job_id, queue=queue)
         try:
-            self.send(message, exchange, routing_key, mandatory, timeout)
-            self._wait_settled(pending, confirm_timeout)
+            self._wait_settled(entry, confirm_timeout)
         finally:
-            self.confirms.forget(tag, pending)
-        return pending
+            self.ledger.forget(entry)
+        return entry
 
     def publish_many_confirmed(self, messages: list[tuple[amqp.Message, str, str]],
                                confirm_timeout: float | None = None, *,
                                mandatory: bool = False) -> list[bool]:
         """Pipelined publishes and one wait for all their confirms; ``True`` for each
-        message the broker accepted (``mandatory``: and routed, matched by
-        ``message_id``)."""
+        message the broker accepted (``mandatory``: and routed)."""
         self.confirm_mode()
-        tracked = []
+        ledger = self.ledger
+        tracked: list[Publish] = []
         try:
             for message, exchange, routing_key in messages:
-                job_id = (message.properties.get("message_id") or "") if mandatory else ""
-                tag, pending = self.confirms.track(job_id, exchange)
-                tracked.append((tag, pending))
-                self.send(message, exchange, routing_key, mandatory, None)
-            for _, pending in tracked:
-                self._wait_settled(pending, confirm_timeout)
+                tracked.append(self.send(
+                    message, exchange, routing_key, mandatory, None, hold=True,
+                    job_id=message.properties.get("message_id") or "", queue=exchange))
+            ledger.flush()
+            for entry in tracked:
+                self._wait_settled(entry, confirm_timeout)
         finally:
-            for tag, pending in tracked:
-                self.confirms.forget(tag, pending)
-        return [not pending.nacked and pending.returned is None for _, pending in tracked]
+            for entry in tracked:
+                ledger.forget(entry)
+        return [entry.confirmed for entry in tracked]
 
     def publish_other(self, message: amqp.Message, exchange: str, routing_key: str,
                       mandatory: bool, timeout: float | None,
@@ -256,23 +267,25 @@ class JobPublisher:
         pending = self.publish_tracked(
             message, exchange, routing_key, mandatory, timeout, confirm_timeout,
             job_id=message.properties.get("message_id") or "", queue=routing_key)
-        if pending.nacked:
+        if pending.nacked or pending.lost:
             raise MessageNacked()
 
     def count_unconfirmed(self) -> None:
-        """A publish through py-amqp's own path: the broker numbers it too."""
+        """A publish through py-amqp's own path (the caller holds :attr:`ledger`'s lock
+        around both): the broker numbers it too."""
         if self._confirming:
-            self.confirms.skip()
+            self.ledger.skip()
 
     def wait_outstanding(self, most: int, limit: float) -> bool:
         """Read confirms until at most ``most`` tracked publishes are unconfirmed;
         ``False`` when ``limit`` seconds passed first."""
-        confirms = self.confirms
-        return self._channel.connection.wait_until(lambda: confirms.outstanding <= most, limit)
+        ledger = self.ledger
+        ledger.flush()
+        return self._channel.connection.wait_until(lambda: ledger.outstanding <= most, limit)
 
-    def _wait_settled(self, pending: PendingPublish, confirm_timeout: float | None) -> None:
+    def _wait_settled(self, pending: Publish, confirm_timeout: float | None) -> None:
         limit = confirm_timeout or self._channel.ojs.settings.confirm_timeout
-        if not self._channel.connection.wait_until(lambda: pending.settled, limit):
+        if not self._channel.connection.wait_until(lambda: pending.done, limit):
             raise PublishConfirmTimeout(
                 f"no publisher confirm for job {pending.job_id} (queue {pending.queue!r}) "
                 f"within {limit}s: it may or may not be enqueued",
@@ -295,8 +308,20 @@ class JobPublisher:
     # -- the wire -------------------------------------------------------------
 
     def send(self, message: amqp.Message, exchange: str, routing_key: str, mandatory: bool,
-             timeout: float | None) -> None:
-        """``Basic.Publish`` in one write.
+             timeout: float | None, *, job_id: str, queue: str, hold: bool = False,
+             item: Any = None, on_settled: Callable[[Publish], None] | None = None
+             ) -> Publish:
+        """``Basic.Publish`` of ``message``: :meth:`write`."""
+        return self.write(message.body, message.properties, exchange, routing_key, mandatory,
+                          timeout, job_id=job_id, queue=queue, hold=hold, item=item,
+                          on_settled=on_settled)
+
+    def write(self, body: bytes | str, properties: dict[str, Any], exchange: str,
+              routing_key: str, mandatory: bool, timeout: float | None, *, job_id: str,
+              queue: str, hold: bool = False, item: Any = None,
+              on_settled: Callable[[Publish], None] | None = None) -> Publish:
+        """``Basic.Publish`` numbered by the channel's ledger, in one write (``hold``: with
+        the next unheld publish or :meth:`ConfirmLedger.flush`).
 
         py-amqp polls the socket before every publish for a pending
         ``connection.blocked``; a confirmed publish reads every incoming frame
@@ -305,13 +330,21 @@ class JobPublisher:
         connection = self._channel.connection
         if not connection:
             raise RecoverableConnectionError("basic_publish: connection closed")
-        data = self.frames().encode(exchange, routing_key, mandatory, message.body,
-                                    message.properties)
+        data = self.frames().encode(exchange, routing_key, mandatory, body, properties)
+        # a batch's publishes (no timeout): no socket timeout to set and reset for each
+        guard = (nullcontext() if timeout is None
+                 else connection.transport.having_timeout(timeout))
         try:
-            with connection.transport.having_timeout(timeout):
-                connection.write_frames(data)
+            with guard:
+                return self.ledger.publish(
+                    data, job_id=job_id, queue=queue, exchange=exchange,
+                    routing_key=routing_key, mandatory=mandatory, body=body,
+                    properties=properties, hold=hold, item=item, on_settled=on_settled)
         except TimeoutError:
             raise RecoverableConnectionError("basic_publish: timed out") from None
+
+    def _write_frames(self, data: bytes) -> None:
+        self._channel.connection.write_frames(data)
 
     def frames(self) -> PublishFrames:
         """The channel's publish encoder, shared by single and batch publishes (its
@@ -326,22 +359,22 @@ class JobPublisher:
             return
         channel = self._channel
         channel.confirm_select()
-        channel.events["basic_ack"].add(self._on_confirm_ack)
-        channel.events["basic_nack"].add(self._on_confirm_nack)
+        ledger = self.ledger
+        ledger.start()
+        channel.events["basic_ack"].add(self._on_ack)
+        channel.events["basic_nack"].add(self._on_nack)
         channel.events["basic_return"].add(self._on_return)
         self._confirming = True
-        self.confirms = ConfirmTracker()
 
-    def _on_confirm_ack(self, delivery_tag: int, multiple: bool) -> None:
-        self.confirms.settle(delivery_tag, multiple, nacked=False)
+    def _on_ack(self, delivery_tag: int, multiple: bool) -> None:
+        self.ledger.ack(delivery_tag, multiple)
 
-    def _on_confirm_nack(self, delivery_tag: int, multiple: bool) -> None:
-        self.confirms.settle(delivery_tag, multiple, nacked=True)
+    def _on_nack(self, delivery_tag: int, multiple: bool) -> None:
+        self.ledger.nack(delivery_tag, multiple)
 
     def _on_return(self, exc: Exception, exchange: str, routing_key: str,
                    message: amqp.Message) -> None:
-        message_id = message.properties.get("message_id")
         self._channel.ojs.hook.message_returned(routing_key)
-        if not self.confirms.returned(message_id, str(exc)):
+        if self.ledger.returned(exchange, routing_key, message, str(exc)) is None:
             logger.warning("message %s returned by the broker from exchange %r key %r: %s",
-                           message_id, exchange, routing_key, exc)
+                           message.properties.get("message_id"), exchange, routing_key, exc)

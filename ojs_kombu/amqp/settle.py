@@ -29,14 +29,18 @@ from ..spec.delays import MAX_SCHEDULE_DELAY_MS, retry_delay_ms
 from ..spec.errors import PublishConfirmTimeout
 from ..spec.failures import (
     Action,
+    Delivered,
+    Happened,
     JobFailure,
     Outcome,
+    decide,
     record_failure,
     with_error_headers,
     without_death_headers,
 )
 from .delivery import JobDelivery
 from .job_channel import JobChannel
+from .ledger import Replaced
 from .outcomes import PendingOutcome
 from .publisher import schedule_route
 
@@ -75,8 +79,9 @@ def retry_and_wait(channel: JobChannel, delivery: JobDelivery, delivery_tag: int
     outside a worker's loop, such as ``ojs-kombu conformance``); returns the delay
     queue's delay in ms."""
     done: list[bool] = []
-    settle(channel, delivery, delivery_tag, Outcome(Action.RETRY, failure, delay_s),
-           lambda: done.append(True))
+    outcome = decide(Delivered(Happened.RETRY_REQUESTED, failure, delay_s=delay_s),
+                     delivery.attempt)
+    settle(channel, delivery, delivery_tag, outcome, lambda: done.append(True))
     limit = timeout or channel.ojs.settings.confirm_timeout
     if not channel.connection.wait_until(lambda: bool(done), limit):
         raise PublishConfirmTimeout(f"no confirm for the retry of job {delivery.job_id} "
@@ -147,7 +152,7 @@ def _send(channel: JobChannel, what: str, delivery: JobDelivery, delivery_tag: i
           on_settled: Callable[[], None] | None, *, mandatory: bool = True) -> None:
     channel.connection.ojs_outcomes.publish(PendingOutcome(
         what, delivery.job_id, delivery.queue, message, exchange, routing_key, mandatory,
-        channel, delivery_tag, channel.generation, prepare, on_settled=on_settled))
+        Replaced(channel, delivery_tag), prepare, on_settled=on_settled))
 
 
 def _copy(delivery: JobDelivery, body: bytes, headers: dict[str, Any], *,
@@ -155,5 +160,5 @@ def _copy(delivery: JobDelivery, body: bytes, headers: dict[str, Any], *,
     properties = dict(delivery.properties)
     properties["application_headers"] = headers
     if not keep_id or not properties.get("message_id"):
-        properties["message_id"] = delivery.job_id  # returns are matched by it
+        properties["message_id"] = delivery.job_id
     return amqp.Message(body, **properties)

@@ -181,7 +181,9 @@ class JobRequest(Request):
             outcome = self._decide(message, self._what_failed(requeue))
         except Exception as exc:  # never leave the delivery unsettled
             logger.exception("job %s: could not decide its retry; dead-lettering it", self.id)
-            outcome = Outcome(Action.DEAD_LETTER, JobFailure.from_exception(exc, HANDLER_ERROR))
+            outcome = decide(Delivered(Happened.HANDLER_ERROR,
+                                       JobFailure.from_exception(exc, HANDLER_ERROR),
+                                       retryable=False), message.ojs.attempt)
         self._settle(message, outcome)
         self.send_event("task-rejected", requeue=False)
         return None

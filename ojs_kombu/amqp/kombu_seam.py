@@ -200,6 +200,12 @@ def registered_type(value: Any) -> tuple[str | None, Any] | None:
     return None
 
 
+def overrides_builtin(kind: type) -> bool:
+    """Whether the app registered built-in type ``kind`` (``Decimal``) itself, with a
+    marker or encoder of its own (its values then travel as it says)."""
+    return kombu_json._encoders.get(kind) is not _KOMBU_DEFAULTS.get(kind)
+
+
 def registered_decoder(marker: str) -> Callable[[Any], Any] | None:
     """What kombu reads a value tagged ``marker`` back with."""
     return kombu_json._decoders.get(marker)
@@ -207,4 +213,8 @@ def registered_decoder(marker: str) -> Callable[[Any], Any] | None:
 
 # Jobs carry values of the types registered with kombu from the moment the transport
 # is imported (in a prefork child too: it forks from a process that imported it).
-use_registered_types(registered_type, registered_decoder, tuple(kombu_json.textual_types))
+#: kombu's own registrations of the built-in types (``register_type`` replaces the entry).
+_KOMBU_DEFAULTS = {kind: entry for kind, entry in kombu_json._encoders.items()
+                   if entry[0] in BUILTIN_TYPES and BUILTIN_TYPES[entry[0]][0] is kind}
+use_registered_types(registered_type, registered_decoder, tuple(kombu_json.textual_types),
+                     overrides_builtin)

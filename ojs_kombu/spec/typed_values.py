@@ -22,6 +22,7 @@ from __future__ import annotations
 import base64
 import binascii
 import copy
+import functools
 import math
 from collections.abc import Callable, Mapping
 from datetime import date, datetime, time
@@ -72,6 +73,8 @@ class _Registry:
 
     encode: Callable[[Any], tuple[str | None, Any] | None] = staticmethod(lambda value: None)
     decoder: Callable[[str], Callable[[Any], Any] | None] = staticmethod(lambda marker: None)
+    #: Whether the app registered a built-in type (``Decimal``) with an encoder of its own.
+    overrides: Callable[[type], bool] = staticmethod(lambda kind: False)
     #: What turns a value to text the way kombu's encoder does (Django's lazy strings).
     textual: tuple[type, ...] = ()
 
@@ -81,11 +84,13 @@ _registry = _Registry()
 
 def use_registered_types(encode: Callable[[Any], tuple[str | None, Any] | None],
                          decoder: Callable[[str], Callable[[Any], Any] | None],
-                         textual: tuple[type, ...] = ()) -> None:
+                         textual: tuple[type, ...] = (),
+                         overrides: Callable[[type], bool] = lambda kind: False) -> None:
     """Let values of types an app registered with kombu travel (the kombu seam calls it)."""
     _registry.encode = encode
     _registry.decoder = decoder
     _registry.textual = textual
+    _registry.overrides = overrides
 
 
 def registered_decoder(marker: str) -> Callable[[Any], Any] | None:
@@ -103,6 +108,7 @@ class UnencodableValue(TypeError):
         super().__init__(f"{type(value).__name__} at {python_path(path)}: {advice}")
 
 
+@functools.lru_cache(maxsize=4096)  # the same few paths, job after job
 def pointer(path: Path) -> str:
     """The RFC 6901 JSON Pointer of ``path``."""
     return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in path)
@@ -159,20 +165,40 @@ def _key(key: Any, path: Path) -> str:
                            f"{type(key).__name__}")
 
 
+#: What JSON writes as it is.
+_PLAIN = frozenset({str, int, bool, type(None)})
+#: Exact built-in types -> (type name, to natural JSON): one lookup for the common case.
+_EXACT = {python_type: (name, to_json)
+          for name, (python_type, to_json, _) in BUILTIN_TYPES.items() if name != "float"}
+
+
 def natural(value: Any, path: Path, types: dict[str, str]) -> Any:
     """``value`` with every typed value in its natural JSON form, each recorded in
-    ``types`` by its pointer; :class:`UnencodableValue` for what JSON cannot carry."""
+    ``types`` by its pointer; :class:`UnencodableValue` for what JSON cannot carry.
+
+    Runs only for a job whose values the plain JSON encoder refused, once per job;
+    plain values are passed through without a call."""
     kind = type(value)
-    if kind is str or kind is int or kind is bool or value is None:
+    if kind in _PLAIN:
         return value
+    if kind is list or kind is tuple:
+        return [item if type(item) in _PLAIN else natural(item, (*path, i), types)
+                for i, item in enumerate(value)]
+    if kind is dict or isinstance(value, Mapping):
+        out = {}
+        for key, item in value.items():
+            k = key if type(key) is str else _key(key, path)
+            out[k] = item if type(item) in _PLAIN else natural(item, (*path, k), types)
+        return out
+    exact = _EXACT.get(kind)
+    if exact is not None and not _registry.overrides(kind):
+        types[pointer(path)] = exact[0]
+        return exact[1](value)
     if kind is float:
         if math.isfinite(value):
             return value
         types[pointer(path)] = "float"
         return _float_text(value)
-    if isinstance(value, Mapping):
-        return {(k := _key(key, path)): natural(item, (*path, k), types)
-                for key, item in value.items()}
     if isinstance(value, list | tuple):
         return [natural(item, (*path, i), types) for i, item in enumerate(value)]
     if isinstance(value, str | int):  # str and int subclasses (enums) as JSON writes them

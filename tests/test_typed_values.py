@@ -185,3 +185,18 @@ def test_unique_fingerprints_agree_between_producer_and_worker() -> None:
     wire = fingerprint(policy, job_type="billing.charge", queue="billing",
                        args=["2026-01-01", "1.0"], kwargs={"u": NATURAL[5]})
     assert python == wire
+
+
+def test_a_builtin_type_the_app_registers_itself_travels_as_it_says() -> None:
+    """An app that registers ``Decimal`` with its own marker and encoder keeps them (as
+    plain Celery's JSON would), and its workers read it back with its decoder."""
+    register_type(Decimal, "test_cents", lambda d: int(d * 100), lambda c: Decimal(c) / 100)
+    try:
+        job = publish([Decimal("12.34")])
+        wire = json.loads(job.body)
+        assert wire["args"] == [1234]
+        assert wire["meta"]["x_celery_types"] == {"/args/0": "test_cents"}
+        assert celery_payload(job.body)[0] == [Decimal("12.34")]
+    finally:  # kombu's own registration again: the natural decimal string
+        register_type(Decimal, "decimal", str, Decimal)
+    assert json.loads(publish([Decimal("1.50")]).body)["args"] == ["1.50"]

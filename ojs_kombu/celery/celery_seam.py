@@ -18,11 +18,15 @@ from typing import Any, TypeVar
 from celery import canvas
 from celery.app import amqp as celery_amqp
 from celery.app.task import Task
-from celery.backends import redis as redis_backend
 from celery.events.dispatcher import EventDispatcher
 from celery.worker.request import Request
 
 from ..spec.seams import Hook, source_uses, verify
+
+try:  # Celery's Redis result backend needs the redis client, an optional dependency
+    from celery.backends import redis as redis_backend
+except ImportError:  # pragma: no cover  (no client: no Redis backend to mind)
+    redis_backend = None
 
 CHECKED = "5.5.3, 5.6.3, 5.7.0"
 
@@ -56,9 +60,11 @@ HOOKS: tuple[Hook, ...] = (
           probe=source_uses(EventDispatcher, "self._group_buffer = defaultdict(list)")),
     _hook(EventDispatcher, "_publish", "publishing the buffered task events taken",
           ("event", "producer", "routing_key", "retry", "retry_policy", "utcoffset")),
-    _hook(redis_backend.RedisBackend, "set_chord_size", "clearing a re-applied chord's "
-          "done marker before its first header task is published (celery/task_sender.py)",
-          ("group_id", "chord_size"), probe=lambda: _chord_done_marker() is not None),
+    *([] if redis_backend is None else [
+        _hook(redis_backend.RedisBackend, "set_chord_size", "clearing a re-applied chord's "
+              "done marker before its first header task is published "
+              "(celery/task_sender.py)", ("group_id", "chord_size"),
+              probe=lambda: _chord_done_marker() is not None)]),
 )
 
 
@@ -66,6 +72,8 @@ HOOKS: tuple[Hook, ...] = (
 def _chord_done_marker() -> str | None:
     """The key suffix of the Redis backend's chord done marker (``".c"``, Celery 5.7), or
     ``""`` when the backend has none (its chords have no such race)."""
+    if redis_backend is None:
+        return ""
     source = inspect.getsource(redis_backend)
     if "done_marker" not in source:
         return ""
@@ -144,7 +152,7 @@ def clear_chord_done_marker(backend: Any, group_id: str) -> None:
     drops its result and never calls the body.  Called as the first header task is
     published; other backends have no marker."""
     suffix = _chord_done_marker()
-    if suffix and isinstance(backend, redis_backend.RedisBackend):
+    if suffix and redis_backend is not None and isinstance(backend, redis_backend.RedisBackend):
         backend.ensure(backend.client.delete, (backend.get_key_for_group(group_id, suffix),))
 
 

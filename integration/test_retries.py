@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -20,6 +16,7 @@ from ojs_kombu.spec.job_ids import new_job_id
 
 from .apps import SWITCHES, make_app
 from .conftest import body_of, get_message, queue_depth, rabbitmqctl, wait_until
+from .workers import launch_worker
 
 
 def discarded_event(events_file: Path, job_id: str) -> dict[str, Any]:
@@ -34,7 +31,6 @@ def discarded_event(events_file: Path, job_id: str) -> dict[str, Any]:
         return None
     return wait_until(find, timeout=20, what=f"job.discarded of {job_id}")
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_task_failing_twice_completes_on_attempt_3(app: Celery, worker: Any) -> None:
@@ -273,14 +269,9 @@ def test_ojs_retry_semantics_retry_a_task_without_options_three_times(
     """``ojs_retry_semantics="ojs"`` on producer and worker: the OJS default policy."""
     client = make_app("semantics-ojs-client", broker_url, None, ojs_retry_semantics="ojs")
     log = tmp_path / "worker.log"
-    env = {**os.environ, "OJS_TEST_BROKER_URL": broker_url, "OJS_TEST_RETRY_SEMANTICS": "ojs"}
-    with log.open("ab") as out:
-        worker = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "integration.cliapp", "worker", "-Q",
-             "semantics-ojs", "-n", "semantics-ojs@%h", "--pool", "threads", "-c", "2",
-             "--loglevel", "INFO", "--without-mingle", "--without-gossip"],
-            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
+    with launch_worker(broker_url, "integration.cliapp", "semantics-ojs",
+                       hostname="semantics-ojs@%h", log=log,
+                       env={"OJS_TEST_RETRY_SEMANTICS": "ojs"}):
         result = client.tasks["semantics.no_options"].apply_async(queue="semantics-ojs")
         dead = dead_letter_of(amqp_channel, "semantics-ojs", result.id, timeout=60)
         assert dead.properties["application_headers"]["x-ojs-attempt"] == 3, log.read_text()
@@ -288,13 +279,6 @@ def test_ojs_retry_semantics_retry_a_task_without_options_three_times(
         received = f"Task semantics.no_options[{result.id}] received"
         wait_until(lambda: log.read_text().count(received) == 3, timeout=10,
                    what="three runs in the worker's log")
-    finally:
-        os.killpg(worker.pid, signal.SIGTERM)
-        try:
-            worker.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(worker.pid, signal.SIGKILL)
-            worker.wait(10)
 
 
 def test_a_caller_waiting_on_an_expired_job_is_told(app: Celery, worker: Any,

@@ -142,6 +142,15 @@ def amqp_channel(vhost: str) -> Iterator[amqp.Channel]:
         connection.close()
 
 
+def publish_raw(channel: amqp.Channel, message: amqp.Message, routing_key: str,
+                exchange: str = "ojs.exchange.direct") -> None:
+    """Publish as a client without ojs_kombu must: confirmed and ``mandatory``.  A
+    publish no binding routes is returned (py-amqp raises it here) instead of being
+    confirmed and dropped by the broker."""
+    channel.basic_publish_confirm(message, exchange=exchange, routing_key=routing_key,
+                                  mandatory=True)
+
+
 def queue_depth(channel: amqp.Channel, queue: str) -> int:
     return channel.queue_declare(queue, passive=True).message_count
 

@@ -24,7 +24,7 @@ from celery.exceptions import TaskRevokedError
 from ojs_kombu.spec.job_ids import new_job_id
 
 from .apps import make_app
-from .conftest import wait_until
+from .conftest import publish_raw, wait_until
 from .workers import launch_worker
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -101,11 +101,11 @@ def test_monitoring_events(client: Celery, broker_url: str, cli_worker: Path,
     job_id = new_job_id()
     body = {"specversion": "1.0", "id": job_id, "type": "email.send", "queue": "cli",
             "args": ["ops@example.com", "digest"]}
-    amqp_channel.basic_publish(
-        amqp.Message(json.dumps(body), content_type="application/openjobspec+json",
-                     message_id=job_id, type="email.send", delivery_mode=2,
-                     application_headers={"x-ojs-queue": "cli", "x-ojs-attempt": 1}),
-        exchange="ojs.exchange.direct", routing_key="cli", mandatory=True)
+    publish_raw(amqp_channel,
+                amqp.Message(json.dumps(body), content_type="application/openjobspec+json",
+                             message_id=job_id, type="email.send", delivery_mode=2,
+                             application_headers={"x-ojs-queue": "cli", "x-ojs-attempt": 1}),
+                "cli")
 
     def succeeded(task_id: str) -> bool:
         return any(e.get("type") == "task-succeeded" and e.get("uuid") == task_id

@@ -16,7 +16,7 @@ from ojs_kombu.spec.errors import ControlError, ControlTimeout
 from ojs_kombu.spec.job_ids import new_job_id
 
 from .apps import make_app
-from .conftest import queue_depth, rabbitmqctl, wait_until
+from .conftest import publish_raw, queue_depth, rabbitmqctl, wait_until
 from .workers import WorkerProcess, launch_worker
 
 
@@ -69,9 +69,9 @@ def test_raw_amqp_cancel_from_the_spec_text(app: Celery, worker: Any,
                                             amqp_channel: amqp.Channel) -> None:
     """Section 5.6: type ojs.control.cancel, body {"job_id": ...}, to ojs.queue.control.{q}."""
     result = app.tasks["email.send"].apply_async(("a@b.c", "raw"), queue="email", countdown=1.5)
-    amqp_channel.basic_publish(
-        amqp.Message(json.dumps({"job_id": result.id}), type="ojs.control.cancel"),
-        exchange="", routing_key="ojs.queue.control.email")
+    publish_raw(amqp_channel,
+                amqp.Message(json.dumps({"job_id": result.id}), type="ojs.control.cancel"),
+                "ojs.queue.control.email", exchange="")
     with pytest.raises(TaskRevokedError):
         result.get(timeout=20)
     assert app.calls.count(result.id) == 0

@@ -22,7 +22,7 @@ from ojs_kombu.spec.errors import DuplicateJobError
 from ojs_kombu.spec.job_ids import new_job_id
 from ojs_kombu.spec.unique import fingerprint
 
-from .conftest import queue_depth, rabbitmqctl, wait_until
+from .conftest import publish_raw, queue_depth, rabbitmqctl, wait_until
 from .dedupapp import REDIS, make_dedup_app, runs_key
 from .workers import WorkerProcess, launch_worker
 
@@ -117,11 +117,11 @@ def publish_foreign(channel: amqp.Channel, queue: str, job_id: str, args: list[o
                                    "queue": queue, "args": args}
     if unique is not None:
         envelope["unique"] = unique
-    channel.basic_publish(
-        amqp.Message(json.dumps(envelope), content_type="application/openjobspec+json",
-                     message_id=job_id, delivery_mode=2,
-                     application_headers={"x-ojs-attempt": 1, **(headers or {})}),
-        exchange="ojs.exchange.direct", routing_key=queue)
+    publish_raw(channel,
+                amqp.Message(json.dumps(envelope), content_type="application/openjobspec+json",
+                             message_id=job_id, delivery_mode=2,
+                             application_headers={"x-ojs-attempt": 1, **(headers or {})}),
+                queue)
 
 
 def unique_fingerprint(policy: dict[str, object], queue: str, args: list[object]) -> str:

@@ -72,9 +72,10 @@ def test_fuzzed_deliveries_are_dead_lettered_and_valid_jobs_run_once(
         valid: list[str] = []
         sent: dict[str, str] = {}
         for delivery in deliveries(queue, DELIVERIES, valid_every=20, seed=seed):
-            # each one confirmed by the broker: what is counted below was enqueued
+            # each one confirmed by the broker and mandatory: what is counted below was
+            # routed to the job queue (unroutable, py-amqp raises the Basic.Return)
             channel.basic_publish_confirm(delivery.message, exchange="ojs.exchange.direct",
-                                          routing_key=queue)
+                                          routing_key=queue, mandatory=True)
             if delivery.valid:
                 valid.append(delivery.job_id)
             else:

@@ -15,7 +15,7 @@ import ojs_kombu
 from ojs_kombu.spec.job_ids import new_job_id
 
 from .apps import SWITCHES, make_app
-from .conftest import body_of, get_message, queue_depth, rabbitmqctl, wait_until
+from .conftest import body_of, get_message, publish_raw, queue_depth, rabbitmqctl, wait_until
 from .workers import launch_worker
 
 
@@ -86,12 +86,12 @@ def test_a_foreign_jobs_retry_policy_never_starts_early(
     job = {"specversion": "1.0", "id": job_id, "type": "retry.after", "queue": "retries",
            "args": [0, "raise"], "retry": {"max_attempts": 2, "initial_interval": "PT1.1S",
                                            "jitter": False}}
-    amqp_channel.basic_publish(
-        amqp.Message(json.dumps(job), content_type="application/openjobspec+json",
-                     message_id=job_id, type="retry.after", delivery_mode=2,
-                     application_headers={"x-ojs-queue": "retries", "x-ojs-attempt": 1,
-                                          "x-ojs-max-attempts": 2}),
-        exchange="ojs.exchange.direct", routing_key="retries", mandatory=True)
+    publish_raw(amqp_channel,
+                amqp.Message(json.dumps(job), content_type="application/openjobspec+json",
+                             message_id=job_id, type="retry.after", delivery_mode=2,
+                             application_headers={"x-ojs-queue": "retries", "x-ojs-attempt": 1,
+                                                  "x-ojs-max-attempts": 2}),
+                "retries")
     assert _next_attempt_after(app, job_id, "retry.after") >= 1.1
 
 
@@ -127,12 +127,12 @@ def test_foreign_job_with_its_own_retry_policy_is_honoured(
     job = {"specversion": "1.0", "id": job_id, "type": "always.fail", "queue": "retries",
            "args": [], "retry": {"max_attempts": 2, "initial_interval": "PT0.1S",
                                  "jitter": False}}
-    amqp_channel.basic_publish(
-        amqp.Message(json.dumps(job), content_type="application/openjobspec+json",
-                     message_id=job_id, type="always.fail", delivery_mode=2,
-                     application_headers={"x-ojs-queue": "retries", "x-ojs-attempt": 1,
-                                          "x-ojs-max-attempts": 2}),
-        exchange="ojs.exchange.direct", routing_key="retries", mandatory=True)
+    publish_raw(amqp_channel,
+                amqp.Message(json.dumps(job), content_type="application/openjobspec+json",
+                             message_id=job_id, type="always.fail", delivery_mode=2,
+                             application_headers={"x-ojs-queue": "retries", "x-ojs-attempt": 1,
+                                                  "x-ojs-max-attempts": 2}),
+                "retries")
     dead = get_message(amqp_channel, "ojs.queue.dlx.retries", timeout=30)
     assert dead.properties["message_id"] == job_id
     assert dead.properties["application_headers"]["x-ojs-attempt"] == 2
@@ -203,11 +203,13 @@ def test_replay_is_confirmed_before_the_dead_letter_is_removed(
     """If the job queue is gone, the replay fails and the dead letter stays."""
     with ojs_kombu.dead_letter_queue(app, "replay-gone") as dlq:
         job_id = new_job_id()
-        amqp_channel.basic_publish(
-            amqp.Message(json.dumps({"specversion": "1.0", "id": job_id, "type": "math.add",
-                                     "queue": "replay-gone", "args": [1, 2]}),
-                         message_id=job_id, content_type="application/openjobspec+json"),
-            exchange="ojs.exchange.dlx", routing_key="replay-gone")
+        publish_raw(amqp_channel,
+                    amqp.Message(json.dumps({"specversion": "1.0", "id": job_id,
+                                             "type": "math.add", "queue": "replay-gone",
+                                             "args": [1, 2]}),
+                                 message_id=job_id,
+                                 content_type="application/openjobspec+json"),
+                    "replay-gone", exchange="ojs.exchange.dlx")
         wait_until(lambda: len(dlq) == 1, what="the dead letter")
         amqp_channel.queue_delete("ojs.queue.replay-gone")  # deleted after it was declared
         with pytest.raises(ojs_kombu.UnroutableJobError):

@@ -36,15 +36,24 @@ def job_queue(queue: str) -> str:
     return f"ojs.queue.{queue}"
 
 
-def _connect(broker_url: str) -> amqp.Connection:
-    """A py-amqp connection to the host, port, credentials and vhost of ``broker_url``."""
-    url = urlsplit(broker_url)
-    connection = amqp.Connection(
-        f"{url.hostname or '127.0.0.1'}:{url.port or 5672}",
-        userid=unquote(url.username or "guest"), password=unquote(url.password or "guest"),
-        virtual_host=unquote(url.path[1:]) or "/", connect_timeout=5)
-    connection.connect()
-    return connection
+def _connect(broker_url: str | Sequence[str]) -> amqp.Connection:
+    """A py-amqp connection to the broker of ``broker_url`` (host, port, credentials,
+    vhost); of a failover list (``a;b`` or a list), the first that answers."""
+    urls = broker_url.split(";") if isinstance(broker_url, str) else list(broker_url)
+    refused: OSError | None = None
+    for candidate in urls:
+        url = urlsplit(candidate.strip())
+        connection = amqp.Connection(
+            f"{url.hostname or '127.0.0.1'}:{url.port or 5672}",
+            userid=unquote(url.username or "guest"), password=unquote(url.password or "guest"),
+            virtual_host=unquote(url.path[1:]) or "/", connect_timeout=5)
+        try:
+            connection.connect()
+        except OSError as exc:
+            refused = exc
+            continue
+        return connection
+    raise AssertionError(f"no broker of {broker_url!r} answered ({refused})")
 
 
 def consumers(channel: amqp.Channel, queue: str) -> int:
@@ -58,7 +67,7 @@ def consumers(channel: amqp.Channel, queue: str) -> int:
     return count
 
 
-def consumer_counts(broker_url: str, queues: Sequence[str]) -> dict[str, int]:
+def consumer_counts(broker_url: str | Sequence[str], queues: Sequence[str]) -> dict[str, int]:
     connection = _connect(broker_url)
     try:
         channel = connection.channel()
@@ -67,8 +76,8 @@ def consumer_counts(broker_url: str, queues: Sequence[str]) -> dict[str, int]:
         connection.close()
 
 
-def wait_consuming(broker_url: str, queues: Sequence[str], *, timeout: float = READY_S,
-                   alive: Any = None, what: str = "the worker",
+def wait_consuming(broker_url: str | Sequence[str], queues: Sequence[str], *,
+                   timeout: float = READY_S, alive: Any = None, what: str = "the worker",
                    before: Mapping[str, int] | None = None) -> None:
     """Return once each of ``queues`` (broker names) has a consumer (one more than
     ``before`` counted, for a worker joining others); fail after ``timeout`` or as

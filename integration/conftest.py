@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -16,11 +15,11 @@ from typing import Any
 import amqp
 import pytest
 from celery import Celery
-from celery.contrib.testing.worker import start_worker
 
 import ojs_kombu
 
 from .apps import WORKER_QUEUES, make_app
+from .workers import WorkerProcess, in_process_worker, launch_worker
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -36,7 +35,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     def rank(item: pytest.Item) -> int:
         if here not in Path(item.path).parents:
             return 0
-        return 1 if getattr(item.module, "start_worker", None) is start_worker else 2
+        return 1 if getattr(item.module, "in_process_worker", None) is in_process_worker else 2
 
     items.sort(key=rank)
 
@@ -78,19 +77,6 @@ def private_vhost(prefix: str) -> Iterator[str]:
         rabbitmqctl("delete_vhost", name)
 
 
-def stop_worker(worker: subprocess.Popen[bytes]) -> None:
-    """SIGTERM to a worker subprocess's main process only, as a supervisor sends it: a
-    warm shutdown lets the pool finish and ack (SIGTERM to the whole group kills a
-    pool process mid-ack, and its job is then a lost worker's); SIGKILL of its group
-    after 60 s."""
-    worker.send_signal(signal.SIGTERM)
-    try:
-        worker.wait(60)
-    except subprocess.TimeoutExpired:
-        os.killpg(worker.pid, signal.SIGKILL)
-        worker.wait(10)
-
-
 @pytest.fixture(scope="session")
 def broker_url(vhost: str) -> str:
     return f"ojs://guest:guest@{HOST}:{PORT}/{vhost}"
@@ -113,10 +99,36 @@ def app(broker_url: str, events_file: Path) -> Celery:
 
 @pytest.fixture(scope="session")
 def worker(app: Celery) -> Iterator[Any]:
-    """One in-process worker (thread pool) for the session: each stop costs ~10 s."""
-    with start_worker(app, pool="threads", concurrency=4, perform_ping_check=False,
-                      queues=WORKER_QUEUES, shutdown_timeout=60, loglevel="WARNING") as w:
+    """One in-process worker (thread pool) for the session, consuming: each stop
+    costs ~10 s."""
+    with in_process_worker(app, WORKER_QUEUES, concurrency=4) as w:
         yield w
+
+
+class WorkerLauncher:
+    """What the ``worker_launcher`` fixture gives: ``worker_launcher(app, queues, ...)``
+    is :func:`integration.workers.launch_worker` on the session's broker URL (or
+    ``broker_url=``), and the session stops whatever a test left running."""
+
+    def __init__(self, broker_url: str) -> None:
+        self.broker_url = broker_url
+        self.started: list[WorkerProcess] = []
+
+    def __call__(self, app: str, queues: str | Sequence[str], *,
+                 broker_url: str | None = None, **options: Any) -> WorkerProcess:
+        worker = launch_worker(broker_url or self.broker_url, app, queues, **options)
+        self.started.append(worker)
+        return worker
+
+
+@pytest.fixture(scope="session")
+def worker_launcher(broker_url: str) -> Iterator[WorkerLauncher]:
+    """Starts ``celery -A APP worker`` subprocesses, each returned once it consumes its
+    job queues (integration/workers.py)."""
+    launcher = WorkerLauncher(broker_url)
+    yield launcher
+    for started in launcher.started:
+        started.stop()
 
 
 @pytest.fixture
@@ -128,6 +140,15 @@ def amqp_channel(vhost: str) -> Iterator[amqp.Channel]:
         yield connection.channel()
     finally:
         connection.close()
+
+
+def publish_raw(channel: amqp.Channel, message: amqp.Message, routing_key: str,
+                exchange: str = "ojs.exchange.direct") -> None:
+    """Publish as a client without ojs_kombu must: confirmed and ``mandatory``.  A
+    publish no binding routes is returned (py-amqp raises it here) instead of being
+    confirmed and dropped by the broker."""
+    channel.basic_publish_confirm(message, exchange=exchange, routing_key=routing_key,
+                                  mandatory=True)
 
 
 def queue_depth(channel: amqp.Channel, queue: str) -> int:

@@ -10,7 +10,6 @@ from typing import Any
 import amqp
 import pytest
 from celery import Celery
-from celery.contrib.testing.worker import start_worker
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
@@ -24,6 +23,7 @@ from ojs_kombu.spec.errors import (
 
 from .apps import make_app
 from .conftest import body_of, get_message, queue_depth, rabbitmqctl, wait_until
+from .workers import in_process_worker
 
 
 @pytest.fixture(scope="module")
@@ -186,8 +186,8 @@ def test_a_worker_reports_each_job_a_drop_oldest_queue_dropped(
     dropped_ids = [scheduled, *later[:2]]  # bound 2: the three oldest are dropped
     assert queue_depth(amqp_channel, "ojs.queue.dropped.bp-drop-tap") == 3
     assert not [e for e in events if e["type"] == "backpressure.dropped"]
-    with start_worker(bp_app, pool="solo", concurrency=1, perform_ping_check=False,
-                      queues=["bp-drop-tap"], shutdown_timeout=30, loglevel="WARNING"):
+    with in_process_worker(bp_app, ["bp-drop-tap"], pool="solo", concurrency=1,
+                           shutdown_timeout=30):
         wait_until(lambda: queue_depth(amqp_channel, "ojs.queue.dropped.bp-drop-tap") == 0
                    and len([e for e in events if e["type"] == "backpressure.dropped"]) == 3,
                    30, "three backpressure.dropped events")

@@ -24,7 +24,8 @@ from celery.exceptions import TaskRevokedError
 from ojs_kombu.spec.job_ids import new_job_id
 
 from .apps import make_app
-from .conftest import wait_until
+from .conftest import publish_raw, wait_until
+from .workers import launch_worker
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,25 +44,11 @@ def client(broker_url: str) -> Celery:
 
 
 @pytest.fixture(scope="module")
-def cli_worker(broker_url: str, client: Celery, tmp_path_factory: Any) -> Iterator[Path]:
+def cli_worker(broker_url: str, tmp_path_factory: Any) -> Iterator[Path]:
     log = tmp_path_factory.mktemp("cli") / "worker.log"
-    env = {**os.environ, "OJS_TEST_BROKER_URL": broker_url}
-    with log.open("w") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "integration.cliapp", "worker", "-E",
-             "-Q", "cli", "-n", "cli@%h", "--pool", "threads", "-c", "2", "--loglevel", "INFO"],
-            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        wait_until(lambda: process.poll() is not None or client.control.inspect(
-            timeout=1).ping(), timeout=60, what="the celery worker to answer ping")
-        assert process.poll() is None, log.read_text()
+    with launch_worker(broker_url, "integration.cliapp", "cli", hostname="cli@%h", log=log,
+                       without=(), options=("-E",)):
         yield log
-    finally:
-        process.terminate()
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
 
 
 def test_rpc_result_backend(client: Celery, cli_worker: Path) -> None:
@@ -114,11 +101,11 @@ def test_monitoring_events(client: Celery, broker_url: str, cli_worker: Path,
     job_id = new_job_id()
     body = {"specversion": "1.0", "id": job_id, "type": "email.send", "queue": "cli",
             "args": ["ops@example.com", "digest"]}
-    amqp_channel.basic_publish(
-        amqp.Message(json.dumps(body), content_type="application/openjobspec+json",
-                     message_id=job_id, type="email.send", delivery_mode=2,
-                     application_headers={"x-ojs-queue": "cli", "x-ojs-attempt": 1}),
-        exchange="ojs.exchange.direct", routing_key="cli", mandatory=True)
+    publish_raw(amqp_channel,
+                amqp.Message(json.dumps(body), content_type="application/openjobspec+json",
+                             message_id=job_id, type="email.send", delivery_mode=2,
+                             application_headers={"x-ojs-queue": "cli", "x-ojs-attempt": 1}),
+                "cli")
 
     def succeeded(task_id: str) -> bool:
         return any(e.get("type") == "task-succeeded" and e.get("uuid") == task_id

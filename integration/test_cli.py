@@ -21,6 +21,7 @@ from ojs_kombu.spec.job_ids import new_job_id
 
 from .conftest import HOST, queue_depth, rabbitmqctl, wait_until
 from .test_helpers import check_job
+from .workers import WorkerProcess, launch_worker
 
 ROOT = Path(__file__).resolve().parents[1]
 UNREACHABLE = "ojs://guest:guest@127.0.0.1:1//"
@@ -489,24 +490,11 @@ def test_info_without_a_worker_times_out_with_5(broker_url: str) -> None:
     assert (code, error["error"]) == (5, "timeout")
 
 
-def _consumers(channel: amqp.Channel, queue: str) -> int:
-    probe = channel.connection.channel()  # a failed passive declare closes its channel
-    try:
-        return int(probe.queue_declare(queue, passive=True).consumer_count)
-    except amqp.exceptions.NotFound:
-        return 0
-
-
 def _cli_worker(broker_url: str, queue: str, result_backend: str, log: Path
-                ) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "OJS_TEST_BROKER_URL": broker_url,
-           "OJS_TEST_RESULT_BACKEND": result_backend}
-    with log.open("ab") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "integration.cliapp", "worker", "-Q", queue,
-             "-n", f"{queue}@%h", "--pool", "solo", "--loglevel", "INFO", "--without-mingle",
-             "--without-gossip"],
-            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+                ) -> WorkerProcess:
+    return launch_worker(broker_url, "integration.cliapp", queue, hostname=f"{queue}@%h",
+                         pool="solo", concurrency=1, log=log, control=True,
+                         env={"OJS_TEST_RESULT_BACKEND": result_backend})
 
 
 def test_info_without_a_result_backend_and_with_a_failing_one(
@@ -517,9 +505,6 @@ def test_info_without_a_result_backend_and_with_a_failing_one(
                _cli_worker(broker_url, "cli-badbackend", "redis://127.0.0.1:1/0",
                            tmp_path / "bad.log")]
     try:
-        for queue in ("cli-nobackend", "cli-badbackend"):
-            wait_until(lambda q=queue: _consumers(amqp_channel, f"ojs.queue.control.{q}"),
-                       timeout=90, what=f"the worker of {queue}")
         code, answer = run_json(broker_url, "info", new_job_id(), "-q", "cli-nobackend",
                                 "--timeout", "30")
         assert (code, answer["state"]) == (4, "unknown"), answer
@@ -537,13 +522,7 @@ def test_info_without_a_result_backend_and_with_a_failing_one(
         assert result.returncode == 4 and "result backend did not answer" in result.stderr
     finally:
         for worker in workers:
-            worker.send_signal(signal.SIGTERM)
-        for worker in workers:
-            try:
-                worker.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(worker.pid, signal.SIGKILL)
-                worker.wait(10)
+            worker.stop()
 
 
 # -- events ---------------------------------------------------------------------------------

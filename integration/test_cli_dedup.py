@@ -15,10 +15,10 @@ from celery import Celery
 from ojs_kombu.celery.dedup_store import DedupStore
 from ojs_kombu.spec.job_ids import new_job_id
 
-from .conftest import stop_worker, wait_until
+from .conftest import wait_until
 from .dedupapp import REDIS, make_dedup_app
 from .test_cli import run, run_bare
-from .test_dedup import runs, start_worker
+from .test_dedup import dedup_worker, runs
 
 STORE = f"{REDIS}/2"
 
@@ -28,7 +28,7 @@ def test_show_then_clear_lets_a_completed_key_run_again(broker_url: str, tmp_pat
     count = producer.tasks["dedup.count"]
     tag = uuid.uuid4().hex
     key = f"{tag}:charge"
-    worker = start_worker(broker_url, "dedup-cli", tmp_path / "worker.log")
+    worker = dedup_worker(broker_url, "dedup-cli", tmp_path / "worker.log")
     try:
         assert count.apply_async((tag, 1), queue="dedup-cli",
                                  ojs_idempotency_key=key).get(timeout=60) == 2
@@ -63,7 +63,7 @@ def test_show_then_clear_lets_a_completed_key_run_again(broker_url: str, tmp_pat
         assert slow.get(timeout=60) == 4
         assert runs(tag)[slow_key] == 1
     finally:
-        stop_worker(worker)
+        worker.stop()
 
 
 def test_exit_codes_name_what_is_wrong(broker_url: str) -> None:

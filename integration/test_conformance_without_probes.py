@@ -5,9 +5,6 @@ it was (a real worker subprocess in a vhost of its own)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +14,8 @@ from click.testing import CliRunner
 
 from ojs_kombu.cli import cli
 
-from .conftest import HOST, PORT, private_vhost, rabbitmqctl, stop_worker, wait_until
+from .conftest import HOST, PORT, private_vhost, rabbitmqctl
+from .workers import launch_worker
 
 APP = textwrap.dedent("""
     import os
@@ -46,18 +44,10 @@ def url() -> Iterator[str]:
 def worker(url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     home = tmp_path_factory.mktemp("noprobes")
     (home / "noprobes.py").write_text(APP)
-    process = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "noprobes", "worker", "-Q", "email", "-P",
-         "threads", "-c", "2", "--without-mingle", "--without-gossip", "-l", "WARNING"],
-        cwd=home, env={**os.environ, "OJS_BROKER_URL": url},
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        vhost = url.rsplit("/", 1)[1]
-        wait_until(lambda: "ojs.queue.control.email\t1" in rabbitmqctl(
-            "list_queues", "-p", vhost, "name", "consumers"), 60, "the worker consumes")
+    # OJS_BROKER_URL: the app reads it, as a user's does
+    with launch_worker(url, "noprobes", "email", cwd=home, env={"OJS_BROKER_URL": url},
+                       loglevel="WARNING", control=True):
         yield home
-    finally:
-        stop_worker(process)
 
 
 def dead_letters(url: str) -> int:

@@ -7,9 +7,6 @@ adds one to a Redis hash, so "ran once" is counted, not inferred.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,23 +22,19 @@ from ojs_kombu.spec.errors import DuplicateJobError
 from ojs_kombu.spec.job_ids import new_job_id
 from ojs_kombu.spec.unique import fingerprint
 
-from .conftest import queue_depth, rabbitmqctl, stop_worker, wait_until
+from .conftest import publish_raw, queue_depth, rabbitmqctl, wait_until
 from .dedupapp import REDIS, make_dedup_app, runs_key
+from .workers import WorkerProcess, launch_worker
 
-ROOT = Path(__file__).resolve().parents[1]
 COUNTER = redis.Redis.from_url(f"{REDIS}/2")
 
 
-def start_worker(broker_url: str, queue: str, log: Path, *extra: str,
-                 **env: str) -> subprocess.Popen[bytes]:
-    environment = {**os.environ, "OJS_TEST_BROKER_URL": broker_url, **env}
-    with log.open("ab") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "integration.dedupapp", "worker", "-Q",
-             queue, "-n", f"{queue}-{uuid.uuid4().hex[:4]}@%h", "--loglevel", "INFO",
-             "--without-mingle", "--without-gossip", "--without-heartbeat", *extra],
-            cwd=ROOT, env=environment, stdout=out, stderr=subprocess.STDOUT,
-            start_new_session=True)
+def dedup_worker(broker_url: str, queue: str, log: Path, concurrency: int = 2,
+                 **env: str) -> WorkerProcess:
+    """A prefork worker of :mod:`integration.dedupapp` on ``queue``, consuming."""
+    return launch_worker(broker_url, "integration.dedupapp", queue, pool="prefork",
+                         concurrency=concurrency, log=log, env=env,
+                         without=("mingle", "gossip", "heartbeat"))
 
 
 @pytest.fixture(scope="module")
@@ -69,12 +62,12 @@ def test_1000_jobs_each_published_twice_run_1000_times(
         pairs.append((count.apply_async((tag, n), queue="dedup-pairs", ojs_idempotency_key=key),
                       count.apply_async((tag, n), queue="dedup-pairs",
                                         ojs_idempotency_key=key)))
-    worker = start_worker(broker_url, "dedup-pairs", tmp_path / "worker.log", "-c", "2")
+    worker = dedup_worker(broker_url, "dedup-pairs", tmp_path / "worker.log", concurrency=2)
     try:
         for first, second in pairs:
             assert first.get(timeout=120) == second.get(timeout=120)
     finally:
-        stop_worker(worker)
+        worker.stop()
     counted = runs(tag)
     print(f"\n[published twice] published=2000 keys=1000 runs={sum(counted.values())} "
           f"duplicated={sum(v - 1 for v in counted.values())} lost={1000 - len(counted)}")
@@ -88,7 +81,7 @@ def test_a_foreign_producers_keyed_job_sent_twice_runs_once(
     for _ in range(2):
         publish_foreign(amqp_channel, "dedup-foreign-key", job_id, [tag, 3],
                         headers={"x-ojs-idempotency-key": f"{tag}:foreign"})
-    worker = start_worker(broker_url, "dedup-foreign-key", tmp_path / "worker.log")
+    worker = dedup_worker(broker_url, "dedup-foreign-key", tmp_path / "worker.log")
     try:
         wait_until(lambda: queue_depth(amqp_channel, "ojs.queue.dedup-foreign-key") == 0
                    and sum(runs(tag).values()) >= 1, 60, "both copies consumed")
@@ -98,7 +91,7 @@ def test_a_foreign_producers_keyed_job_sent_twice_runs_once(
         wait_until(lambda: log_of(tmp_path).count(f"[{job_id}] succeeded") == 2, 20,
                    "both deliveries acked")
     finally:
-        stop_worker(worker)
+        worker.stop()
     assert runs(tag) == {f"{tag}:foreign": 1}
 
 
@@ -124,11 +117,11 @@ def publish_foreign(channel: amqp.Channel, queue: str, job_id: str, args: list[o
                                    "queue": queue, "args": args}
     if unique is not None:
         envelope["unique"] = unique
-    channel.basic_publish(
-        amqp.Message(json.dumps(envelope), content_type="application/openjobspec+json",
-                     message_id=job_id, delivery_mode=2,
-                     application_headers={"x-ojs-attempt": 1, **(headers or {})}),
-        exchange="ojs.exchange.direct", routing_key=queue)
+    publish_raw(channel,
+                amqp.Message(json.dumps(envelope), content_type="application/openjobspec+json",
+                             message_id=job_id, delivery_mode=2,
+                             application_headers={"x-ojs-attempt": 1, **(headers or {})}),
+                queue)
 
 
 def unique_fingerprint(policy: dict[str, object], queue: str, args: list[object]) -> str:
@@ -166,14 +159,14 @@ def test_replace_cancels_the_existing_job_and_runs_the_new_one(
     first = count.apply_async((tag, 1), queue="dedup-replace", ojs_unique=policy)
     second = count.apply_async((tag, 1), queue="dedup-replace", ojs_unique=policy)
     assert second.id != first.id
-    worker = start_worker(broker_url, "dedup-replace", tmp_path / "worker.log")
+    worker = dedup_worker(broker_url, "dedup-replace", tmp_path / "worker.log")
     try:
         assert second.get(timeout=60) == 2
         wait_until(lambda: first.state in ("REVOKED", "SUCCESS") or
                    f"[{first.id}]" in (tmp_path / "worker.log").read_text(), 30,
                    "the replaced job settled")
     finally:
-        stop_worker(worker)
+        worker.stop()
     assert runs(tag) == {second.id: 1}
 
 
@@ -190,13 +183,13 @@ def test_a_replaced_job_never_runs_when_its_cancel_comes_late(
     second = count.apply_async((tag, 1), queue=queue, ojs_unique=policy)
     amqp_channel.queue_purge(f"ojs.queue.control.{queue}")  # the CANCEL, never read
     log = tmp_path / "worker.log"
-    worker = start_worker(broker_url, queue, log, "-c", "2")
+    worker = dedup_worker(broker_url, queue, log, concurrency=2)
     try:
         assert second.get(timeout=60) == 2
         wait_until(lambda: f"job {first.id}: replaced by job {second.id}" in log.read_text(),
                    60, "the replaced job, due, skipped")
     finally:
-        stop_worker(worker)
+        worker.stop()
     assert runs(tag) == {second.id: 1}
 
 
@@ -219,7 +212,7 @@ def test_a_completed_job_stops_blocking_unless_completed_is_checked(
     count = producer.tasks["dedup.count"]
     plain = {"keys": ["type", "args"], "period": "PT1M"}
     strict = {**plain, "states": ["available", "active", "completed"]}
-    worker = start_worker(broker_url, "dedup-done", tmp_path / "worker.log")
+    worker = dedup_worker(broker_url, "dedup-done", tmp_path / "worker.log")
     try:
         assert count.apply_async((tag, 1), queue="dedup-done", ojs_unique=plain).get(60) == 2
         fp = unique_fingerprint(plain, "dedup-done", [tag, 1])
@@ -234,7 +227,7 @@ def test_a_completed_job_stops_blocking_unless_completed_is_checked(
                        "a refusal")
         assert caught.value.existing_job_id == done.id
     finally:
-        stop_worker(worker)
+        worker.stop()
 
 
 @pytest.mark.parametrize("mode", ["ignore", "reject", "replace"])
@@ -245,7 +238,7 @@ def test_a_foreign_producers_unique_job(broker_url: str, amqp_channel: amqp.Chan
     queue = f"dedup-foreign-{mode}-{tag[:6]}"
     policy = {"keys": ["type", "queue"], "on_conflict": mode, "period": "PT1M"}
     first, second = new_job_id(), new_job_id()
-    worker = start_worker(broker_url, queue, tmp_path / "worker.log", "-c", "2")
+    worker = dedup_worker(broker_url, queue, tmp_path / "worker.log", concurrency=2)
     try:
         publish_foreign(amqp_channel, queue, first, [tag, 1, 3.0], unique=policy)
         store = store_for(settings_of(broker_url))
@@ -258,7 +251,7 @@ def test_a_foreign_producers_unique_job(broker_url: str, amqp_channel: amqp.Chan
                    "the second job settled")
         wait_until(lambda: first in runs(tag) or mode == "replace", 30, "the first job ran")
     finally:
-        stop_worker(worker)
+        worker.stop()
     counted = runs(tag)
     if mode == "replace":
         assert counted.get(second) == 1
@@ -274,12 +267,12 @@ def test_with_the_store_down_a_keyed_job_runs_and_says_dedup_is_degraded(
     count = producer.tasks["dedup.count"]
     result = count.apply_async((tag, 5), queue="dedup-down", ojs_idempotency_key=f"{tag}:d")
     log = tmp_path / "worker.log"
-    worker = start_worker(broker_url, "dedup-down", log,
+    worker = dedup_worker(broker_url, "dedup-down", log,
                           OJS_TEST_DEDUP_URL="redis://127.0.0.1:6399/0")
     try:
         assert result.get(timeout=60) == 10
     finally:
-        stop_worker(worker)
+        worker.stop()
     assert runs(tag) == {f"{tag}:d": 1}
     assert "dedup degraded" in log.read_text()
 
@@ -291,14 +284,14 @@ def test_with_the_store_down_retry_leaves_the_job_for_later(
                       ojs_retry={"max_attempts": 50, "initial_interval": "PT1S",
                                  "jitter": False, "backoff_coefficient": 1.0})
     log = tmp_path / "worker.log"
-    worker = start_worker(broker_url, "dedup-down-retry", log,
+    worker = dedup_worker(broker_url, "dedup-down-retry", log,
                           OJS_TEST_DEDUP_URL="redis://127.0.0.1:6399/0",
                           OJS_TEST_DEDUP_WHEN_DOWN="retry")
     try:
         wait_until(lambda: log.read_text().count("retried later") >= 2, 60,
                    "two deliveries left for later")
     finally:
-        stop_worker(worker)
+        worker.stop()
     assert runs(tag) == {}
     # still held by the broker for its retry: nothing acked as a duplicate, nothing lost.
     # The listing is not one snapshot: a job whose retry delay ends while it runs moves

@@ -21,8 +21,9 @@ import ojs_kombu
 from ojs_kombu import DeferredPublishError, UnroutableJobError
 from ojs_kombu.spec.errors import JobPublishError
 
-from .conftest import stop_worker, wait_until
+from .conftest import wait_until
 from .deferredapp import BOUND, make_app
+from .workers import launch_worker
 
 ROOT = Path(__file__).resolve().parent.parent
 JOBS = 6 * BOUND
@@ -76,21 +77,16 @@ def test_jobs_a_job_published_are_confirmed_before_the_worker_exits(
     ojs_kombu.declare_topology(app, [queue, f"{queue}-fan"])
     job_queue = app.amqp.binding.names.job_queue(queue)
     ids_file, log = tmp_path / "ids.json", tmp_path / "worker.log"
-    env = {**os.environ, "OJS_TEST_BROKER_URL": broker_url, "OJS_TEST_DEFERRED_QUEUE": queue}
-    with log.open("ab") as out:
-        worker = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "integration.deferredapp", "worker", "-Q",
-             f"{queue}-fan", "--pool", pool, "-c", "1", "--loglevel", "INFO",
-             "--without-mingle", "--without-gossip"],
-            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    worker = launch_worker(broker_url, "integration.deferredapp", f"{queue}-fan", pool=pool,
+                           concurrency=1, log=log, env={"OJS_TEST_DEFERRED_QUEUE": queue})
     consumed: list[str] = []
     try:
         app.tasks["deferred.fan_out"].apply_async((JOBS, str(ids_file)), queue=f"{queue}-fan")
         ojs_kombu.flush_confirms()
         wait_until(ids_file.exists, 60, "the fan-out job's ids")
         wait_until(lambda: "succeeded" in log.read_text(), 30, "the fan-out job's end")
-        worker.send_signal(signal.SIGTERM)
-        while worker.poll() is None:  # room for BOUND more, a few at a time
+        worker.process.send_signal(signal.SIGTERM)
+        while worker.alive():  # room for BOUND more, a few at a time
             drain_ids(amqp_channel, job_queue, consumed)
             time.sleep(0.05)
         while (before := len(consumed)) < JOBS:
@@ -98,11 +94,10 @@ def test_jobs_a_job_published_are_confirmed_before_the_worker_exits(
             if len(consumed) == before:
                 break
     finally:
-        if worker.poll() is None:
-            stop_worker(worker)
+        worker.stop()
         app.close()
     published = json.loads(ids_file.read_text())
-    assert worker.returncode == 0, log.read_text()
+    assert worker.returncode == 0, worker.log_text()
     assert len(published) == JOBS
     lost, twice = set(published) - set(consumed), len(consumed) - len(set(consumed))
     assert (len(lost), twice) == (0, 0), f"lost {len(lost)}, duplicates {twice}"

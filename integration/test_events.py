@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,8 +19,8 @@ from ojs_kombu.events.wire import BATCH_CONTENT_TYPE, COUNT_HEADER, decode_event
 from .apps import make_app
 from .conftest import get_message, wait_until
 from .test_helpers import check_event
+from .workers import launch_worker
 
-ROOT = Path(__file__).resolve().parents[1]
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 
@@ -194,13 +190,9 @@ def test_file_sink_writes_json_lines(app: Celery, worker: Any, events_file: Path
 
 def test_worker_lifecycle_events(broker_url: str, tmp_path: Path) -> None:
     events_file = tmp_path / "worker-events.jsonl"
-    env = {**os.environ, "OJS_TEST_BROKER_URL": broker_url,
-           "OJS_TEST_EVENTS_FILE": str(events_file)}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "integration.cliapp", "worker", "-Q", "lifecycle",
-         "-n", "lifecycle@%h", "--pool", "threads", "-c", "3", "--without-mingle",
-         "--without-gossip"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL, start_new_session=True)
+    worker = launch_worker(broker_url, "integration.cliapp", "lifecycle",
+                           hostname="lifecycle@%h", concurrency=3,
+                           env={"OJS_TEST_EVENTS_FILE": str(events_file)}, loglevel="WARNING")
 
     def types() -> list[str]:
         if not events_file.exists():
@@ -210,8 +202,7 @@ def test_worker_lifecycle_events(broker_url: str, tmp_path: Path) -> None:
     try:
         wait_until(lambda: "worker.heartbeat" in types(), timeout=60, what="a heartbeat")
     finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(60)
+        worker.stop()
     wait_until(lambda: "worker.stopped" in types(), timeout=10, what="worker.stopped")
     events = [json.loads(line) for line in events_file.read_text().splitlines()]
     assert events[0]["type"] == "worker.started"

@@ -40,6 +40,7 @@ from celery import Celery
 
 from .apps import make_app
 from .conftest import HOST, PORT, get_message, wait_until
+from .workers import launch_worker
 
 ROOT = Path(__file__).resolve().parents[1]
 QUEUE = "flower"
@@ -152,10 +153,9 @@ def flower_setup(broker_url: str, vhost: str,
     processes = Processes(log)
     worker_name = f"flower-{uuid.uuid4().hex[:8]}@{socket.gethostname()}"
     client: Celery = make_app("flower-client", broker_url, "rpc://")
+    worker = launch_worker(broker_url, "integration.flowerapp", QUEUE, hostname=worker_name,
+                           pool="prefork", concurrency=1, log=log, options=("-E",))
     try:
-        processes.start(broker_url, "-A", "integration.flowerapp", "worker", "-Q", QUEUE,
-                        "-n", worker_name, "-c", "1", "-E", "--loglevel", "INFO",
-                        "--without-mingle", "--without-gossip")
         wait_until(lambda: client.control.inspect(timeout=1, destination=[worker_name]).ping(),
                    timeout=60, what="the worker")
         ojs_flower = _start_flower(processes, broker_url)
@@ -174,6 +174,7 @@ def flower_setup(broker_url: str, vhost: str,
                "succeeded": [r.id for r in succeeded], "failed": failed.id, "log": log}
     finally:
         processes.stop_all()
+        worker.stop()
 
 
 @pytest.fixture(scope="module")

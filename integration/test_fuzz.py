@@ -13,9 +13,6 @@ run is documented in faults/README.rst::
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -24,7 +21,7 @@ import amqp
 import pytest
 import redis
 
-from .conftest import queue_depth, rabbitmqctl, unacked
+from .conftest import WorkerLauncher, queue_depth, rabbitmqctl, unacked
 from .fuzz_messages import deliveries
 
 BACKEND = "redis://127.0.0.1:6379/12"
@@ -58,46 +55,27 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-def start(broker_url: str, workdir: Path, pool: str, queue: str) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "OJS_TEST_BROKER_URL": broker_url, "PYTHONPATH": str(workdir)}
-    with (workdir / f"{queue}.log").open("ab") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "fuzzapp", "worker", "-Q", queue, "-P",
-             pool, "-c", "2", "-l", "WARNING", "--without-mingle", "--without-gossip"],
-            cwd=workdir, env=env, stdout=out, stderr=subprocess.STDOUT,
-            start_new_session=True)
-
-
-def wait_declared(channel: amqp.Channel, queue: str, worker: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        assert worker.poll() is None, "the worker exited while starting"
-        try:
-            channel.connection.channel().queue_declare(f"ojs.queue.dlx.{queue}", passive=True)
-            return
-        except amqp.exceptions.NotFound:
-            time.sleep(0.5)
-    pytest.fail(f"the worker never declared ojs.queue.dlx.{queue}")
-
-
 @pytest.mark.parametrize("pool", POOLS)
 @pytest.mark.parametrize("seed", SEEDS)
 def test_fuzzed_deliveries_are_dead_lettered_and_valid_jobs_run_once(
-        broker_url: str, vhost: str, workdir: Path, amqp_channel: amqp.Channel, pool: str,
-        seed: int) -> None:
+        vhost: str, workdir: Path, amqp_channel: amqp.Channel,
+        worker_launcher: WorkerLauncher, pool: str, seed: int) -> None:
     channel = amqp_channel
     queue = f"fuzz-{pool}-{seed}"
-    worker = start(broker_url, workdir, pool, queue)
+    # consuming: a publish before the job queue is bound would be confirmed and dropped
+    worker = worker_launcher("fuzzapp", queue, pool=pool, concurrency=2, cwd=workdir,
+                             env={"PYTHONPATH": str(workdir)}, loglevel="WARNING",
+                             log=workdir / f"{queue}.log")
     store = redis.Redis.from_url(BACKEND)
     try:
-        wait_declared(channel, queue, worker)
         kinds: Counter[str] = Counter()
         valid: list[str] = []
         sent: dict[str, str] = {}
         for delivery in deliveries(queue, DELIVERIES, valid_every=20, seed=seed):
-            # each one confirmed by the broker: what is counted below was enqueued
+            # each one confirmed by the broker and mandatory: what is counted below was
+            # routed to the job queue (unroutable, py-amqp raises the Basic.Return)
             channel.basic_publish_confirm(delivery.message, exchange="ojs.exchange.direct",
-                                          routing_key=queue)
+                                          routing_key=queue, mandatory=True)
             if delivery.valid:
                 valid.append(delivery.job_id)
             else:
@@ -108,7 +86,7 @@ def test_fuzzed_deliveries_are_dead_lettered_and_valid_jobs_run_once(
         dlq, job_queue = f"ojs.queue.dlx.{queue}", f"ojs.queue.{queue}"
         seen, last_change, stalls = 0, time.monotonic(), 0
         while (dead := queue_depth(channel, dlq)) < DELIVERIES:
-            assert worker.poll() is None, f"the worker exited ({worker.returncode})"
+            assert worker.alive(), f"the worker exited ({worker.returncode})"
             if dead != seen:
                 seen, last_change = dead, time.monotonic()
             elif time.monotonic() - last_change > STALL_S:
@@ -139,12 +117,7 @@ def test_fuzzed_deliveries_are_dead_lettered_and_valid_jobs_run_once(
         assert dead == DELIVERIES and "(none)" not in codes, report
         assert ran == [1] * len(valid), report
         assert left == 0, report
-        assert worker.poll() is None, report
+        assert worker.alive(), report
     finally:
-        os.killpg(worker.pid, signal.SIGTERM)
-        try:
-            code = worker.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(worker.pid, signal.SIGKILL)
-            code = None
+        code = worker.stop()
     assert code == 0, f"the worker exited with {code} after SIGTERM"

@@ -15,7 +15,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -36,8 +35,8 @@ from ojs_kombu.amqp.control import ControlClient
 
 from .conftest import HOST, PORT, get_message, queue_depth, unacked, wait_until
 from .greenapp import make_app, runs_key
+from .workers import launch_worker
 
-ROOT = Path(__file__).resolve().parents[1]
 POOLS = ("gevent", "eventlet")
 CONCURRENCY = 10
 REDIS_URL = os.environ.get("OJS_TEST_REDIS_URL", "redis://127.0.0.1:6379/11")
@@ -91,16 +90,6 @@ def _redis() -> redis.Redis:
     return store
 
 
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(STOP_LIMIT_S)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(10)
-
-
 @pytest.fixture(scope="module", params=POOLS)
 def green(request: pytest.FixtureRequest, broker_url: str, vhost: str,
           tmp_path_factory: pytest.TempPathFactory) -> Iterator[GreenWorker]:
@@ -118,25 +107,21 @@ def green(request: pytest.FixtureRequest, broker_url: str, vhost: str,
     control, hostname = f"green-{pool}-{token}", f"green-{pool}-{token}@localhost"
     store = _redis()
     log = tmp_path_factory.mktemp(f"green-{pool}") / "worker.log"
-    env = {**os.environ, "OJS_GREEN_BROKER_URL": broker_url, "OJS_GREEN_BACKEND": REDIS_URL,
+    env = {"OJS_GREEN_BROKER_URL": broker_url, "OJS_GREEN_BACKEND": REDIS_URL,
            "OJS_GREEN_REDIS": REDIS_URL, "OJS_GREEN_PREFIX": prefix,
            "OJS_GREEN_CONTROL": control}
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "integration.greenapp", "worker", "-P", pool,
-             "-c", str(CONCURRENCY), "-Q", queue, "-n", hostname, "--loglevel", "INFO",
-             "--without-mingle", "--without-gossip", "--without-heartbeat"],
-            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True)
-    worker = GreenWorker(pool, queue, hostname, prefix, log, process,
+    launched = launch_worker(broker_url, "integration.greenapp", queue, pool=pool,
+                             concurrency=CONCURRENCY, hostname=hostname, log=log, env=env,
+                             without=("mingle", "gossip", "heartbeat"))
+    worker = GreenWorker(pool, queue, hostname, prefix, log, launched.process,
                          make_app(broker_url, REDIS_URL, REDIS_URL, prefix, control), store)
     try:
-        wait_until(lambda: process.poll() is not None or worker.ping(timeout=1), timeout=60,
+        wait_until(lambda: not launched.alive() or worker.ping(timeout=1), timeout=60,
                    what=f"the {pool} worker to answer ping")
-        assert process.poll() is None, f"the {pool} worker exited:\n{worker.log_text()}"
+        assert launched.alive(), f"the {pool} worker exited:\n{worker.log_text()}"
         yield worker
     finally:
-        _stop(process)
+        launched.stop(STOP_LIMIT_S)
         worker.app.close()
         _delete_exchanges(vhost, [f"{control}.pidbox", f"reply.{control}.pidbox"])
         keys = list(store.scan_iter(f"{prefix}:*"))

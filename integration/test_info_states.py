@@ -6,9 +6,6 @@ broker)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
@@ -25,9 +22,9 @@ from ojs_kombu.spec.job_ids import new_job_id
 from ojs_kombu.spec.times import parse_time
 
 from .apps import make_app
-from .conftest import queue_depth, stop_worker, wait_until
+from .conftest import queue_depth, wait_until
+from .workers import WorkerProcess, launch_worker
 
-ROOT = Path(__file__).resolve().parents[1]
 QUEUE = "info-states"
 SCHEDULED_QUEUE = "info-scheduled"
 #: The result backend of the ``scheduled`` test (its own Redis database).
@@ -36,24 +33,18 @@ BACKEND = "redis://127.0.0.1:6379/13"
 
 @contextmanager
 def cli_worker(broker_url: str, queue: str, backend: str, log: Path
-               ) -> Iterator[subprocess.Popen[bytes]]:
-    """``integration.cliapp``'s worker on ``queue`` with ``backend`` as its result backend."""
-    env = {**os.environ, "OJS_TEST_BROKER_URL": broker_url, "OJS_TEST_RESULT_BACKEND": backend}
-    with log.open("ab") as out:
-        worker = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "integration.cliapp", "worker", "-Q", queue,
-             "-n", f"{queue}@%h", "--pool", "threads", "-c", "4", "--loglevel", "INFO",
-             "--without-mingle", "--without-gossip"],
-            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
+               ) -> Iterator[WorkerProcess]:
+    """``integration.cliapp``'s worker on ``queue`` with ``backend`` as its result backend,
+    consuming its job and control queues."""
+    with launch_worker(broker_url, "integration.cliapp", queue, hostname=f"{queue}@%h",
+                       concurrency=4, log=log, control=True,
+                       env={"OJS_TEST_RESULT_BACKEND": backend}) as worker:
         yield worker
-    finally:
-        stop_worker(worker)
 
 
 @pytest.fixture(scope="module")
 def no_backend_worker(broker_url: str, tmp_path_factory: pytest.TempPathFactory
-                      ) -> Iterator[subprocess.Popen[bytes]]:
+                      ) -> Iterator[WorkerProcess]:
     log = tmp_path_factory.mktemp("info") / "worker.log"
     with cli_worker(broker_url, QUEUE, "none", log) as worker:
         yield worker
@@ -67,9 +58,6 @@ def producer(broker_url: str) -> Celery:
 def test_info_answers_each_state_without_a_result_backend(
         producer: Celery, no_backend_worker: Any, amqp_channel: amqp.Channel) -> None:
     producer.connection_for_write().ensure_connection().connection.ensure_topology(QUEUE)
-    wait_until(lambda: amqp_channel.queue_declare(f"ojs.queue.control.{QUEUE}",
-                                                  passive=True).consumer_count,
-               90, "the worker of info-states")
     assert producer.conf.result_backend is None
 
     def send(task: str, *args: Any, **options: Any) -> str:
@@ -115,9 +103,6 @@ def test_with_a_result_backend_a_delayed_job_answers_scheduled_then_completed(
     add = producer.tasks["math.add"]
     with cli_worker(broker_url, SCHEDULED_QUEUE, BACKEND, tmp_path / "worker.log"), \
             ControlClient(producer) as client:
-        wait_until(lambda: amqp_channel.queue_declare(
-            f"ojs.queue.control.{SCHEDULED_QUEUE}", passive=True).consumer_count,
-            90, "the worker of info-scheduled")
 
         def state(job_id: str) -> dict[str, Any]:
             return client.info(job_id, SCHEDULED_QUEUE, timeout=10)

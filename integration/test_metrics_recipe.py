@@ -6,10 +6,7 @@ the tests scrape the worker's Prometheus endpoint over HTTP, as Prometheus does.
 
 from __future__ import annotations
 
-import os
 import socket
-import subprocess
-import sys
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,9 +17,9 @@ from celery import Celery
 from prometheus_client.parser import text_string_to_metric_families
 
 from .apps import make_app
-from .conftest import HOST, PORT, private_vhost, rabbitmqctl, stop_worker, wait_until
+from .conftest import HOST, PORT, private_vhost, rabbitmqctl, wait_until
+from .workers import WorkerProcess, launch_worker
 
-ROOT = Path(__file__).resolve().parents[1]
 #: The binding's section 12.1, as Prometheus names them.
 SECTION_12_1 = [
     "ojs_amqp_connections_active", "ojs_amqp_channels_active",
@@ -57,26 +54,19 @@ def client(url: str) -> Celery:
 def start_worker(url: str, tmp_path: Path) -> Iterator[Callable[[str, str], int]]:
     """``start_worker(pool, queue)`` runs ``celery -A integration.metricsapp worker``;
     returns its metrics port."""
-    workers: list[subprocess.Popen[bytes]] = []
+    workers: list[WorkerProcess] = []
 
     def start(pool: str, queue: str) -> int:
-        port, log = _free_port(), tmp_path / f"{pool}.log"
-        env = {**os.environ, "OJS_TEST_BROKER_URL": url, "OJS_TEST_METRICS_PORT": str(port)}
-        with log.open("ab") as out:
-            workers.append(subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", "integration.metricsapp", "worker",
-                 "-Q", queue, "-n", f"metrics-{pool}@%h", "--pool", pool, "-c", "2",
-                 "--loglevel", "INFO", "--without-mingle", "--without-gossip"],
-                cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                start_new_session=True))
-        wait_until(lambda: " ready." in log.read_text() or workers[-1].poll() is not None,
-                   timeout=60, what=f"the {pool} worker")
-        assert workers[-1].poll() is None, log.read_text()[-3000:]
+        port = _free_port()
+        workers.append(launch_worker(url, "integration.metricsapp", queue, pool=pool,
+                                     hostname=f"metrics-{pool}@%h", concurrency=2,
+                                     log=tmp_path / f"{pool}.log",
+                                     env={"OJS_TEST_METRICS_PORT": str(port)}))
         return port
 
     yield start
     for worker in workers:
-        stop_worker(worker)
+        worker.stop()
 
 
 def _free_port() -> int:

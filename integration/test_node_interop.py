@@ -15,7 +15,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import threading
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
@@ -30,8 +29,9 @@ from celery import Celery
 from ojs_kombu.amqp.control import ControlClient
 
 from .apps import make_app
-from .conftest import HOST, PORT, body_of, rabbitmqctl, stop_worker, wait_until
+from .conftest import HOST, PORT, body_of, rabbitmqctl, wait_until
 from .test_helpers import check_event, check_job
+from .workers import WorkerProcess, launch_worker
 
 ROOT = Path(__file__).resolve().parents[1]
 NODE_DIR = ROOT / "examples" / "node"
@@ -156,24 +156,14 @@ def runs(path: Path) -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def celery_worker(broker_url: str, vhost: str, runs_file: Path, node: str,
-                  node_env: dict[str, str]) -> Iterator[subprocess.Popen[bytes]]:
-    """``celery -A integration.polyglotapp worker -Q polyglot-celery``, a real subprocess."""
-    env = {**os.environ, "OJS_TEST_BROKER_URL": broker_url, "OJS_TEST_RUNS_FILE": str(runs_file)}
-    with (runs_file.parent / "worker.log").open("ab") as log:
-        worker = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "integration.polyglotapp", "worker",
-             "-Q", TO_CELERY, "-n", f"polyglot-{os.getpid()}@%h", "--pool", "threads", "-c", "4",
-             "--loglevel", "INFO", "--without-mingle", "--without-gossip"],
-            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        def consumed() -> bool:
-            listed = rabbitmqctl("list_queues", "--no-table-headers", "-p", vhost, "name",
-                                 "consumers")
-            return f"ojs.queue.control.{TO_CELERY}\t1" in listed
-        wait_until(consumed, 90, "the Celery worker consuming its control queue")
+                  node_env: dict[str, str]) -> Iterator[WorkerProcess]:
+    """``celery -A integration.polyglotapp worker -Q polyglot-celery``, a real subprocess,
+    consuming its job and control queues."""
+    with launch_worker(broker_url, "integration.polyglotapp", TO_CELERY,
+                       hostname=f"polyglot-{os.getpid()}@%h", concurrency=4,
+                       log=runs_file.parent / "worker.log", control=True,
+                       env={"OJS_TEST_RUNS_FILE": str(runs_file)}) as worker:
         yield worker
-    finally:
-        stop_worker(worker)
 
 
 @pytest.fixture(scope="module")

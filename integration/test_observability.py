@@ -22,7 +22,7 @@ from ojs_kombu.events.metric_observer import MetricsObserver
 from ojs_kombu.events.metrics import OJSMetrics
 from ojs_kombu.spec.job_ids import new_job_id
 
-from .conftest import get_message, wait_until
+from .conftest import get_message, publish_raw, wait_until
 
 
 @pytest.fixture
@@ -119,13 +119,13 @@ def test_a_foreign_producers_trace_is_continued(app: Celery, worker: Any,
                                                 amqp_channel: amqp.Channel) -> None:
     job_id, trace_id = new_job_id(), "0af7651916cd43dd8448eb211c80319c"
     traceparent = f"00-{trace_id}-b7ad6b7169203331-01"
-    amqp_channel.basic_publish(
-        amqp.Message(json.dumps({"specversion": "1.0", "id": job_id, "type": "math.add",
-                                 "queue": "canvas", "args": [2, 3]}),
-                     content_type="application/openjobspec+json", message_id=job_id,
-                     application_headers={"x-ojs-traceparent": traceparent,
-                                          "x-ojs-attempt": 1}),
-        exchange="ojs.exchange.direct", routing_key="canvas")
+    publish_raw(amqp_channel,
+                amqp.Message(json.dumps({"specversion": "1.0", "id": job_id, "type": "math.add",
+                                         "queue": "canvas", "args": [2, 3]}),
+                             content_type="application/openjobspec+json", message_id=job_id,
+                             application_headers={"x-ojs-traceparent": traceparent,
+                                                  "x-ojs-attempt": 1}),
+                "canvas")
     app.calls.wait_for(job_id)
     wait_until(lambda: any(s.kind == SpanKind.CONSUMER for s in spans.get_finished_spans()),
                timeout=10, what="the consumer span")

@@ -15,7 +15,7 @@ from celery import Celery
 
 from ojs_kombu.spec.job_ids import new_job_id
 
-from .conftest import body_of, get_message, queue_depth, wait_until
+from .conftest import body_of, get_message, publish_raw, queue_depth, wait_until
 
 
 def _retry_queues(channel: amqp.Channel, queue: str) -> list[str]:
@@ -66,10 +66,11 @@ def test_a_storm_of_poison_jobs_does_not_hold_up_good_ones(
             body = json.dumps({"specversion": "1.0", "id": job_id, "type": "nobody.handles_this",
                                "queue": queue, "args": []}).encode()
             content_type = "application/openjobspec+json"
-        amqp_channel.basic_publish(
-            amqp.Message(body, content_type=content_type, message_id=job_id, delivery_mode=2,
-                         type="nobody.handles_this", application_headers={"x-ojs-attempt": 1}),
-            exchange="ojs.exchange.direct", routing_key=queue)
+        publish_raw(amqp_channel,
+                    amqp.Message(body, content_type=content_type, message_id=job_id,
+                                 delivery_mode=2, type="nobody.handles_this",
+                                 application_headers={"x-ojs-attempt": 1}),
+                    queue)
         if n % 40 == 0:
             good.append(app.tasks["math.add"].apply_async((n, 1), queue=queue))
     started = time.monotonic()
@@ -98,10 +99,10 @@ def test_an_invalid_delivery_keeps_its_error_headers_and_body(
     job_id = new_job_id()
     body = json.dumps({"specversion": "1.0", "id": job_id, "type": "nobody.handles_this",
                        "queue": "email", "args": [1]}).encode()
-    amqp_channel.basic_publish(
-        amqp.Message(body, content_type="application/openjobspec+json", message_id=job_id,
-                     delivery_mode=2, type="nobody.handles_this"),
-        exchange="ojs.exchange.direct", routing_key="email")
+    publish_raw(amqp_channel,
+                amqp.Message(body, content_type="application/openjobspec+json",
+                             message_id=job_id, delivery_mode=2, type="nobody.handles_this"),
+                "email")
     deadline = time.monotonic() + 20
     while True:
         dead = get_message(amqp_channel, "ojs.queue.dlx.email")
@@ -144,8 +145,8 @@ def test_properties_py_amqp_cannot_decode_are_dead_lettered_not_fatal(
              {"type": b"\xff"}, {"content_encoding": b"\xff"}, {"cluster_id": b"\xff"}]
     good = []
     for n in range(poison):
-        amqp_channel.basic_publish(amqp.Message(b'{"x": 1}', delivery_mode=2, **kinds[n % 8]),
-                                   exchange="ojs.exchange.direct", routing_key=queue)
+        publish_raw(amqp_channel, amqp.Message(b'{"x": 1}', delivery_mode=2, **kinds[n % 8]),
+                    queue)
         if n % 20 == 0:
             good.append(app.tasks["math.add"].apply_async((n, 1), queue=queue))
     wait_until(lambda: queue_depth(amqp_channel, dlq) >= poison, timeout=60,

@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 
 import amqp
-from celery.contrib.testing.worker import start_worker
 
 from ojs_kombu import declare_topology
 
 from .apps import make_app
 from .conftest import get_message, rabbitmqctl, wait_until
+from .workers import in_process_worker
 
 
 def test_high_priority_jobs_overtake_a_backlog(broker_url: str, vhost: str) -> None:
@@ -22,8 +22,8 @@ def test_high_priority_jobs_overtake_a_backlog(broker_url: str, vhost: str) -> N
     add = app.tasks["math.add"]
     backlog = [add.apply_async((i, 0), queue="bp-prio").id for i in range(10)]
     urgent = [add.apply_async((i, 1), queue="bp-prio", priority=9).id for i in range(3)]
-    with start_worker(app, pool="solo", concurrency=1, perform_ping_check=False,
-                      queues=["bp-prio"], shutdown_timeout=30, loglevel="WARNING"):
+    with in_process_worker(app, ["bp-prio"], pool="solo", concurrency=1,
+                           shutdown_timeout=30):
         wait_until(lambda: len(app.calls.all()) == 13, 60, "13 jobs")
     order = [call["id"] for call in app.calls.all()]
     assert order[:3] == urgent

@@ -14,7 +14,7 @@ import pytest
 from celery import Celery
 
 from .apps import make_app
-from .conftest import HOST, PORT, queue_depth, rabbitmqctl, wait_until
+from .conftest import HOST, PORT, publish_raw, queue_depth, rabbitmqctl, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -69,7 +69,7 @@ def test_a_queue_without_a_job_queue_is_purged_as_named(
     legacy = f"legacy-{uuid.uuid4().hex[:8]}"
     amqp_channel.queue_declare(legacy, durable=True, auto_delete=False)
     for n in range(2):
-        amqp_channel.basic_publish(amqp.Message(f"old {n}"), exchange="", routing_key=legacy)
+        publish_raw(amqp_channel, amqp.Message(f"old {n}"), legacy, exchange="")
     wait_until(lambda: queue_depth(amqp_channel, legacy) == 2, what="the plain messages")
 
     result = celery_purge(broker_url, "-Q", legacy)
@@ -114,7 +114,7 @@ def test_kombus_own_purge_acts_on_the_queue_it_names(
     name = f"pq-{uuid.uuid4().hex[:8]}"
     amqp_channel.queue_declare(name, durable=True, auto_delete=False)
     for n in range(2):
-        amqp_channel.basic_publish(amqp.Message(f"old {n}"), exchange="", routing_key=name)
+        publish_raw(amqp_channel, amqp.Message(f"old {n}"), name, exchange="")
     enqueue(client, amqp_channel, name, 1)
     wait_until(lambda: queue_depth(amqp_channel, name) == 2, what="the plain messages")
     try:

@@ -9,12 +9,12 @@ from typing import Any
 import amqp
 import pytest
 from celery import Celery
-from celery.contrib.testing.worker import start_worker
 
 from ojs_kombu.celery.dead_letters import dead_letter_queue
 
 from .apps import make_app
 from .conftest import body_of, get_message, rabbitmqctl
+from .workers import in_process_worker
 
 QUEUE = "bp-qq"
 
@@ -29,8 +29,8 @@ def qq_app(broker_url: str) -> Celery:
 
 @pytest.fixture(scope="module")
 def qq_worker(qq_app: Celery) -> Iterator[Any]:
-    with start_worker(qq_app, pool="threads", concurrency=2, perform_ping_check=False,
-                      queues=[QUEUE], shutdown_timeout=30, loglevel="WARNING") as worker:
+    with in_process_worker(qq_app, [QUEUE], pool="threads", concurrency=2,
+                           shutdown_timeout=30) as worker:
         yield worker
 
 

@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 from celery import Celery
-from celery.contrib.testing.worker import start_worker
 
 import ojs_kombu
 
 from .apps import make_app
 from .conftest import HOST, PORT, rabbitmqctl, wait_until
+from .workers import in_process_worker
 
 
 @pytest.fixture
@@ -75,8 +75,7 @@ def test_worker_reconnects_redeclares_and_consumes_with_the_same_prefetch(
         own_vhost: str, connection_events: ConnectionEvents) -> None:
     app = make_app("reconnect", f"ojs://guest:guest@{HOST}:{PORT}/{own_vhost}", "cache+memory://")
     events = connection_events(app)
-    with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False,
-                      shutdown_timeout=60, queues=["rq"], loglevel="WARNING"):
+    with in_process_worker(app, ["rq"], pool="threads", concurrency=2):
         first = app.tasks["math.add"].apply_async((1, 1), queue="rq")
         app.calls.wait_for(first.id)
         prefetch = consumers_of(own_vhost, "ojs.queue.rq")
@@ -118,8 +117,7 @@ def test_deleted_queue_cancels_the_consumer_which_comes_back(
         own_vhost: str, connection_events: ConnectionEvents) -> None:
     app = make_app("cancel", f"ojs://guest:guest@{HOST}:{PORT}/{own_vhost}", "cache+memory://")
     events = connection_events(app)
-    with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False,
-                      shutdown_timeout=60, queues=["cq"], loglevel="WARNING"):
+    with in_process_worker(app, ["cq"], pool="threads", concurrency=2):
         first = app.tasks["math.add"].apply_async((1, 1), queue="cq")
         app.calls.wait_for(first.id)
         rabbitmqctl("delete_queue", "-p", own_vhost, "ojs.queue.cq")
@@ -146,8 +144,7 @@ def test_failover_to_the_next_broker_url(own_vhost: str) -> None:
     alive = f"ojs://guest:guest@{HOST}:{PORT}/{own_vhost}"
     app = make_app("failover", f"{dead};{alive}", "cache+memory://")
     app.conf.broker_connection_retry_on_startup = True  # failover is a retry
-    with start_worker(app, pool="threads", concurrency=1, perform_ping_check=False,
-                      shutdown_timeout=60, queues=["fq"], loglevel="WARNING"):
+    with in_process_worker(app, ["fq"], pool="threads", concurrency=1):
         result = app.tasks["math.add"].apply_async((20, 22), queue="fq")
         assert app.calls.wait_for(result.id)["args"] == [20, 22]
 
@@ -176,8 +173,7 @@ def test_heartbeats_and_control_outlive_a_reconnect(own_vhost: str) -> None:
     subscription = ojs_kombu.subscribe(app, record, event_types=[
         "worker.heartbeat", "job.heartbeat", "connection.reconnected"])
     try:
-        with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False,
-                          shutdown_timeout=60, queues=["hq"], loglevel="WARNING"):
+        with in_process_worker(app, ["hq"], pool="threads", concurrency=2):
             # a short job across the reconnect (unacked then, it is redelivered)
             before = app.tasks["loop.until_cancelled"].apply_async((3,), queue="hq")
             wait_until(lambda: beats_after(0, before.id) == {"worker.heartbeat",

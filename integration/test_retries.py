@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -19,7 +15,8 @@ import ojs_kombu
 from ojs_kombu.spec.job_ids import new_job_id
 
 from .apps import SWITCHES, make_app
-from .conftest import body_of, get_message, queue_depth, rabbitmqctl, wait_until
+from .conftest import body_of, get_message, publish_raw, queue_depth, rabbitmqctl, wait_until
+from .workers import launch_worker
 
 
 def discarded_event(events_file: Path, job_id: str) -> dict[str, Any]:
@@ -34,7 +31,6 @@ def discarded_event(events_file: Path, job_id: str) -> dict[str, Any]:
         return None
     return wait_until(find, timeout=20, what=f"job.discarded of {job_id}")
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_task_failing_twice_completes_on_attempt_3(app: Celery, worker: Any) -> None:
@@ -90,12 +86,12 @@ def test_a_foreign_jobs_retry_policy_never_starts_early(
     job = {"specversion": "1.0", "id": job_id, "type": "retry.after", "queue": "retries",
            "args": [0, "raise"], "retry": {"max_attempts": 2, "initial_interval": "PT1.1S",
                                            "jitter": False}}
-    amqp_channel.basic_publish(
-        amqp.Message(json.dumps(job), content_type="application/openjobspec+json",
-                     message_id=job_id, type="retry.after", delivery_mode=2,
-                     application_headers={"x-ojs-queue": "retries", "x-ojs-attempt": 1,
-                                          "x-ojs-max-attempts": 2}),
-        exchange="ojs.exchange.direct", routing_key="retries", mandatory=True)
+    publish_raw(amqp_channel,
+                amqp.Message(json.dumps(job), content_type="application/openjobspec+json",
+                             message_id=job_id, type="retry.after", delivery_mode=2,
+                             application_headers={"x-ojs-queue": "retries", "x-ojs-attempt": 1,
+                                                  "x-ojs-max-attempts": 2}),
+                "retries")
     assert _next_attempt_after(app, job_id, "retry.after") >= 1.1
 
 
@@ -131,12 +127,12 @@ def test_foreign_job_with_its_own_retry_policy_is_honoured(
     job = {"specversion": "1.0", "id": job_id, "type": "always.fail", "queue": "retries",
            "args": [], "retry": {"max_attempts": 2, "initial_interval": "PT0.1S",
                                  "jitter": False}}
-    amqp_channel.basic_publish(
-        amqp.Message(json.dumps(job), content_type="application/openjobspec+json",
-                     message_id=job_id, type="always.fail", delivery_mode=2,
-                     application_headers={"x-ojs-queue": "retries", "x-ojs-attempt": 1,
-                                          "x-ojs-max-attempts": 2}),
-        exchange="ojs.exchange.direct", routing_key="retries", mandatory=True)
+    publish_raw(amqp_channel,
+                amqp.Message(json.dumps(job), content_type="application/openjobspec+json",
+                             message_id=job_id, type="always.fail", delivery_mode=2,
+                             application_headers={"x-ojs-queue": "retries", "x-ojs-attempt": 1,
+                                                  "x-ojs-max-attempts": 2}),
+                "retries")
     dead = get_message(amqp_channel, "ojs.queue.dlx.retries", timeout=30)
     assert dead.properties["message_id"] == job_id
     assert dead.properties["application_headers"]["x-ojs-attempt"] == 2
@@ -207,11 +203,13 @@ def test_replay_is_confirmed_before_the_dead_letter_is_removed(
     """If the job queue is gone, the replay fails and the dead letter stays."""
     with ojs_kombu.dead_letter_queue(app, "replay-gone") as dlq:
         job_id = new_job_id()
-        amqp_channel.basic_publish(
-            amqp.Message(json.dumps({"specversion": "1.0", "id": job_id, "type": "math.add",
-                                     "queue": "replay-gone", "args": [1, 2]}),
-                         message_id=job_id, content_type="application/openjobspec+json"),
-            exchange="ojs.exchange.dlx", routing_key="replay-gone")
+        publish_raw(amqp_channel,
+                    amqp.Message(json.dumps({"specversion": "1.0", "id": job_id,
+                                             "type": "math.add", "queue": "replay-gone",
+                                             "args": [1, 2]}),
+                                 message_id=job_id,
+                                 content_type="application/openjobspec+json"),
+                    "replay-gone", exchange="ojs.exchange.dlx")
         wait_until(lambda: len(dlq) == 1, what="the dead letter")
         amqp_channel.queue_delete("ojs.queue.replay-gone")  # deleted after it was declared
         with pytest.raises(ojs_kombu.UnroutableJobError):
@@ -273,14 +271,9 @@ def test_ojs_retry_semantics_retry_a_task_without_options_three_times(
     """``ojs_retry_semantics="ojs"`` on producer and worker: the OJS default policy."""
     client = make_app("semantics-ojs-client", broker_url, None, ojs_retry_semantics="ojs")
     log = tmp_path / "worker.log"
-    env = {**os.environ, "OJS_TEST_BROKER_URL": broker_url, "OJS_TEST_RETRY_SEMANTICS": "ojs"}
-    with log.open("ab") as out:
-        worker = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "integration.cliapp", "worker", "-Q",
-             "semantics-ojs", "-n", "semantics-ojs@%h", "--pool", "threads", "-c", "2",
-             "--loglevel", "INFO", "--without-mingle", "--without-gossip"],
-            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
+    with launch_worker(broker_url, "integration.cliapp", "semantics-ojs",
+                       hostname="semantics-ojs@%h", log=log,
+                       env={"OJS_TEST_RETRY_SEMANTICS": "ojs"}):
         result = client.tasks["semantics.no_options"].apply_async(queue="semantics-ojs")
         dead = dead_letter_of(amqp_channel, "semantics-ojs", result.id, timeout=60)
         assert dead.properties["application_headers"]["x-ojs-attempt"] == 3, log.read_text()
@@ -288,13 +281,6 @@ def test_ojs_retry_semantics_retry_a_task_without_options_three_times(
         received = f"Task semantics.no_options[{result.id}] received"
         wait_until(lambda: log.read_text().count(received) == 3, timeout=10,
                    what="three runs in the worker's log")
-    finally:
-        os.killpg(worker.pid, signal.SIGTERM)
-        try:
-            worker.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(worker.pid, signal.SIGKILL)
-            worker.wait(10)
 
 
 def test_a_caller_waiting_on_an_expired_job_is_told(app: Celery, worker: Any,

@@ -13,7 +13,7 @@ from celery import Celery
 from ojs_kombu.spec.errors import JobEncodeError
 from ojs_kombu.spec.job_ids import new_job_id
 
-from .conftest import get_message, queue_depth, rabbitmqctl, wait_until
+from .conftest import get_message, publish_raw, queue_depth, rabbitmqctl, wait_until
 
 
 def test_countdown_waits_in_the_broker_and_never_starts_early(
@@ -56,11 +56,11 @@ def test_foreign_job_scheduled_in_the_future_goes_back_to_wait(
     due = datetime.now(UTC) + timedelta(seconds=1.5)
     body = {"specversion": "1.0", "id": job_id, "type": "email.send", "queue": "email",
             "args": ["later@example.com", "x"], "scheduled_at": due.isoformat()}
-    amqp_channel.basic_publish(
-        amqp.Message(json.dumps(body), content_type="application/openjobspec+json",
-                     message_id=job_id, delivery_mode=2,
-                     application_headers={"x-ojs-queue": "email", "x-ojs-attempt": 1}),
-        exchange="ojs.exchange.direct", routing_key="email")
+    publish_raw(amqp_channel,
+                amqp.Message(json.dumps(body), content_type="application/openjobspec+json",
+                             message_id=job_id, delivery_mode=2,
+                             application_headers={"x-ojs-queue": "email", "x-ojs-attempt": 1}),
+                "email")
     app.calls.wait_for(job_id, timeout=20)
     assert datetime.now(UTC) >= due
 

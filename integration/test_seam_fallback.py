@@ -5,8 +5,6 @@ own paths, warns once for each, and runs every job exactly once (real broker, re
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,37 +15,25 @@ from celery import Celery
 
 import ojs_kombu
 
-from .conftest import rabbitmqctl, stop_worker, wait_until
+from .conftest import rabbitmqctl, wait_until
+from .workers import WorkerProcess, launch_worker
 
-ROOT = Path(__file__).resolve().parent.parent
 QUEUE = "seam-fallback"
 JOBS = 500
 
 
 @pytest.fixture(scope="module")
 def fallback_worker(broker_url: str, vhost: str, tmp_path_factory: pytest.TempPathFactory
-                    ) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
+                    ) -> Iterator[tuple[WorkerProcess, Path]]:
     log_path = tmp_path_factory.mktemp("fallback") / "worker.log"
-    env = {**os.environ, "OJS_TEST_BROKER_URL": broker_url}
-    with log_path.open("ab") as log:
-        worker = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "integration.fallbackapp", "worker",
-             "-Q", QUEUE, "-n", f"fallback-{os.getpid()}@%h", "--pool", "threads", "-c", "4",
-             "--loglevel", "INFO", "--without-mingle", "--without-gossip"],
-            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        def consuming() -> bool:
-            listed = rabbitmqctl("list_queues", "--no-table-headers", "-p", vhost, "name",
-                                 "consumers")
-            return f"ojs.queue.{QUEUE}\t1" in listed
-        wait_until(consuming, 90, "the fallback worker consuming its queue")
+    with launch_worker(broker_url, "integration.fallbackapp", QUEUE,
+                       hostname=f"fallback-{os.getpid()}@%h", concurrency=4,
+                       log=log_path) as worker:
         yield worker, log_path
-    finally:
-        stop_worker(worker)
 
 
 def test_changed_hooks_fall_back_warn_once_and_lose_nothing(
-        fallback_worker: tuple[subprocess.Popen[bytes], Path], broker_url: str,
+        fallback_worker: tuple[WorkerProcess, Path], broker_url: str,
         vhost: str) -> None:
     worker, log_path = fallback_worker
     producer = Celery("producer", broker=broker_url, set_as_current=False)
@@ -69,7 +55,7 @@ def test_changed_hooks_fall_back_warn_once_and_lose_nothing(
         print(f"\nseam fallback: published {JOBS}, confirmed {JOBS}, ran {len(ran)}, "
               f"lost {lost}, duplicates {duplicates}")
         assert sorted(ran) == list(range(JOBS))
-        assert worker.poll() is None, "the worker exited"
+        assert worker.alive(), "the worker exited"
     finally:
         runs.delete(key)
         producer.close()

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import stop_worker, wait_until
+from .workers import launch_worker
 
 ROOT = Path(__file__).resolve().parents[1]
 NODE = "stats@inspect-test"
@@ -42,20 +42,9 @@ def prefork_worker(broker_url: str, tmp_path_factory: pytest.TempPathFactory
                    ) -> Iterator[Path]:
     """A ``celery worker`` subprocess (prefork pool); yields its log file."""
     log = tmp_path_factory.mktemp("stats") / "worker.log"
-    with log.open("ab") as out:
-        worker = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "integration.cliapp", "worker",
-             "-Q", "stats", "-n", NODE, "--pool", "prefork", "-c", "1", "--loglevel", "INFO",
-             "--without-mingle", "--without-gossip"],
-            cwd=ROOT, env={**os.environ, "OJS_TEST_BROKER_URL": broker_url},
-            stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        wait_until(lambda: f"{NODE} ready." in log.read_text() or worker.poll() is not None,
-                   timeout=60, what="the worker")
-        assert worker.poll() is None, log.read_text()[-3000:]
+    with launch_worker(broker_url, "integration.cliapp", "stats", hostname=NODE,
+                       pool="prefork", concurrency=1, log=log):
         yield log
-    finally:
-        stop_worker(worker)
 
 
 def test_inspect_stats_answers_with_json(broker_url: str, prefork_worker: Path) -> None:

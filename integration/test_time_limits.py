@@ -3,10 +3,6 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +14,8 @@ from celery import Celery
 
 import ojs_kombu
 
-from .conftest import get_message, wait_until
+from .conftest import get_message
+from .workers import launch_worker
 
 BACKEND = "redis://127.0.0.1:6379/11"
 QUEUE = "limits"
@@ -55,23 +52,9 @@ def prefork_worker(broker_url: str, tmp_path_factory: pytest.TempPathFactory
     folder = tmp_path_factory.mktemp("limits")
     (folder / "limitsapp.py").write_text(APP)
     log = folder / "worker.log"
-    env = {**os.environ, "OJS_TEST_BROKER_URL": broker_url, "PYTHONPATH": str(folder)}
-    with log.open("ab") as out:
-        worker = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "limitsapp", "worker", "-Q", QUEUE,
-             "-P", "prefork", "-c", "1", "-l", "INFO", "--without-mingle", "--without-gossip"],
-            cwd=folder, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        app = client_app(broker_url)
-        wait_until(lambda: app.control.inspect(timeout=1).ping(), timeout=60,
-                   what="the prefork worker")
+    with launch_worker(broker_url, "limitsapp", QUEUE, pool="prefork", concurrency=1,
+                       log=log, cwd=folder, env={"PYTHONPATH": str(folder)}):
         yield log
-    finally:
-        os.killpg(worker.pid, signal.SIGTERM)
-        try:
-            worker.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(worker.pid, signal.SIGKILL)
 
 
 def test_a_retried_hard_time_limit_is_not_a_failure_before_the_last_attempt(

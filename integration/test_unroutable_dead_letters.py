@@ -16,7 +16,6 @@ from typing import Any
 import amqp
 import pytest
 from celery import Celery
-from celery.contrib.testing.worker import start_worker
 
 from ojs_kombu.celery.dead_letters import dead_letter_queue
 from ojs_kombu.spec.job_ids import new_job_id
@@ -24,6 +23,7 @@ from ojs_kombu.spec.job_ids import new_job_id
 from .apps import make_app
 from .conftest import wait_until
 from .test_cli import run_json
+from .workers import in_process_worker
 
 CLASSIC, QUORUM = "dl-gone-classic", "dl-gone-quorum"
 UNROUTABLE = "ojs.queue.dlx.unroutable"
@@ -37,9 +37,8 @@ def gone_app(broker_url: str) -> Celery:
 
 @pytest.fixture(scope="module")
 def gone_worker(gone_app: Celery) -> Iterator[Any]:
-    with start_worker(gone_app, pool="threads", concurrency=2, perform_ping_check=False,
-                      queues=[CLASSIC, QUORUM], shutdown_timeout=30,
-                      loglevel="WARNING") as worker:
+    with in_process_worker(gone_app, [CLASSIC, QUORUM], pool="threads", concurrency=2,
+                           shutdown_timeout=30) as worker:
         yield worker
 
 

@@ -3,10 +3,6 @@ job another one's ack covered is lost."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import amqp
@@ -17,19 +13,15 @@ import ojs_kombu
 
 from .apps import make_app
 from .conftest import body_of, queue_depth, unacked, wait_until
+from .workers import WorkerProcess, launch_worker
 
-ROOT = Path(__file__).resolve().parents[1]
 
-
-def start_worker(broker_url: str, name: str, log: Path, pool: str = "prefork",
-                 concurrency: int = 1, acks: str = "batched") -> subprocess.Popen[bytes]:
-    env = {**os.environ, "OJS_TEST_BROKER_URL": broker_url, "OJS_TEST_ACKS": acks}
-    with log.open("ab") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "integration.cliapp", "worker", "-Q",
-             "crash", "-n", f"{name}@%h", "--pool", pool, "-c", str(concurrency),
-             "--loglevel", "INFO", "--without-mingle", "--without-gossip"],
-            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+def crash_worker(broker_url: str, name: str, log: Path, pool: str = "prefork",
+                 concurrency: int = 1, acks: str = "batched") -> WorkerProcess:
+    """A worker of :mod:`integration.cliapp` on ``crash``, consuming."""
+    return launch_worker(broker_url, "integration.cliapp", "crash", hostname=f"{name}@%h",
+                         pool=pool, concurrency=concurrency, log=log,
+                         env={"OJS_TEST_ACKS": acks})
 
 
 def active_on(client: Celery, job_id: str) -> bool:
@@ -40,17 +32,13 @@ def active_on(client: Celery, job_id: str) -> bool:
 def test_kill_9_mid_job_redelivers_and_completes(broker_url: str, tmp_path: Path) -> None:
     client = make_app("crash-client", broker_url, "rpc://")
     log = tmp_path / "workers.log"
-    first = start_worker(broker_url, "first", log)
-    second: subprocess.Popen[bytes] | None = None
+    first = crash_worker(broker_url, "first", log)
+    second: WorkerProcess | None = None
     try:
-        wait_until(lambda: client.control.inspect(timeout=1).ping(), timeout=60,
-                   what="the first worker")
         result = client.tasks["sleep.for"].apply_async((4,), queue="crash")
         wait_until(lambda: active_on(client, result.id), timeout=30, what="the job running")
-        os.killpg(first.pid, signal.SIGKILL)  # the worker and its pool, mid-job
-        first.wait(10)
-
-        second = start_worker(broker_url, "second", log)
+        first.kill()  # the worker and its pool, mid-job
+        second = crash_worker(broker_url, "second", log)
         assert result.get(timeout=60) == 4, log.read_text()
         # The worker logs after it replied: wait for the line.
         wait_until(lambda: f"Task sleep.for[{result.id}] succeeded" in log.read_text(),
@@ -58,12 +46,8 @@ def test_kill_9_mid_job_redelivers_and_completes(broker_url: str, tmp_path: Path
         assert log.read_text().count(f"Task sleep.for[{result.id}] received") == 2
     finally:
         for process in (first, second):
-            if process is not None and process.poll() is None:
-                os.killpg(process.pid, signal.SIGTERM)
-                try:
-                    process.wait(30)
-                except subprocess.TimeoutExpired:
-                    os.killpg(process.pid, signal.SIGKILL)
+            if process is not None:
+                process.stop(30)
 
 
 
@@ -81,11 +65,9 @@ def test_kill_9_after_later_jobs_were_acked_redelivers_only_the_running_job(
     that must never settle a job that was delivered earlier and is still running."""
     client = make_app("crash-acks-client", broker_url, "rpc://")
     log = tmp_path / "worker.log"
-    worker = start_worker(broker_url, f"acks-{acks}", log, pool="threads", concurrency=4,
+    worker = crash_worker(broker_url, f"acks-{acks}", log, pool="threads", concurrency=4,
                           acks=acks)
     try:
-        wait_until(lambda: client.control.inspect(timeout=1).ping(), timeout=60,
-                   what="the worker")
         sleep_for, add = client.tasks["sleep.for"], client.tasks["math.add"]
         # Quick jobs before the long one (acks that may go as one multiple ack) and after.
         quick = ojs_kombu.enqueue_many(client, [add.s(i, 1).set(queue="crash")
@@ -99,8 +81,7 @@ def test_kill_9_after_later_jobs_were_acked_redelivers_only_the_running_job(
         # the long job as unacknowledged (everything else settled).
         wait_until(lambda: unacked(vhost, "ojs.queue.crash") == 1, timeout=20,
                    what="the quick jobs' acks")
-        os.killpg(worker.pid, signal.SIGKILL)
-        worker.wait(10)
+        worker.kill()
         queue = "ojs.queue.crash"
         wait_until(lambda: queue_depth(amqp_channel, queue) >= 1, timeout=20,
                    what="the long job back in its queue")
@@ -110,6 +91,4 @@ def test_kill_9_after_later_jobs_were_acked_redelivers_only_the_running_job(
         assert body_of(message)["id"] == long_job.id
         assert message.delivery_info["redelivered"] is True
     finally:
-        if worker.poll() is None:
-            os.killpg(worker.pid, signal.SIGKILL)
-            worker.wait(10)
+        worker.kill()

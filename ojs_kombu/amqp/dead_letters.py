@@ -11,6 +11,7 @@ window of jobs at a time (pipelined publishes, one ack for the window).
 
 from __future__ import annotations
 
+import builtins
 import json
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -173,10 +174,10 @@ class DeadLetterQueue:
             raise DeadLetterNotFound(f"no dead letter with job id {job_id} in {self.dlq!r}")
         self._with_channel(replay_one)
 
-    def replay_all(self, progress: Callable[[str], None] | None = None) -> list[str]:
+    def replay_all(self, progress: Callable[[str], None] | None = None) -> builtins.list[str]:
         """Replay every dead letter present when called; returns the job ids, in order
         (:meth:`replay_each` keeps none)."""
-        replayed: list[str] = []
+        replayed: builtins.list[str] = []
 
         def step(job_id: str) -> None:
             replayed.append(job_id)
@@ -207,13 +208,15 @@ class DeadLetterQueue:
             if not self.unroutable:
                 self._amqp.ensure_topology(self.queue)
             channel.basic_qos(0, min(REPLAY_WINDOWS_AHEAD * REPLAY_WINDOW, present), False)
-            arrived: list[amqp.Message] = []
+            arrived: builtins.list[amqp.Message] = []
+
+            def arrived_at_least(count: int) -> Callable[[], bool]:
+                return lambda: len(arrived) >= count
             consumer = channel.basic_consume(self.dlq, no_ack=False, callback=arrived.append)
             try:
                 while done < present and not (stop is not None and stop()):
                     want = min(REPLAY_WINDOW, present - done)
-                    drain_until(self._amqp, lambda want=want: len(arrived) >= want,
-                                REPLAY_WAIT_S)
+                    drain_until(self._amqp, arrived_at_least(want), REPLAY_WAIT_S)
                     if not arrived:
                         break  # the rest was taken by someone else meanwhile
                     batch, arrived[:] = arrived[:want], arrived[want:]
@@ -226,7 +229,8 @@ class DeadLetterQueue:
             return done
         return self._with_channel(replay_every)
 
-    def _replay_batch(self, channel: Channel, batch: list[amqp.Message]) -> list[str]:
+    def _replay_batch(self, channel: Channel, batch: builtins.list[amqp.Message]
+                      ) -> builtins.list[str]:
         """Republish ``batch`` pipelined, then ack the dead letters the broker took."""
         messages, job_ids = [], []
         for message in batch:

@@ -28,7 +28,9 @@ HIDDEN_ARGUMENTS = ("x-queue-type",)
 class JobQueue(Queue):
     """A Celery task queue that is an OJS job queue."""
 
-    attrs = (*Queue.attrs, ("ojs_queue", None))
+    # kombu infers Queue.attrs as a tuple of fixed length: one more entry is the
+    # documented way to add an attribute, which its hints do not allow for
+    attrs = (*Queue.attrs, ("ojs_queue", None))  # type: ignore[assignment]
     ojs_queue: str
 
     def declare(self, nowait: bool = False, channel: Any = None) -> str:
@@ -78,9 +80,11 @@ def extra_arguments(queue: Queue) -> dict[str, Any]:
     """The user-defined ``Queue.Declare`` arguments of a Celery queue (no OJS-owned ones)."""
     from kombu.transport.base import to_rabbitmq_queue_arguments
 
+    # kombu sets these from Queue.attrs at run time; its hints do not declare them
+    entity: Any = queue
     args = to_rabbitmq_queue_arguments(
-        dict(queue.queue_arguments or {}),
-        expires=queue.expires, message_ttl=queue.message_ttl, max_length=queue.max_length,
-        max_length_bytes=queue.max_length_bytes, max_priority=queue.max_priority,
+        dict(entity.queue_arguments or {}),
+        expires=entity.expires, message_ttl=entity.message_ttl, max_length=entity.max_length,
+        max_length_bytes=entity.max_length_bytes, max_priority=entity.max_priority,
     )
     return {k: v for k, v in args.items() if k not in OWNED_ARGUMENTS}

@@ -107,6 +107,19 @@ class JobChannel(Protocol):
 
     def ojs_unacked(self) -> list[str]: ...
 
+    def queue_declare(self, queue: str = "", passive: bool = False, durable: bool = False,
+                      exclusive: bool = False, auto_delete: bool = False,
+                      nowait: bool = False, arguments: dict[str, Any] | None = None
+                      ) -> tuple[str, int, int]: ...
+
+    def basic_consume(self, queue: str = "", consumer_tag: str = "", no_local: bool = False,
+                      no_ack: bool = False, exclusive: bool = False, nowait: bool = False,
+                      callback: Callable[..., None] | None = None,
+                      arguments: dict[str, Any] | None = None,
+                      on_cancel: Callable[..., None] | None = None) -> str: ...
+
+    def close(self) -> None: ...
+
     def basic_ack(self, delivery_tag: int, multiple: bool = False) -> None: ...
 
     def basic_nack(self, delivery_tag: int, multiple: bool = False,

@@ -29,7 +29,7 @@ from .py_amqp_seam import NO_READ_AHEAD
 
 CHECKED = "5.5.4, 5.6.2, 5.7.0"
 
-_T = TypeVar("_T", bound=type)
+_T = TypeVar("_T")
 
 
 def _decoded_cache_is_read() -> bool:
@@ -103,7 +103,7 @@ def connection_info(connection: kombu.Connection) -> Iterator[tuple[str, Any]]:
     return connection._info(resolve=False)
 
 
-def connection_hooks(cls: _T) -> _T:
+def connection_hooks(cls: type[_T]) -> type[_T]:
     """kombu's connection internals call ``cls``'s public methods: ``ensure_with_policy``
     is its retry loop, ``library_errors_naming_broker`` its error translation,
     ``on_connected()`` runs after each connect and ``on_closing()`` before a close."""
@@ -124,7 +124,7 @@ def connection_hooks(cls: _T) -> _T:
     return cls
 
 
-def reader_hook(cls: _T) -> _T:
+def reader_hook(cls: type[_T]) -> type[_T]:
     """kombu's event-loop reader reads through ``cls.loop_reader(connection)`` (unless
     :data:`~.py_amqp_seam.NO_READ_AHEAD` is in force)."""
 

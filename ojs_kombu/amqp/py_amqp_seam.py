@@ -26,7 +26,7 @@ CHECKED = "5.3.1, 5.4.2"
 NO_READ_AHEAD = "reading frames with py-amqp's own reader (no read-ahead)"
 NO_LOOP_ACKS = "acking each delivery at once (no acks collected per loop iteration)"
 
-_T = TypeVar("_T", bound=type)
+_T = TypeVar("_T")
 
 
 def _hook(owner: Any, member: str, why: str, params: tuple[str, ...] | None = None,
@@ -96,7 +96,7 @@ def socket_recv(transport: amqp_transport.TCPTransport) -> Callable[[int], bytes
     return transport._quick_recv
 
 
-def read_hooks(cls: _T) -> _T:
+def read_hooks(cls: type[_T]) -> type[_T]:
     """``cls``'s ``read_exact`` and ``unparsed`` become py-amqp's ``_read`` and
     ``_read_buffer`` (no call in between: every frame read goes through them)."""
     cls._read = cls.read_exact  # type: ignore[attr-defined]
@@ -104,7 +104,7 @@ def read_hooks(cls: _T) -> _T:
     return cls
 
 
-def channel_hooks(cls: _T) -> _T:
+def channel_hooks(cls: type[_T]) -> type[_T]:
     """py-amqp's channel callbacks call ``cls``'s ``on_revive()`` (before a revive) and,
     unless :data:`NO_LOOP_ACKS` is in force, ``on_deliver(consumer_tag, delivery_tag)``
     (before a ``Basic.Deliver`` is handled)."""
@@ -126,7 +126,7 @@ def channel_hooks(cls: _T) -> _T:
     return cls
 
 
-def close_hook(cls: _T) -> _T:
+def close_hook(cls: type[_T]) -> type[_T]:
     """A channel close the broker sends calls ``cls``'s ``on_broker_close(reply_code,
     reply_text)`` instead of py-amqp's handler, which raises it."""
 

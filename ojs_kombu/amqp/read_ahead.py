@@ -59,6 +59,8 @@ class ReadAheadTCPTransport(TCPTransport):
     reading_for_loop = False
     #: Makes the event loop's next poll return at once (:class:`LoopWake`).
     loop_wake: Callable[[], None] | None = None
+    #: py-amqp's socket (``None`` once closed); py-amqp has no type hints.
+    sock: Any
 
     _held = _EMPTY
     _offset = 0

@@ -50,10 +50,11 @@ class TaskProducer(kombu.Producer):
     """
 
     def revive(self, channel: Any) -> None:
-        if self.exchange.name or not is_connection(channel):
+        if (self.exchange is not None and self.exchange.name) or not is_connection(channel):
             super().revive(channel)
             return
-        self.__connection__ = channel
+        # kombu declares ``__connection__ = None`` with no other type
+        self.__connection__ = channel  # type: ignore[assignment]
         self._channel = ChannelPromise(lambda: channel.default_channel)
 
 
@@ -77,7 +78,7 @@ class OJSAMQP(AMQP):
         return task_retry_policy(task, self.binding.settings.retry_semantics)
 
     @property
-    def queues_cls(self) -> Any:  # type: ignore[override]
+    def queues_cls(self) -> Any:
         return partial(OJSQueues, binding=self.binding)
 
     @cached_property
@@ -89,7 +90,7 @@ class OJSAMQP(AMQP):
                    ) -> kombu.Connection:
         options = dict(transport_options or {})
         options[BINDING_OPTION] = self.binding_key
-        return ReconnectingConnection(*args, transport_options=options, **kwargs)
+        return ReconnectingConnection(*args, **{**kwargs, "transport_options": options})
 
     BrokerConnection = Connection
     Producer = TaskProducer

@@ -27,7 +27,7 @@ import os
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
-from typing import Any
+from typing import Any, TypeAlias
 
 from celery import Celery
 from celery.canvas import Signature, chord, group
@@ -59,7 +59,7 @@ _INERT_DEFAULTS = {"serializer": "json", "routing_key": None, "exchange": None,
                    "delivery_mode": None, "compression": None, "immediate": None,
                    "mandatory": None}
 
-JobSpec = Signature | tuple[Any, ...]
+JobSpec: TypeAlias = Signature | tuple[Any, ...]
 
 
 def inert_option(option: str, value: Any) -> bool:

@@ -30,7 +30,7 @@ except ImportError:  # pragma: no cover  (no client: no Redis backend to mind)
 
 CHECKED = "5.5.3, 5.6.3, 5.7.0"
 
-_T = TypeVar("_T", bound=type)
+_T = TypeVar("_T")
 
 #: A chain built with ``|`` (``celery.canvas.chain`` makes these, and is one itself).
 Chain: type = canvas._chain
@@ -112,7 +112,7 @@ def set_default_consume_from(queues: celery_amqp.Queues, consume_from: dict[str,
         queues._default_consume_from = consume_from
 
 
-def amqp_hooks(cls: _T) -> _T:
+def amqp_hooks(cls: type[_T]) -> type[_T]:
     """Celery's ``AMQP._create_task_sender`` returns ``cls.wrap_task_sender(sender)`` of
     Celery's own sender."""
 
@@ -123,13 +123,13 @@ def amqp_hooks(cls: _T) -> _T:
     return cls
 
 
-def queues_hooks(cls: _T) -> _T:
+def queues_hooks(cls: type[_T]) -> type[_T]:
     """Celery's ``Queues._add`` is ``cls.add_queue``."""
     cls._add = cls.add_queue  # type: ignore[attr-defined]
     return cls
 
 
-def request_hooks(cls: _T) -> _T:
+def request_hooks(cls: type[_T]) -> type[_T]:
     """Celery's ``Request._announce_revoked`` calls ``cls.on_revoked(expired)`` first and
     ``cls.after_revoked(expired)`` after it."""
 

@@ -39,6 +39,7 @@ class OJSQueues(Queues):
     def __missing__(self, name: str) -> Queue:
         names = self.binding.names
         amqp_name = names.job_queue(names.ojs_queue(name))
+        queue: Queue
         for queue in dict.values(self):
             if queue.name == amqp_name:
                 return queue
@@ -70,7 +71,8 @@ class OJSQueues(Queues):
                 "auto-delete (AMQP-003); drop durable=False/auto_delete/exclusive"
             )
         ojs_name = self.binding.names.ojs_queue(queue.name)
-        raw = dict(queue.queue_arguments or {})
+        # kombu sets queue_arguments from Queue.attrs at run time; its hints omit it
+        raw = dict(getattr(queue, "queue_arguments", None) or {})
         owned = sorted(k for k in OWNED_ARGUMENTS if k in raw)
         if owned:
             raise OJSConfigurationError(

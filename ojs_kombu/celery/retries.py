@@ -55,7 +55,7 @@ def app_retry_semantics(app: Any) -> RetrySemantics:
     if value not in RETRY_SEMANTICS:
         raise OJSConfigurationError(
             f"ojs_retry_semantics must be 'celery' or 'ojs', not {value!r}")
-    return value  # type: ignore[no-any-return]
+    return value
 
 
 def task_retry_policy(task: Task, semantics: RetrySemantics | None = None) -> RetryPolicy:
@@ -91,7 +91,7 @@ def task_retry_policy(task: Task, semantics: RetrySemantics | None = None) -> Re
         semantics = app_retry_semantics(task.app)
     cache: dict[str, RetryPolicy] | None = getattr(task, "_ojs_policies", None)
     if cache is None:
-        cache = task._ojs_policies = {}  # type: ignore[attr-defined]
+        cache = task._ojs_policies = {}
     cached = cache.get(semantics)
     if cached is not None:
         return cached

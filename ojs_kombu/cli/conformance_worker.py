@@ -41,7 +41,7 @@ from ..spec.decode import UNKNOWN_JOB_TYPE
 from ..spec.errors import ControlError
 from ..spec.job_ids import new_job_id
 from .broker import delete_queues, queue_state
-from .conformance_report import Results
+from .conformance_report import Results, Status
 from .jobs import build_cli_job, publish_cli_job
 from .local_proxy import LocalProxy
 
@@ -225,7 +225,7 @@ def _cancel_and_beat(results: Results, connection: kombu.Connection, binding: Bi
             if not _until(started_or_dead, timeout) or dead:
                 reason = unknown_probe(dead[0] if dead else None, queue) or NO_PROBE_TASK.format(
                     queue=queue, kind=SLEEP_TYPE, timeout=timeout)
-                status = "n/a" if dead and reason.startswith("not checked") else "fail"
+                status: Status = "n/a" if dead and reason.startswith("not checked") else "fail"
                 results.set("AMQP-019", status, reason)
                 results.set("AMQP-020", status, reason)
                 client.cancel(job_id, queue)

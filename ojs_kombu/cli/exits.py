@@ -36,5 +36,6 @@ class CLIError(click.ClickException):
 
     def __init__(self, message: str, exit_code: int = EXIT_FAILED, kind: str = "failed") -> None:
         super().__init__(message)
-        self.exit_code = exit_code
+        # click types exit_code as a class variable, but reads it from the instance
+        self.exit_code = exit_code  # type: ignore[misc]
         self.kind = kind

@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from time import time as _time
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 from urllib.parse import quote
 
 from pydantic import (
@@ -33,7 +33,7 @@ from ..spec.times import format_milliseconds, format_time
 from .catalog import DATA_MODELS, EVENT_TYPES, EventType, NonEmptyStr, Timestamp
 from .wire import compact_json
 
-SPEC_VERSION = "1.0"
+SPEC_VERSION: Final = "1.0"
 DATA_CONTENT_TYPE = "application/json"
 EVENT_ID_PREFIX = "evt_"
 # RFC 3986 absolute URI: a scheme, then only URI characters and well-formed %XX escapes.
@@ -218,7 +218,8 @@ def _construct(id: str, type: str, source: str, time: datetime, subject: str | N
 def _envelope_dict(id: str, type: str, source: str, time: str, subject: str | None,
                    data: dict[str, Any], datacontenttype: str | None = None) -> dict[str, Any]:
     """An event's JSON-ready dict, in attribute order, without the unset optional ones."""
-    out = {"specversion": SPEC_VERSION, "id": id, "type": type, "source": source, "time": time}
+    out: dict[str, Any] = {"specversion": SPEC_VERSION, "id": id, "type": type,
+                           "source": source, "time": time}
     if subject is not None:
         out["subject"] = subject
     if datacontenttype is not None:

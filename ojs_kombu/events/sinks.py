@@ -162,7 +162,8 @@ class BackgroundSink:
 
     def _take(self) -> tuple[list[AnyEvent], Any]:
         """Up to ``batch_size`` events from the front, and the marker that ended them."""
-        buffer, events = self._buffer, []
+        buffer = self._buffer
+        events: list[AnyEvent] = []
         while buffer and len(events) < self.batch_size:
             item = buffer.popleft()
             if _is_marker(item):

@@ -105,10 +105,17 @@ def _interval_problem(initial_interval: str, max_interval: str) -> str | None:
     return None
 
 
+UniqueKey = Literal["type", "queue", "args", "meta"]
+
+
+def _type_only() -> list[UniqueKey]:
+    return ["type"]
+
+
 class UniquePolicy(_Strict):
     """``unique-policy.schema.json``."""
 
-    keys: list[Literal["type", "queue", "args", "meta"]] = Field(default_factory=lambda: ["type"])
+    keys: list[UniqueKey] = Field(default_factory=_type_only)
     args_keys: list[NonEmptyStr] | None = None
     meta_keys: Annotated[list[NonEmptyStr], Field(min_length=1)] | None = None
     period: Duration | None = None

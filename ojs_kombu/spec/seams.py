@@ -62,7 +62,7 @@ class Hook:
             member = inspect.getattr_static(self.owner, self.member, None)
             if member is None:
                 return "is missing"
-            function = member.fget if isinstance(member, property) else member
+            function: Any = member.fget if isinstance(member, property) else member
             function = getattr(function, "__func__", function)
             try:
                 parameters = tuple(inspect.signature(function).parameters)

@@ -14,8 +14,6 @@ from __future__ import annotations
 import importlib
 import math
 import os
-import subprocess
-import sys
 import threading
 import time as time_module
 import uuid
@@ -34,10 +32,10 @@ from celery.result import AsyncResult
 from ojs_kombu.amqp.control import ControlClient
 from ojs_kombu.spec.naming import is_job_id
 
-from .conftest import HOST, PORT, body_of, rabbitmqctl, stop_worker, wait_until
+from .conftest import HOST, PORT, body_of, wait_until
 from .test_helpers import check_job
+from .workers import launch_worker
 
-ROOT = Path(__file__).resolve().parents[1]
 BACKEND = "redis://127.0.0.1:6379/0"
 QUEUE = "typed"
 
@@ -62,25 +60,13 @@ def typed(broker_url: str) -> ModuleType:
 
 
 @pytest.fixture(scope="module")
-def typed_worker(typed: ModuleType, vhost: str, tmp_path_factory: pytest.TempPathFactory
+def typed_worker(typed: ModuleType, broker_url: str, tmp_path_factory: pytest.TempPathFactory
                  ) -> Iterator[Path]:
     log_path = tmp_path_factory.mktemp("typed") / "worker.log"
-    with log_path.open("ab") as log:
-        worker = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "integration.typedapp", "worker", "-Q", QUEUE,
-             "-n", f"typed-{os.getpid()}@%h", "-P", "prefork", "-c", "2", "-E",
-             "--loglevel", "INFO", "--without-mingle", "--without-gossip"],
-            cwd=ROOT, env=dict(os.environ), stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True)
-    try:
-        def consumed() -> bool:
-            listed = rabbitmqctl("list_queues", "--no-table-headers", "-p", vhost, "name",
-                                 "consumers")
-            return f"ojs.queue.{QUEUE}\t1" in listed
-        wait_until(consumed, 90, "the typed worker consuming its queue")
+    with launch_worker(broker_url, "integration.typedapp", QUEUE, pool="prefork",
+                       concurrency=2, log=log_path, options=["-E"], control=True,
+                       env={"OJS_TEST_BACKEND_URL": BACKEND}):
         yield log_path
-    finally:
-        stop_worker(worker)
 
 
 def test_typed_values_are_natural_json_on_the_wire(typed: ModuleType, vhost: str) -> None:

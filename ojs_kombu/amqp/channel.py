@@ -75,7 +75,7 @@ class Channel(pyamqp.Channel):
 
     # -- publish (ojs_kombu.amqp.publisher) ------------------------------------
 
-    def basic_publish(  # type: ignore[override]
+    def basic_publish(
         self,
         msg: amqp.Message,
         exchange: str = "",
@@ -182,7 +182,7 @@ class Channel(pyamqp.Channel):
 
     def on_deliver(self, consumer_tag: str, delivery_tag: int) -> None:
         """Before py-amqp hands a ``Basic.Deliver`` to its consumer (:mod:`.py_amqp_seam`)."""
-        if consumer_tag not in self.no_ack_consumers:
+        if consumer_tag not in (self.no_ack_consumers or ()):
             self.ojs_acks.delivered(delivery_tag)
         connection = self.connection
         if connection is not None and connection.ojs_jobs_run_in_loop:

@@ -192,11 +192,12 @@ def registered_type(value: Any) -> tuple[str | None, Any] | None:
     app registered; ``None`` for kombu's own datetime, date, time, Decimal and UUID,
     which travel in their natural forms (:mod:`ojs_kombu.spec.typed_values`)."""
     for registered, (marker, encoder) in kombu_json._encoders.items():
+        encode: Callable[[Any], Any] = encoder
         if isinstance(value, registered):
             builtin = BUILTIN_TYPES.get(marker) if marker is not None else None
             if builtin is not None and builtin[0] is registered:
                 return None
-            return marker, encoder(value)
+            return marker, encode(value)
     return None
 
 

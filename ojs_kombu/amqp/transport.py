@@ -216,13 +216,17 @@ class Connection(pyamqp.Connection):
         return self.ojs_topology.queue_depth(queue)
 
 
+#: The connection class, by a name the transport's class attribute does not shadow.
+JobAMQPConnection = Connection
+
+
 @reader_hook
 class Transport(pyamqp.Transport):
     """kombu transport ``ojs://``: RabbitMQ through py-amqp, jobs as OJS jobs."""
 
     Connection = Connection
 
-    def register_with_event_loop(self, connection: Connection, loop: Any) -> None:
+    def register_with_event_loop(self, connection: JobAMQPConnection, loop: Any) -> None:
         super().register_with_event_loop(connection, loop)
         wake_on_foreign_call_soon(loop, lambda: LoopWake(loop))
         forget_loop_on_close(loop)
@@ -235,10 +239,11 @@ class Transport(pyamqp.Transport):
             transport.in_event_loop = True
             if transport.holds_frames:  # read before the loop watched the socket
                 loop.call_soon(self.on_readable, connection, loop)
-                transport.loop_wake()
+                if transport.loop_wake is not None:  # join_loop_wake just set it
+                    transport.loop_wake()
 
     @staticmethod
-    def loop_reader(connection: Connection) -> Any:
+    def loop_reader(connection: JobAMQPConnection) -> Any:
         """What kombu's event-loop reader reads through (its ``_make_reader``,
         :mod:`.kombu_seam`): a connection that reads ahead wakes the loop for the frames
         it holds; any other (TLS, py-amqp's own reader) is read as kombu reads it."""
@@ -257,8 +262,9 @@ class SSLTransport(Transport):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        if not self.client.ssl:
-            self.client.ssl = True
+        client = self.client
+        if client is not None and not client.ssl:
+            client.ssl = True
 
 
 def register_transport() -> None:

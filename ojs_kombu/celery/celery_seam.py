@@ -41,6 +41,19 @@ def _hook(owner: Any, member: str, why: str, params: tuple[str, ...] | None = No
     return Hook("Celery", "celery", owner, member, why, CHECKED, params, probe)
 
 
+@cache
+def _chord_done_marker() -> str | None:
+    """The key suffix of the Redis backend's chord done marker (``".c"``, Celery 5.7), or
+    ``""`` when the backend has none (its chords have no such race)."""
+    if redis_backend is None:
+        return ""
+    source = inspect.getsource(redis_backend)
+    if "done_marker" not in source:
+        return ""
+    set_size = inspect.getsource(redis_backend.RedisBackend.set_chord_size)
+    return ".c" if "'.c'" in set_size or '".c"' in set_size else None
+
+
 HOOKS: tuple[Hook, ...] = (
     _hook(celery_amqp.AMQP, "_create_task_sender", "publishing every task as an OJS job "
           "through Celery's own send path (celery/task_sender.py)", ()),
@@ -66,19 +79,6 @@ HOOKS: tuple[Hook, ...] = (
               "(celery/task_sender.py)", ("group_id", "chord_size"),
               probe=lambda: _chord_done_marker() is not None)]),
 )
-
-
-@cache
-def _chord_done_marker() -> str | None:
-    """The key suffix of the Redis backend's chord done marker (``".c"``, Celery 5.7), or
-    ``""`` when the backend has none (its chords have no such race)."""
-    if redis_backend is None:
-        return ""
-    source = inspect.getsource(redis_backend)
-    if "done_marker" not in source:
-        return ""
-    set_size = inspect.getsource(redis_backend.RedisBackend.set_chord_size)
-    return ".c" if "'.c'" in set_size or '".c"' in set_size else None
 
 
 @cache

@@ -119,7 +119,8 @@ class JobRequest(Request):
         """``(reason, cancelled_by)`` of the CANCEL that stopped this job, by either id."""
         for job_id in job_ids_of(self):
             if job_id in cancellations:
-                return cancellations[job_id]  # type: ignore[no-any-return]
+                reason: tuple[str | None, str | None] = cancellations[job_id]
+                return reason
         return None, None
 
     def on_accepted(self, pid: Any, time_accepted: float) -> None:

@@ -285,6 +285,9 @@ class BatchQueueFullError(QueueFullError, BatchPublishError):
     the first full queue; the message names every one.
     """
 
+    #: Every job id of the batch that was not enqueued, to why (a batch's ``rejected``).
+    rejected: dict[str, str]  # type: ignore[assignment]
+
     def __init__(self, message: str, *, queue: str, depth: int | None, bound: int | None,
                  strategy: str, retry_after: float, circuit_open: bool = False,
                  rejected: Mapping[str, str], unconfirmed: tuple[str, ...] = (),
@@ -292,7 +295,7 @@ class BatchQueueFullError(QueueFullError, BatchPublishError):
         QueueFullError.__init__(self, message, queue=queue, depth=depth, bound=bound,
                                 strategy=strategy, retry_after=retry_after,
                                 circuit_open=circuit_open, accepted=accepted)
-        self.rejected = dict(rejected)  # type: ignore[assignment]
+        self.rejected = dict(rejected)
         self.unconfirmed = tuple(unconfirmed)
 
 

@@ -175,7 +175,8 @@ def register_tasks(app: Celery) -> None:
 
     @app.task(name="retry.new_args", bind=True, shared=False)
     def retry_new_args(self: Any, value: int) -> int:
-        calls.add(id=self.request.id, task="retry.new_args", args=[value])
+        calls.add(id=self.request.id, task="retry.new_args", args=[value],
+                  job_id=self.ojs.info().job_id)
         if value == 1:
             raise self.retry(args=[2], countdown=0.2)
         return value

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from celery import Celery
 
 import ojs_kombu
 from ojs_kombu.spec.job_ids import new_job_id
+from ojs_kombu.spec.naming import is_job_id
 
 from .apps import SWITCHES, make_app
 from .conftest import body_of, get_message, publish_raw, queue_depth, rabbitmqctl, wait_until
@@ -104,6 +106,19 @@ def test_retry_with_new_args_publishes_one_new_job_only(app: Celery, worker: Any
     time.sleep(1.0)  # a duplicate would have arrived by now
     runs = [c["args"] for c in app.calls.all() if c["id"] == result.id]
     assert runs == [[1], [2]]
+
+
+def test_a_retry_with_new_args_keeps_a_chosen_task_id_and_its_job_id(app: Celery,
+                                                                     worker: Any) -> None:
+    """A task id that is not a UUIDv7 travels beside a UUIDv7 job id; Celery's retry
+    with new arguments (a new message) keeps both."""
+    task_id = f"report-{uuid.uuid4().hex[:8]}"
+    result = app.tasks["retry.new_args"].apply_async((1,), queue="retries", task_id=task_id)
+    assert result.id == task_id and result.get(timeout=30) == 2
+    runs = [c for c in app.calls.all() if c["id"] == task_id]
+    assert [c["args"] for c in runs] == [[1], [2]]
+    job_ids = {c["job_id"] for c in runs}
+    assert len(job_ids) == 1 and is_job_id(job_ids.pop())
 
 
 def test_non_retryable_error_goes_straight_to_the_dlq(app: Celery, worker: Any,

@@ -181,6 +181,10 @@ def natural(value: Any, path: Path, types: dict[str, str]) -> Any:
     kind = type(value)
     if kind in _PLAIN:
         return value
+    exact = _EXACT.get(kind)
+    if exact is not None and not _registry.overrides(kind):
+        types[pointer(path)] = exact[0]
+        return exact[1](value)
     if kind is list or kind is tuple:
         return [item if type(item) in _PLAIN else natural(item, (*path, i), types)
                 for i, item in enumerate(value)]
@@ -190,10 +194,6 @@ def natural(value: Any, path: Path, types: dict[str, str]) -> Any:
             k = key if type(key) is str else _key(key, path)
             out[k] = item if type(item) in _PLAIN else natural(item, (*path, k), types)
         return out
-    exact = _EXACT.get(kind)
-    if exact is not None and not _registry.overrides(kind):
-        types[pointer(path)] = exact[0]
-        return exact[1](value)
     if kind is float:
         if math.isfinite(value):
             return value

@@ -213,7 +213,7 @@ def test_any_task_id_travels_beside_a_uuid7_job_id(task_id: str, job_check: Any)
     job_check.validate(body)
     assert is_job_id(body["id"]) and body["id"] != task_id
     assert job.properties["message_id"] == body["id"]
-    assert body["x_celery"]["task_id"] == task_id
+    assert body["x_celery"]["id"] == task_id
     incoming = decode_job_message(job.body, job.properties, resolve_task=lambda t: t)
     assert incoming.headers["id"] == incoming.headers["root_id"] == task_id
     assert incoming.headers["ojs_job_id"] == body["id"]

@@ -25,7 +25,7 @@ from ojs_kombu.spec.envelope import CONTENT_TYPE, UniquePolicy
 from ojs_kombu.spec.errors import JobRejected, NonJSONArgumentError
 from ojs_kombu.spec.job_ids import new_job_id
 from ojs_kombu.spec.strict_input import INVALID_ENVELOPE
-from ojs_kombu.spec.unique import fingerprint
+from ojs_kombu.spec.unique import UNIQUE_HEADER, UNIQUE_OPTION, fingerprint
 
 EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
 
@@ -139,7 +139,7 @@ def test_a_foreign_producer_sends_a_date_a_uuid_and_a_decimal() -> None:
 
 @pytest.mark.parametrize("types, words", [
     ({"/args/5": "date"}, "points at no value"),
-    ({"/kwargs/x": "date"}, "points at no value"),
+    ({"/kwargs/x": "date"}, "may not be retyped"),
     ({"/args/0": "money"}, "names type 'money'"),
     ({"/args/0": "uuid"}, "does not read as uuid"),
     ({"/args/1": "date"}, "does not read as date"),
@@ -178,13 +178,78 @@ def test_a_typed_value_in_meta_is_refused_naming_it() -> None:
 
 def test_unique_fingerprints_agree_between_producer_and_worker() -> None:
     """A unique job's fingerprint from the producer's Python values equals the one the
-    worker computes from the wire's natural JSON."""
+    worker computes from the wire: the same work whoever looks at it."""
     policy = UniquePolicy(keys=["type", "args"])
-    python = fingerprint(policy, job_type="billing.charge", queue="billing",
-                         args=[date(2026, 1, 1), Decimal("1.0")], kwargs={"u": VALUES[5]})
-    wire = fingerprint(policy, job_type="billing.charge", queue="billing",
-                       args=["2026-01-01", "1.0"], kwargs={"u": NATURAL[5]})
-    assert python == wire
+    when = datetime(2026, 1, 1, 9, 30, tzinfo=UTC)  # str() and isoformat() differ
+    args, kwargs = [when, Decimal("1.0"), float("nan")], {"u": VALUES[5]}
+    producer = fingerprint(policy, job_type="billing.charge", queue="billing", args=args,
+                           kwargs=kwargs)
+    job = publish(args, kwargs, **{UNIQUE_OPTION: policy.model_dump(mode="json",
+                                                                    exclude_unset=True)})
+    worker = consume(job.body, job.properties).headers[UNIQUE_HEADER]["fingerprint"]
+    assert producer == worker
+
+
+def test_a_unique_call_with_a_set_is_an_encode_error_naming_it() -> None:
+    policy = UniquePolicy(keys=["type", "args"])
+    with pytest.raises(EncodeError, match=r"args\[1\] is a set"):
+        fingerprint(policy, job_type="billing.charge", queue="billing", args=[1, {2}])
+
+
+def test_a_value_that_refers_to_itself_is_an_encode_error() -> None:
+    looped: list[Any] = [1]
+    looped.append(looped)
+    with pytest.raises(NonJSONArgumentError, match="refers to itself or is nested too deeply"):
+        publish([looped])
+
+
+def test_float_keys_are_written_as_json_writes_them() -> None:
+    job = publish([{1.5: "a", float("nan"): "b", 2: "c", True: "d"}, date(2026, 1, 1)])
+    assert json.loads(job.body)["args"][0] == {"1.5": "a", "NaN": "b", "2": "c", "true": "d"}
+
+
+def test_a_custom_header_named_task_id_is_a_header_like_any_other() -> None:
+    task_id = new_job_id()
+    job = encode_task_message(
+        body=([1], {}, EMBED), content_type=CELERY_CALL, properties={},
+        headers={"task": "billing.charge", "id": task_id, "task_id": "from-a-header"},
+        job_type="billing.charge", queue="billing")
+    headers = consume(job.body, job.properties).headers
+    assert headers["id"] == task_id and headers["task_id"] == "from-a-header"
+
+
+def test_a_decoder_that_raises_anything_refuses_the_job_naming_the_entry() -> None:
+    """An app's decoder may raise KeyError or IndexError on a foreign job's value: the
+    job is dead-lettered, naming the entry (the worker goes on)."""
+    body = json.dumps({"specversion": "1.0", "id": new_job_id(), "type": "billing.charge",
+                       "queue": "billing", "args": [[]],
+                       "meta": {"x_celery_types": {"/args/0": "test_money"}}}).encode()
+    with pytest.raises(JobRejected, match=r"\[\'/args/0\'\].*KeyError|TypeError") as info:
+        consume(body)
+    assert info.value.code == INVALID_ENVELOPE
+
+
+@pytest.mark.parametrize("pointer", [
+    "/x_celery/id", "/x_celery", "/x_celery/kwargs", "/x_celery/chain/0/task",
+    "/x_celery/root_id", "/x_celery/retries", "/args", "/meta/x",
+])
+def test_a_type_map_may_not_retype_what_celery_reads(pointer: str) -> None:
+    body = json.dumps({"specversion": "1.0", "id": new_job_id(), "type": "billing.charge",
+                       "queue": "billing", "args": ["0f8fad5b-d9cb-469f-a165-70867728950e"],
+                       "x_celery": {"id": "0f8fad5b-d9cb-469f-a165-70867728950e",
+                                    "kwargs": {"a": "1"}},
+                       "meta": {"x_celery_types": {pointer: "uuid"}}}).encode()
+    with pytest.raises(JobRejected, match="may not be retyped"):
+        consume(body)
+
+
+@pytest.mark.parametrize("pointer", ["/args/-1", "/args/00", "/args/+0", "/args/\u0660"])
+def test_list_indexes_are_rfc_6901_indexes(pointer: str) -> None:
+    body = json.dumps({"specversion": "1.0", "id": new_job_id(), "type": "billing.charge",
+                       "queue": "billing", "args": ["2026-01-01"],
+                       "meta": {"x_celery_types": {pointer: "date"}}}).encode()
+    with pytest.raises(JobRejected, match="points at no value"):
+        consume(body)
 
 
 def test_a_builtin_type_the_app_registers_itself_travels_as_it_says() -> None:

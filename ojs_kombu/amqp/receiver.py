@@ -161,6 +161,11 @@ class JobReceiver:
                                          argsrepr=_argsrepr, queue=queue)
             except JobRejected as rejected:
                 return self.dead_letter(raw, queue, rejected.code, rejected.message)
+            except Exception as exc:  # never let one message stop the worker
+                logger.exception("a message on %s could not be decoded; dead-lettering it",
+                                 queue)
+                return self.dead_letter(raw, queue, INVALID_ENVELOPE,
+                                        f"undecodable: {type(exc).__name__}: {exc}")
             delivery = JobDelivery(queue, job.envelope.id, raw.body, dict(raw.properties),
                                    job.envelope.type)
             envelope = job.envelope

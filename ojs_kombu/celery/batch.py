@@ -109,15 +109,25 @@ def enqueue_many(app: Celery, jobs: Iterable[JobSpec] | group, *,
         try:
             channel.publish_jobs(outgoing, confirm_timeout=confirm_timeout)
         except BatchPublishError as exc:
-            rejected = {task_id for job, task_id in zip(outgoing, encoder.task_ids, strict=True)
-                        if job.job_id in exc.rejected}
-            forget_scheduled(app, [task_id for task_id in recorded if task_id in rejected])
+            _by_task_id(exc, {job.job_id: task_id
+                              for job, task_id in zip(outgoing, encoder.task_ids, strict=True)})
+            forget_scheduled(app, [task_id for task_id in recorded if task_id in exc.rejected])
             raise
         except BaseException:
             forget_scheduled(app, recorded)
             raise
     result_cls = app.AsyncResult
     return [result_cls(task_id) for task_id in encoder.task_ids]
+
+
+def _by_task_id(exc: BatchPublishError, task_ids: Mapping[str, str]) -> None:
+    """Name the jobs of a failed batch by their task ids, as its results are (a task id
+    that is not a UUIDv7 is not its job's OJS id)."""
+    if all(job_id == task_id for job_id, task_id in task_ids.items()):
+        return
+    exc.rejected = {task_ids.get(k, k): why for k, why in exc.rejected.items()}
+    exc.unconfirmed = tuple(task_ids.get(k, k) for k in exc.unconfirmed)
+    exc.accepted = tuple(task_ids.get(k, k) for k in exc.accepted)
 
 
 def _flatten(jobs: Iterable[JobSpec] | group) -> Iterable[JobSpec]:

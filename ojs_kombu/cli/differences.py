@@ -194,7 +194,7 @@ DIFFERENCES: tuple[Difference, ...] = (
         "a task_id that is not a UUIDv7 travels beside a new UUIDv7 job id",
         "any ``task_id`` works as in Celery (results, ``revoke``, ``inspect``, events, "
         "Flower); one that is not a lowercase UUIDv7 (``\"report-42\"``, "
-        "``str(uuid.uuid4())``) travels as ``x_celery.task_id`` of a job whose OJS ``id`` "
+        "``str(uuid.uuid4())``) travels as ``x_celery.id`` of a job whose OJS ``id`` "
         "(and ``message_id``, dead letters, OJS events) is a new UUIDv7.  ``ojs-kombu "
         "cancel`` and ``info`` take either; INFO by the OJS id of such a job is answered by "
         "the workers while they remember it (10,000 jobs each), by the task id from the "

@@ -26,7 +26,7 @@ from .strict_input import INVALID_ENVELOPE, check_content_type, parse_envelope
 from .times import celery_time
 from .typed_values import TYPES_KEY, TypeMapError, check_type_map, restore
 from .unique import UNIQUE_HEADER, fingerprint
-from .x_celery import EMBED_KEYS, HEADER_DEFAULTS, X_CELERY, check_x_celery
+from .x_celery import EMBED_KEYS, HEADER_DEFAULTS, X_CELERY, check_x_celery, retypable
 
 UNKNOWN_JOB_TYPE = "UNKNOWN_JOB_TYPE"
 #: Celery header through which a consumed job's own retry policy reaches the task.
@@ -109,7 +109,9 @@ def decode_job_message(
     meta = envelope.meta
     if meta and TYPES_KEY in meta:  # values JSON has no type for: their Python types back
         try:
-            typed = restore({"args": args, X_CELERY: x_celery}, check_type_map(meta[TYPES_KEY]))
+            types = meta[TYPES_KEY]
+            typed = restore({"args": args, X_CELERY: x_celery}, types,
+                            check_type_map(types, retypable))
         except TypeMapError as exc:
             raise JobRejected(INVALID_ENVELOPE, str(exc)) from None
         args, x_celery = typed["args"], typed[X_CELERY]

@@ -304,7 +304,7 @@ def build_job(
 
     try:
         encoded = _dumps(job)
-    except (TypeError, ValueError):  # a value JSON has no type for: its natural form
+    except (TypeError, ValueError, RecursionError):  # typed values: their natural forms
         encoded = _dumps(_typed_job(job, meta, task_name=task_name, job_id=job_id, queue=queue))
     if max_job_bytes is not None and len(encoded) > max_job_bytes:
         raise JobTooLargeError(
@@ -365,6 +365,10 @@ def _typed_job(job: dict[str, Any], meta: dict[str, Any], *, task_name: str | No
             f"task {task_name!r}: {python_path(exc.path)} is a {type(exc.value).__name__}: "
             f"{exc.advice}", job_id=job_id, queue=queue, path=python_path(exc.path),
         ) from None
+    except RecursionError:
+        raise NonJSONArgumentError(
+            f"task {task_name!r}: an argument refers to itself or is nested too deeply for "
+            "JSON", job_id=job_id, queue=queue) from None
     if meta_types:
         where, kind = next(iter(meta_types.items()))
         path = python_path(tuple(parse_pointer(where)))

@@ -20,13 +20,13 @@ called by the AMQP floor's kombu seam.
 from __future__ import annotations
 
 import base64
-import binascii
 import copy
 import functools
 import math
+import re
 from collections.abc import Callable, Mapping
 from datetime import date, datetime, time
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Any
 from uuid import UUID
 
@@ -158,8 +158,10 @@ def _key(key: Any, path: Path) -> str:
         return key
     if key is True or key is False or key is None:
         return "true" if key is True else ("false" if key is False else "null")
-    if isinstance(key, int | float):
-        return str(int(key)) if isinstance(key, int) else repr(float(key))
+    if isinstance(key, int):
+        return str(int(key))
+    if isinstance(key, float):  # as json writes a float key
+        return repr(key) if math.isfinite(key) else _float_text(key)
     raise UnencodableValue((*path, str(key)), key,
                            f"a mapping key must be a string or a number, not "
                            f"{type(key).__name__}")
@@ -228,38 +230,66 @@ class TypeMapError(ValueError):
     """A consumed job's type map cannot be applied: the message names the entry."""
 
 
-def check_type_map(types: Any) -> dict[str, str]:
-    """The type map of a consumed job (``meta.x_celery_types``), or :class:`TypeMapError`."""
+#: A list index in a pointer (RFC 6901: no sign, no leading zero, ASCII digits).
+_INDEX = re.compile(r"0|[1-9][0-9]*")
+
+
+def check_type_map(types: Any, allowed: Callable[[list[str]], bool] = lambda parts: True
+                   ) -> dict[str, list[str]]:
+    """The pointers of a consumed job's type map (``meta.x_celery_types``), parsed, or
+    :class:`TypeMapError`: the map is an object of pointer -> type name, every type is
+    one this worker reads, and ``allowed`` accepts every pointer (what may be retyped:
+    never a field Celery reads, or a whole container)."""
     if not isinstance(types, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in types.items()):
         raise TypeMapError(f"meta.{TYPES_KEY} must be an object of JSON Pointer -> type name "
                            "strings")
+    parsed: dict[str, list[str]] = {}
     for ptr, name in types.items():
         if name not in BUILTIN_TYPES and _registry.decoder(name) is None:
             raise TypeMapError(
                 f"meta.{TYPES_KEY}[{ptr!r}] names type {name!r}, which this worker cannot read "
                 f"(known: {', '.join(BUILTIN_TYPES)}, and types the app registers with "
                 "kombu.utils.json.register_type)")
-    return types
+        try:
+            parts = parse_pointer(ptr)
+        except ValueError as exc:
+            raise TypeMapError(f"meta.{TYPES_KEY}[{ptr!r}]: {exc}") from None
+        if parts[0] not in TYPED_ROOTS or not allowed(parts):
+            raise TypeMapError(
+                f"meta.{TYPES_KEY}[{ptr!r}] may not be retyped: a type map points at an "
+                "argument, a keyword argument, a custom header or a canvas signature's "
+                "args, kwargs or options (or inside them)")
+        parsed[ptr] = parts
+    return parsed
 
 
-def restore(members: dict[str, Any], types: Mapping[str, str]) -> dict[str, Any]:
-    """Copies of the envelope ``members`` (``args``, ``x_celery``) with each value
-    ``types`` points to read back as its Python type; deepest pointers first, so a
-    registered type whose JSON holds typed values gets them as Python values.
-    :class:`TypeMapError` names a pointer that leads nowhere or a value that does not
-    read as its type."""
-    restored = {name: copy.deepcopy(members[name]) for name in TYPED_ROOTS if name in members}
+def restore(members: dict[str, Any], types: Mapping[str, str],
+            parsed: Mapping[str, list[str]] | None = None) -> dict[str, Any]:
+    """The envelope ``members`` (``args``, ``x_celery``) with each value ``types`` points
+    to read back as its Python type; deepest pointers first, so a registered type whose
+    JSON holds typed values gets them as Python values.  Containers on a pointer's way
+    are copied, nothing else (``members`` stay as they were).  :class:`TypeMapError`
+    names a pointer that leads nowhere or a value that does not read as its type,
+    whatever the decoder raised."""
+    restored = {name: members[name] for name in TYPED_ROOTS if name in members}
+    copies: set[int] = set()  # ids of the containers copied here (safe to change)
+
+    def own(parent: Any, key: Any) -> Any:
+        child = parent[key]
+        if isinstance(child, list | dict) and id(child) not in copies:
+            child = parent[key] = copy.copy(child)
+            copies.add(id(child))
+        return child
+
     for ptr in sorted(types, key=lambda p: -p.count("/")):
         name = types[ptr]
         try:
-            parts = parse_pointer(ptr)
-            if parts[0] not in restored:
-                raise KeyError(parts[0])
+            parts = parsed[ptr] if parsed is not None else parse_pointer(ptr)
             parent: Any = restored
             for part in parts[:-1]:
-                parent = parent[int(part) if isinstance(parent, list) else part]
-            last: str | int = int(parts[-1]) if isinstance(parent, list) else parts[-1]
+                parent = own(parent, _step(parent, part))
+            last = _step(parent, parts[-1])
             raw = parent[last]
         except (KeyError, IndexError, TypeError, ValueError):
             raise TypeMapError(f"meta.{TYPES_KEY}[{ptr!r}] points at no value of "
@@ -272,10 +302,21 @@ def restore(members: dict[str, Any], types: Mapping[str, str]) -> dict[str, Any]
             if builtin is not None and not isinstance(raw, str):
                 raise TypeError(f"a {name} is a string in JSON, not {type(raw).__name__}")
             parent[last] = read(raw)
-        except (ValueError, TypeError, InvalidOperation, binascii.Error) as exc:
+        except Exception as exc:  # an app's decoder may raise anything: the job is refused
             raise TypeMapError(f"meta.{TYPES_KEY}[{ptr!r}]: {_short(raw)} does not read as "
-                               f"{name} ({exc})") from None
+                               f"{name} ({type(exc).__name__}: {exc})") from None
     return restored
+
+
+def _step(parent: Any, part: str) -> str | int:
+    """The key of ``part`` in ``parent``: a list index must be one (RFC 6901)."""
+    if isinstance(parent, list):
+        if _INDEX.fullmatch(part) is None:
+            raise ValueError(part)
+        return int(part)
+    if not isinstance(parent, dict):
+        raise TypeError(part)
+    return part
 
 
 def _short(value: Any) -> str:

@@ -28,8 +28,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from .envelope import UniquePolicy, parse_duration
-from .errors import JobOptionError
-from .typed_values import natural
+from .errors import JobOptionError, NonJSONArgumentError
+from .typed_values import UnencodableValue, natural, python_path
 
 #: apply_async option (and task option) carrying an OJS ``unique`` policy.
 UNIQUE_OPTION = "ojs_unique"
@@ -103,19 +103,25 @@ def fingerprint(policy: UniquePolicy, *, job_type: str, queue: str, args: Sequen
                 meta: Mapping[str, Any] | None = None) -> str:
     """The hex SHA-256 of the policy's dimensions of the job, in canonical JSON: the same
     for every producer that sends the same work under the same policy."""
-    kwargs = kwargs or {}
+    # values in their natural JSON forms: a producer's date and a consumer's ISO string
+    # of it are the same work
+    try:
+        args = natural(list(args), ("args",), {})
+        kwargs = natural(dict(kwargs or {}), ("x_celery", "kwargs"), {})
+    except UnencodableValue as exc:
+        raise NonJSONArgumentError(
+            f"{python_path(exc.path)} is a {type(exc.value).__name__}: {exc.advice}",
+            path=python_path(exc.path)) from None
     parts: dict[str, Any] = {"type": job_type}
     if "queue" in policy.keys:
         parts["queue"] = queue
     if "args" in policy.keys:
-        parts["args"] = ({"args": list(args), "kwargs": dict(kwargs)}
+        parts["args"] = ({"args": args, "kwargs": kwargs}
                          if policy.args_keys is None else _pick(policy.args_keys, args, kwargs))
     if "meta" in policy.keys:
         parts["meta"] = {key: (meta or {}).get(key) for key in policy.meta_keys or ()}
-    # values in their natural JSON forms: a producer's date and a consumer's ISO string
-    # of it are the same work
-    text = json.dumps(natural(parts, (), {}), sort_keys=True, separators=(",", ":"),
-                      ensure_ascii=False)
+    text = json.dumps(parts, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      default=str)  # meta values are JSON already
     return hashlib.sha256(text.encode()).hexdigest()
 
 

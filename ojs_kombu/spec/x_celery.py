@@ -98,7 +98,8 @@ X_CELERY_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "errbacks": (_is_signatures, "an array of signatures (objects with a string task)"),
     "chain": (_is_signatures, "an array of signatures (objects with a string task)"),
     "chord": (_is_signature, "a signature (an object with a string task)"),
-    TASK_ID_KEY: (lambda v: isinstance(v, str) and v != "", "a non-empty string"),
+    TASK_ID_KEY: (lambda v: isinstance(v, str) and v != "",
+                  "a non-empty string (the Celery task id, when it is not the job's id)"),
     "root_id": (_is_str, "a string"),
     "parent_id": (_is_str, "a string"),
     "group": (_is_str, "a string"),
@@ -124,7 +125,6 @@ X_CELERY_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
 X_CELERY_RESERVED: dict[str, str] = {
     "lang": "the consumer sets it",
     "task": "the envelope's type carries it",
-    "id": "the envelope's id carries it",
     "eta": "the envelope's scheduled_at carries it",
     "expires": "the envelope's expires_at carries it",
     **dict.fromkeys(("args", "called_directly", "children", "correlation_id", "delivery_info",
@@ -133,6 +133,31 @@ X_CELERY_RESERVED: dict[str, str] = {
                      "_children", "_protected"),
                     "the worker sets it on the task request; it is not a message header"),
 }
+
+
+#: Signature fields a type map may point into (a canvas signature's call).
+_SIGNATURE_CALL = ("args", "kwargs", "options")
+
+
+def retypable(parts: list[str]) -> bool:
+    """Whether a type map may point at ``parts`` (a parsed JSON Pointer into the
+    envelope): an argument (``args/i``), a keyword argument (``x_celery/kwargs/k``), a
+    custom header (``x_celery/h``, not one Celery reads) or a canvas signature's args,
+    kwargs or options (``x_celery/chain/i/args/j``, ``x_celery/chord/kwargs/k``), or
+    anything inside them; never a field Celery reads, and never a whole container."""
+    root, rest = parts[0], parts[1:]
+    if root == "args":
+        return len(rest) >= 1
+    if root != X_CELERY or not rest:
+        return False
+    field, below = rest[0], rest[1:]
+    if field == "kwargs":
+        return len(below) >= 1
+    if field in ("callbacks", "errbacks", "chain"):
+        return len(below) >= 3 and below[1] in _SIGNATURE_CALL
+    if field == "chord":
+        return len(below) >= 2 and below[0] in _SIGNATURE_CALL
+    return field not in X_CELERY_FIELDS and field not in X_CELERY_RESERVED
 
 
 def check_x_celery(x_celery: Any) -> dict[str, Any]:

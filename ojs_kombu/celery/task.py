@@ -160,9 +160,10 @@ class OJSTask(Task):
         """The retry of a failed attempt, if the job's rules give it one.
 
         Under Celery's semantics the retries Celery makes (``autoretry_for``,
-        ``self.retry()``) were asked for already: what reaches here is not retried."""
+        ``self.retry()``) were asked for already: what reaches here is not retried;
+        neither is what ``self.retry()`` raised out of retries (its verdict stands)."""
         headers = vars(request)
-        if follows_celery_retries(self, headers):
+        if follows_celery_retries(self, headers) or getattr(request, _EXHAUSTED, False):
             return None
         policy = job_retry_policy(self, headers)
         if not failure_retryable(self, exc, policy, headers):

@@ -149,7 +149,9 @@ class OJSTask(Task):
             retry = self._broker_retry(request, exc)
             if retry is not None:
                 raise retry from exc
-            with contextlib.suppress(AttributeError, TypeError):  # no __dict__: not said
+            # Never lose the task's own exception over its reason (an exception without
+            # a __dict__ reports none; the main process then names it by the attempts left).
+            with contextlib.suppress(Exception):
                 setattr(exc, _NOT_RETRIED, self._why_not_retried(request))
             raise
         if getattr(request, "ojs_cancel_seen", False):

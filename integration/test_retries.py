@@ -145,6 +145,26 @@ def test_a_task_out_of_its_own_retries_is_decided_once(app: Celery, worker: Any,
             kinds.count("job.discarded")) == (1, 0, 1)
 
 
+def test_a_prefork_pools_verdict_reaches_the_worker(broker_url: str, tmp_path: Path,
+                                                  amqp_channel: amqp.Channel) -> None:
+    """Across a prefork pool's process boundary the reason travels with the pickled
+    exception: out of its own retries is ``HANDLER_ERROR`` on the first of 3 attempts
+    (judged again in the worker it would be ``NON_RETRYABLE_ERROR``)."""
+    client = make_app("verdict-client", broker_url, None)
+    events = tmp_path / "events.jsonl"
+    log = tmp_path / "worker.log"
+    with launch_worker(broker_url, "integration.cliapp", "verdict-prefork", pool="prefork",
+                       concurrency=1, log=log, env={"OJS_TEST_EVENTS_FILE": str(events)}):
+        result = client.tasks["retry.gives_up"].apply_async(queue="verdict-prefork")
+        dead = dead_letter_of(amqp_channel, "verdict-prefork", result.id, timeout=60)
+        assert dead.properties["application_headers"]["x-ojs-attempt"] == 1, log.read_text()
+        last_error = discarded_event(events, result.id)["data"]["last_error"]
+        assert last_error["code"] == "HANDLER_ERROR", last_error
+        kinds = [e["type"] for e in map(json.loads, events.read_text().splitlines())
+                 if e["subject"] == result.id]
+        assert (kinds.count("job.failed"), kinds.count("job.discarded")) == (1, 1), kinds
+
+
 def test_foreign_job_with_its_own_retry_policy_is_honoured(
         app: Celery, worker: Any, amqp_channel: amqp.Channel) -> None:
     job_id = new_job_id()

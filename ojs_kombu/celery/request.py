@@ -331,8 +331,9 @@ class JobRequest(Request):
             return Delivered(Happened.NOT_RETRIED,
                              JobFailure.from_exception(exc, verdict, traceback))
         failure = JobFailure.from_exception(exc, HANDLER_ERROR, traceback)
-        # A task's exception without the pool's verdict (Celery sent it as a repr)
-        # or Reject(requeue=False): not retried, named by the attempts left.
+        # A task's exception that lost the pool's verdict (sent as its repr, or one
+        # without a __dict__) or Reject(requeue=False): not retried, named by the
+        # attempts left.
         retryable = ((requeue or happened is not Happened.HANDLER_ERROR)
                      and failure_retryable(self.task, exc, self._ojs_policy,
                                            self.request_dict))

@@ -56,7 +56,8 @@ _EXHAUSTED = "ojs_retries_exhausted"
 def not_retried_code(exc: BaseException) -> str | None:
     """The pool's reason for not retrying ``exc`` (``HANDLER_ERROR``: no attempt or
     retry left; ``NON_RETRYABLE_ERROR``: the job's rules do not retry it), or ``None``
-    when the report lost it (an exception Celery could only send as its repr)."""
+    when the report lost it (an exception Celery could only send as its repr, or one
+    without a ``__dict__``)."""
     code = getattr(exc, _NOT_RETRIED, None)
     return code if code in (HANDLER_ERROR, NON_RETRYABLE_ERROR) else None
 

@@ -143,6 +143,12 @@ def register_tasks(app: Celery) -> None:
             raise self.retry(countdown=0.5, exc=TimeoutError("upstream busy"))
         return "done"
 
+    @app.task(name="retry.gives_up", bind=True, shared=False, ojs_retry=FAST_RETRY)
+    def retry_gives_up(self: Any) -> None:
+        """Its policy leaves 3 attempts; ``self.retry(max_retries=0)`` allows none."""
+        calls.add(id=self.request.id, task="retry.gives_up", args=[])
+        raise self.retry(exc=TimeoutError("upstream gone"), max_retries=0)
+
     @app.task(name="retry.after", bind=True, shared=False)
     def retry_after(self: Any, countdown: float, how: str = "self.retry") -> str:
         """Fails its first attempt, asking for its next one ``countdown`` s later:

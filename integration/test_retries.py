@@ -136,6 +136,50 @@ def test_non_retryable_error_goes_straight_to_the_dlq(app: Celery, worker: Any,
     assert last_error["code"] == "NON_RETRYABLE_ERROR"
 
 
+def test_a_task_out_of_its_own_retries_is_decided_once(app: Celery, worker: Any,
+                                                      amqp_channel: amqp.Channel,
+                                                      events_file: Path) -> None:
+    """``self.retry(max_retries=0)``: the pool's verdict stands (no retry under the
+    job's 3-attempt policy, out of retries rather than non-retryable), and the one
+    failed attempt is one job.failed and one job.discarded."""
+    result = app.tasks["retry.gives_up"].apply_async(queue="retries")
+    with pytest.raises(TimeoutError):
+        result.get(timeout=30)
+    dead = get_message(amqp_channel, "ojs.queue.dlx.retries")
+    assert dead.properties["message_id"] == result.id
+    headers = dead.properties["application_headers"]
+    assert headers["x-ojs-attempt"] == 1
+    assert headers.get("x-ojs-error-code", "HANDLER_ERROR") == "HANDLER_ERROR"
+    assert discarded_event(events_file, result.id)["data"]["last_error"]["code"] == \
+        "HANDLER_ERROR"
+    time.sleep(0.5)  # a retry would have run by now
+    assert app.calls.count(result.id) == 1
+    kinds = [e["type"] for e in map(json.loads, events_file.read_text().splitlines())
+             if e["subject"] == result.id]
+    assert (kinds.count("job.failed"), kinds.count("job.retrying"),
+            kinds.count("job.discarded")) == (1, 0, 1)
+
+
+def test_a_prefork_pools_verdict_reaches_the_worker(broker_url: str, tmp_path: Path,
+                                                  amqp_channel: amqp.Channel) -> None:
+    """Across a prefork pool's process boundary the reason travels with the pickled
+    exception: out of its own retries is ``HANDLER_ERROR`` on the first of 3 attempts
+    (judged again in the worker it would be ``NON_RETRYABLE_ERROR``)."""
+    client = make_app("verdict-client", broker_url, None)
+    events = tmp_path / "events.jsonl"
+    log = tmp_path / "worker.log"
+    with launch_worker(broker_url, "integration.cliapp", "verdict-prefork", pool="prefork",
+                       concurrency=1, log=log, env={"OJS_TEST_EVENTS_FILE": str(events)}):
+        result = client.tasks["retry.gives_up"].apply_async(queue="verdict-prefork")
+        dead = dead_letter_of(amqp_channel, "verdict-prefork", result.id, timeout=60)
+        assert dead.properties["application_headers"]["x-ojs-attempt"] == 1, log.read_text()
+        last_error = discarded_event(events, result.id)["data"]["last_error"]
+        assert last_error["code"] == "HANDLER_ERROR", last_error
+        kinds = [e["type"] for e in map(json.loads, events.read_text().splitlines())
+                 if e["subject"] == result.id]
+        assert (kinds.count("job.failed"), kinds.count("job.discarded")) == (1, 1), kinds
+
+
 def test_foreign_job_with_its_own_retry_policy_is_honoured(
         app: Celery, worker: Any, amqp_channel: amqp.Channel) -> None:
     job_id = new_job_id()

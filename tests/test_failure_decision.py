@@ -54,6 +54,12 @@ TABLE = [
     ((H.RETRY_REQUESTED, BOOM, True, 7.5), 1, 3, (A.RETRY, HANDLER_ERROR, 7.5, False)),
     ((H.RETRY_REQUESTED, BOOM, True, None), 2, 3, (A.RETRY, HANDLER_ERROR, 2.0, False)),
     ((H.RETRY_REQUESTED, BOOM, True, 180.0), 5, 1, (A.RETRY, HANDLER_ERROR, 180.0, False)),
+    # a failure the pool did not retry: its reason stands, whatever attempts the
+    # policy would leave (self.retry(max_retries=0) used them up where it asked)
+    ((H.NOT_RETRIED, BOOM, True, None), 1, 3, (A.DEAD_LETTER, HANDLER_ERROR, 0.0, False)),
+    ((H.NOT_RETRIED, JobFailure(NON_RETRYABLE_ERROR, "KeyError", "'x'"), True, None), 3, 3,
+     (A.DEAD_LETTER, NON_RETRYABLE_ERROR, 0.0, False)),
+    ((H.NOT_RETRIED, None, True, None), 1, 3, (A.DEAD_LETTER, HANDLER_ERROR, 0.0, False)),
     # not a runnable job: dead-lettered at once, with its own code, as invalid input
     ((H.INVALID, BAD, True, None), 1, 3, (A.DEAD_LETTER, "UNKNOWN_JOB_TYPE", 0.0, True)),
     ((H.INVALID, None, True, None), 1, 3, (A.DEAD_LETTER, "INVALID_ENVELOPE", 0.0, True)),

@@ -1,6 +1,9 @@
 """The worker's request of an OJS job: Celery's ``Request``, for a job the broker holds.
 
-In the worker's main process :class:`JobRequest` settles a failed attempt on
+In the worker's main process :class:`JobRequest` decides each failed attempt
+once, with :func:`~ojs_kombu.spec.failures.decide`, from what the pool reports
+(a ``Retry`` and its delay, an exception it did not retry and why, ``Reject``)
+or what happened here (a hard time limit, a lost pool process), and settles it on
 the broker: a retry is a confirmed republish through ``ojs.exchange.retry``
 into a delay queue, then ``Basic.Ack`` (section 5.4); a job out of attempts,
 or with a non-retryable error, goes to ``ojs.queue.dlx.{q}`` with its last
@@ -40,7 +43,7 @@ from .celery_seam import request_context, request_hooks
 from .control import cancellations, job_ids_of, outcomes, unstoppable
 from .events import count_completed
 from .retries import failure_retryable, job_retry_policy
-from .task import REPUBLISHED, JobCancelled
+from .task import REPUBLISHED, JobCancelled, not_retried_code
 
 logger = logging.getLogger(__name__)
 
@@ -307,8 +310,12 @@ class JobRequest(Request):
     def _what_failed(self, requeue: bool) -> Delivered:
         """What Celery's rejection of the attempt means, for :meth:`_decide`.
 
-        ``requeue=True`` without an exception comes from a hard time limit; a
-        lost pool process (OOM kill, SIGKILL) comes as ``WorkerLostError``.
+        An exception the task raised comes with the pool's verdict
+        (:func:`~ojs_kombu.celery.task.not_retried_code`), taken as given.  The
+        rest is judged here, the one process that sees it: ``requeue=True`` without
+        an exception comes from a hard time limit, a lost pool process (OOM kill,
+        SIGKILL) comes as ``WorkerLostError``, and ``Reject(requeue=True)`` is an
+        OJS retry (Celery's tracer records nothing for a ``Reject``).
         """
         exc_info = self._ojs_exc_info
         exc = _unwrap(exc_info.exception) if exc_info is not None else None
@@ -319,12 +326,16 @@ class JobRequest(Request):
         happened = (Happened.TIME_LIMIT if timed_out else
                     Happened.WORKER_LOST if isinstance(exc, WorkerLostError) else
                     Happened.HANDLER_ERROR)
-        policy = self._ojs_policy
-        failure = JobFailure.from_exception(exc, HANDLER_ERROR,
-                                            exc_info.traceback if exc_info else None)
-        # The pool already turned a retryable exception of the task into a Retry
-        # (OJSTask.__call__): one that reaches here is not retried, unless Celery
-        # asks to requeue it (``Reject(requeue=True)``), which OJS retries instead.
+        traceback = exc_info.traceback if exc_info else None
+        verdict = not_retried_code(exc) if happened is Happened.HANDLER_ERROR else None
+        if verdict is not None:
+            return Delivered(Happened.NOT_RETRIED,
+                             JobFailure.from_exception(exc, verdict, traceback))
+        failure = JobFailure.from_exception(exc, HANDLER_ERROR, traceback)
+        # A task's exception that lost the pool's verdict (sent as its repr, or one
+        # without a __dict__) or Reject(requeue=False): not retried, named by the
+        # attempts left.
         retryable = ((requeue or happened is not Happened.HANDLER_ERROR)
-                     and failure_retryable(self.task, exc, policy, self.request_dict))
+                     and failure_retryable(self.task, exc, self._ojs_policy,
+                                           self.request_dict))
         return Delivered(happened, failure, retryable=retryable)

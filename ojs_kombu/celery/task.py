@@ -1,17 +1,25 @@
 """The task base under ojs_kombu: what a task does for its OJS job in the pool.
 
-A failed attempt is settled by the broker, never by waiting in the worker: in
-the pool, :class:`OJSTask` turns a retryable exception into Celery's ``Retry``
-(so the result backend says ``RETRY``, not ``FAILURE``) *without* publishing
-anything; ``self.retry(countdown=...)`` and ``autoretry_for`` do the same.  The
-worker's main process then retries or dead-letters the job
-(:mod:`ojs_kombu.celery.request`); which failures are retried is
-:mod:`ojs_kombu.celery.retries`.  ``self.ojs`` (:class:`JobContext`) is what a
-running job tells the world: its progress, and whether a CANCEL reached it.
+A failed attempt is settled by the broker, never by waiting in the worker.  The
+pool runs the task and reports how it ended; the worker's main process decides
+what becomes of the job, once (:mod:`ojs_kombu.celery.request`).  One verdict
+must be reached here, because Celery's tracer acts on it in the pool before the
+main process hears of the attempt: whether a task's exception is retried.  A
+``Retry`` makes the result backend say ``RETRY`` and fires ``task_retry`` and the
+task's ``on_retry``; any other exception says ``FAILURE``, fires ``task_failure``,
+``on_failure``, the ``link_error`` errbacks and fails a chord.  So
+:class:`OJSTask` turns an exception the job's rules retry
+(:mod:`ojs_kombu.celery.retries`) into Celery's ``Retry`` *without* publishing
+anything, ``self.retry()`` checks its limit where Celery's API raises
+``MaxRetriesExceededError`` (in the task), and an exception it does not retry
+carries the reason (:func:`not_retried_code`).  ``self.ojs`` (:class:`JobContext`)
+is what a running job tells the world: its progress, and whether a CANCEL
+reached it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Mapping
 from datetime import datetime
@@ -23,6 +31,8 @@ from celery.utils.serialization import raise_with_context
 from celery.worker import state as worker_state
 
 from ..events.emitter import JobInfo
+from ..spec.envelope import RetryPolicy
+from ..spec.failures import HANDLER_ERROR, NON_RETRYABLE_ERROR
 from ..spec.job_ids import JOB_ID_HEADER
 from ..spec.retry import Backoff
 from ..spec.unique import IDEMPOTENCY_HEADER, UNIQUE_HEADER
@@ -36,6 +46,20 @@ logger = logging.getLogger(__name__)
 REPUBLISHED = "ojs_kombu: published by Celery's retry"
 _ATTEMPT_HEADER = "x-ojs-attempt"
 _KEY_HEADER = IDEMPOTENCY_HEADER
+#: Attribute of an exception the pool did not retry: why (the error code its dead
+#: letter carries); it travels with the pickled exception to the main process.
+_NOT_RETRIED = "ojs_error_code"
+#: Request flag: ``self.retry()`` ran out of retries in this attempt.
+_EXHAUSTED = "ojs_retries_exhausted"
+
+
+def not_retried_code(exc: BaseException) -> str | None:
+    """The pool's reason for not retrying ``exc`` (``HANDLER_ERROR``: no attempt or
+    retry left; ``NON_RETRYABLE_ERROR``: the job's rules do not retry it), or ``None``
+    when the report lost it (an exception Celery could only send as its repr, or one
+    without a ``__dict__``)."""
+    code = getattr(exc, _NOT_RETRIED, None)
+    return code if code in (HANDLER_ERROR, NON_RETRYABLE_ERROR) else None
 
 
 class JobCancelled(Ignore):
@@ -123,16 +147,40 @@ class OJSTask(Task):
         except Exception as exc:
             if getattr(request, "ojs_cancel_seen", False):
                 raise self._stopped_on_cancel(request) from exc
-            headers = vars(request)
-            # Under Celery's semantics the retries Celery makes (autoretry_for,
-            # self.retry()) were asked for already: what reaches here fails the job.
-            if follows_celery_retries(self, headers) or not failure_retryable(
-                    self, exc, job_retry_policy(self, headers), headers):
-                raise
-            raise self.retry(exc=exc) from exc
+            retry = self._broker_retry(request, exc)
+            if retry is not None:
+                raise retry from exc
+            # Never lose the task's own exception over its reason (an exception without
+            # a __dict__ reports none; the main process then names it by the attempts left).
+            with contextlib.suppress(Exception):
+                setattr(exc, _NOT_RETRIED, self._why_not_retried(request))
+            raise
         if getattr(request, "ojs_cancel_seen", False):
             raise self._stopped_on_cancel(request)
         return result
+
+    def _broker_retry(self, request: Any, exc: Exception) -> Retry | None:
+        """The retry of a failed attempt, if the job's rules give it one.
+
+        Under Celery's semantics the retries Celery makes (``autoretry_for``,
+        ``self.retry()``) were asked for already: what reaches here is not retried;
+        neither is what ``self.retry()`` raised out of retries (its verdict stands)."""
+        headers = vars(request)
+        if follows_celery_retries(self, headers) or getattr(request, _EXHAUSTED, False):
+            return None
+        policy = job_retry_policy(self, headers)
+        if not failure_retryable(self, exc, policy, headers):
+            return None
+        return self._ojs_retry(request, policy, exc, None, None)
+
+    def _why_not_retried(self, request: Any) -> str:
+        """``HANDLER_ERROR`` when the attempts (or ``self.retry()``'s retries) are used
+        up, else ``NON_RETRYABLE_ERROR``: the job's rules do not retry this failure."""
+        attempt = (request.retries or 0) + 1
+        if getattr(request, _EXHAUSTED, False) or \
+                attempt >= job_retry_policy(self, vars(request)).max_attempts:
+            return HANDLER_ERROR
+        return NON_RETRYABLE_ERROR
 
     def _stopped_on_cancel(self, request: Any) -> JobCancelled:
         """The job saw a CANCEL and stopped: ``REVOKED`` in the result backend (as Celery
@@ -188,19 +236,34 @@ class OJSTask(Task):
                                     **options)
             except Retry as retry:
                 raise Retry(REPUBLISHED, retry.exc, retry.when) from exc
+            except BaseException:  # out of retries (Celery raised exc or its own error)
+                setattr(request, _EXHAUSTED, True)
+                raise
             return Retry(REPUBLISHED, ret.exc, ret.when)
         if follows_celery_retries(self, vars(request)):
             return self._celery_retry(request, exc, throw, eta, countdown, max_retries)
         policy = job_retry_policy(self, vars(request))
         if max_retries is not None:
             policy = policy.model_copy(update={"max_attempts": max_retries + 1})
-        attempt = (request.retries or 0) + 1
-        if attempt >= policy.max_attempts:
+        ret = self._ojs_retry(request, policy, exc, eta, countdown)
+        if ret is None:
+            setattr(request, _EXHAUSTED, True)
             if exc is not None:
                 raise exc
             raise self.MaxRetriesExceededError(
-                f"Can't retry {self.name}[{request.id}]: {attempt} of "
+                f"Can't retry {self.name}[{request.id}]: {(request.retries or 0) + 1} of "
                 f"{policy.max_attempts} attempts used")
+        if throw:
+            raise ret
+        return ret
+
+    @staticmethod
+    def _ojs_retry(request: Any, policy: RetryPolicy, exc: BaseException | None,
+                   eta: datetime | None, countdown: float | None) -> Retry | None:
+        """The OJS retry of this attempt under ``policy``; ``None`` when it was the last."""
+        attempt = (request.retries or 0) + 1
+        if attempt >= policy.max_attempts:
+            return None
         when: float | datetime
         if eta is not None:
             when = eta
@@ -208,10 +271,7 @@ class OJSTask(Task):
             when = countdown
         else:
             when = Backoff.of(policy).delay(attempt)
-        ret = Retry(exc=exc, when=when)
-        if throw:
-            raise ret
-        return ret
+        return Retry(exc=exc, when=when)
 
     def _celery_retry(self, request: Any, exc: BaseException | None, throw: bool,
                       eta: datetime | None, countdown: float | None,
@@ -222,6 +282,7 @@ class OJSTask(Task):
             self.override_max_retries = max_retries  # read by Celery's autoretry wrapper
         limit = self.max_retries if max_retries is None else max_retries
         if limit is not None and retries > limit:
+            setattr(request, _EXHAUSTED, True)
             if exc is not None:
                 raise_with_context(exc)
             raise self.MaxRetriesExceededError(

@@ -139,6 +139,10 @@ class Happened(StrEnum):
     #: the task asked for a retry (``self.retry()``, ``autoretry_for``); its own limit
     #: (Celery's ``max_retries`` or the OJS policy) was checked where it asked
     RETRY_REQUESTED = "retry_requested"
+    #: the task raised and the pool, where Celery records the attempt, did not retry
+    #: it: ``failure.code`` is its reason (``NON_RETRYABLE_ERROR``: the job's rules
+    #: do not retry this failure; ``HANDLER_ERROR``: no attempt or retry left)
+    NOT_RETRIED = "not_retried"
     #: the message is not a runnable job: undecodable, invalid envelope or body,
     #: unknown type (``failure.code`` names which)
     INVALID = "invalid"
@@ -181,8 +185,10 @@ class Delivered:
     happened: Happened
     failure: JobFailure | None = None
     #: whether the job's retry rules allow retrying this failure at all
-    #: (``non_retryable_errors``, Celery's ``autoretry_for``/``dont_autoretry_for``;
-    #: a task's own exception was already judged in the pool, where it was raised)
+    #: (``non_retryable_errors``, Celery's ``autoretry_for``/``dont_autoretry_for``);
+    #: for what the worker's main process sees happen (a time limit, a lost pool
+    #: process, ``Reject``): a task's own exception comes judged, as
+    #: ``RETRY_REQUESTED`` or ``NOT_RETRIED``
     retryable: bool = True
     #: a requested retry's delay, or how early the job arrived (seconds)
     delay_s: float | None = None
@@ -203,8 +209,10 @@ def decide(delivered: Delivered, attempt: int, max_attempts: int = 1,
     ``attempt`` is the 1-based attempt that just ended, ``max_attempts`` the
     policy's (every attempt counted, 1 = never retried) and ``delay_of(n)`` the
     policy's backoff after failed attempt ``n``; without them, as for a delivery
-    no retry policy governs (invalid, expired, cancelled, early).  Pure: no I/O,
-    no clock.
+    no retry policy governs (invalid, expired, cancelled, early).  Called once
+    per delivery, in the worker's main process; a verdict the pool had to reach
+    for Celery (``RETRY_REQUESTED``, ``NOT_RETRIED``) is taken as given, never
+    judged again.  Pure: no I/O, no clock.
     """
     happened = delivered.happened
     if happened is Happened.CANCELLED:
@@ -216,6 +224,10 @@ def decide(delivered: Delivered, attempt: int, max_attempts: int = 1,
                        invalid_input=True)
     if happened is Happened.EXPIRED:
         return Outcome(Action.DEAD_LETTER, _failure(delivered, EXPIRED))
+    if happened is Happened.NOT_RETRIED:  # the pool's verdict, taken as given
+        failure = delivered.failure
+        return Outcome(Action.DEAD_LETTER, failure if failure is not None
+                       else _failure(delivered, HANDLER_ERROR))
     failure = _failure(delivered, _FAILURE_CODES[happened])
     if happened is Happened.RETRY_REQUESTED:
         delay = delivered.delay_s if delivered.delay_s is not None else delay_of(attempt)

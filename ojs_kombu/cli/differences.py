@@ -45,7 +45,9 @@ DIFFERENCES: tuple[Difference, ...] = (
         checked_by="task NAME (a blocker naming the mapping to add)"),
     Difference(
         "queue-names", "refused",
-        "queue names outside the OJS grammar, reserved prefixes and exchange routes are refused",
+        "queue names outside the OJS grammar, reserved prefixes and exchange routes are "
+        "refused (task_routes and queues are checked above; apply_async(queue=..., "
+        "exchange=...) at a call site is not)",
         "queue names outside the OJS grammar unless aliased (``ojs_queue_aliases``) and names "
         "starting with ``dlx.``, ``retry.``, ``control.``, ``schedule.``, ``dropped.`` or "
         "``ready.``: ``QueueNameError``; routes to another exchange (``exchange=``/"
@@ -53,19 +55,18 @@ DIFFERENCES: tuple[Difference, ...] = (
         "OJS queue names have a grammar, and the reserved prefixes name another queue's "
         "dead-letter, retry, control, dropped-job or ready queue, or the scheduling ladder.  "
         "The binding publishes every job to ``ojs.exchange.direct`` with its queue as routing "
-        "key (AMQP-005), so any OJS client finds it by queue.",
-        checked_by="queue NAME, task_routes (blockers and warnings)"),
+        "key (AMQP-005), so any OJS client finds it by queue."),
     Difference(
         "serializers", "refused",
-        "serializers other than JSON, and compression, are refused",
+        "serializers other than JSON, and compression, are refused (the app's settings are "
+        "checked above; apply_async(serializer=..., compression=...) at a call site is not)",
         "serializers other than JSON (pickle, msgpack, yaml) and ``task_compression``: "
         "``UnsupportedSerializerError``.  ``install()`` takes pickle out of "
         "``accept_content``/``result_accept_content`` and makes a pickle "
         "``result_serializer``/``event_serializer`` JSON; a worker whose app sets pickle "
         "again does not start",
         "An OJS job is JSON (AMQP-010, 013) that any language reads; pickle in a consumer "
-        "runs code from the message.",
-        checked_by="task_serializer, task_compression, accept_content, result_serializer"),
+        "runs code from the message."),
     Difference(
         "priority-range", "refused",
         "priority outside -100..100 raises JobOptionError (Celery takes 0..255)",

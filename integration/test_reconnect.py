@@ -21,7 +21,7 @@ from celery.contrib.testing.worker import start_worker
 import ojs_kombu
 
 from .apps import make_app
-from .conftest import HOST, PORT, rabbitmqctl, wait_until
+from .conftest import HOST, PORT, rabbitmqctl, rabbitmqctl_command, wait_until
 
 
 @pytest.fixture
@@ -58,7 +58,7 @@ def close_connections_of(vhost: str) -> int:
     for line in rabbitmqctl("list_connections", "pid", "vhost").splitlines():
         pid, _, name = line.partition("\t")
         if name == vhost:
-            subprocess.run(["rabbitmqctl", "-q", "close_connection", pid, "reconnect test"],
+            subprocess.run(rabbitmqctl_command("close_connection", pid, "reconnect test"),
                            capture_output=True, timeout=60, check=False)
             closed += 1
     return closed

@@ -114,6 +114,18 @@ def test_producer_redeclares_topology_after_reconnecting(
             if e["type"] == "connection.reconnected"] == ["client"]
 
 
+def test_producer_with_the_rpc_backend_publishes_after_its_connection_was_closed(
+        own_vhost: str) -> None:
+    """The rpc:// backend declares its reply queue first, which reconnects; the job is then
+    published on a new channel, not on the one closed with the old connection."""
+    app = make_app("reconnect-rpc", f"ojs://guest:guest@{HOST}:{PORT}/{own_vhost}", "rpc://")
+    app.tasks["math.add"].apply_async((1, 1), queue="rpcq")
+    assert close_connections_of(own_vhost) >= 1
+    app.tasks["math.add"].apply_async((2, 2), queue="rpcq")
+    depth = rabbitmqctl("list_queues", "-p", own_vhost, "name", "messages")
+    assert "ojs.queue.rpcq\t2" in depth.splitlines()
+
+
 def test_deleted_queue_cancels_the_consumer_which_comes_back(
         own_vhost: str, connection_events: ConnectionEvents) -> None:
     app = make_app("cancel", f"ojs://guest:guest@{HOST}:{PORT}/{own_vhost}", "cache+memory://")

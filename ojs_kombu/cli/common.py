@@ -21,6 +21,7 @@ import click
 import kombu.exceptions
 
 from ..spec.errors import (
+    BrokerCertificateError,
     ControlError,
     ControlTimeout,
     DeadLetterNotFound,
@@ -170,6 +171,8 @@ def classify(exc: BaseException) -> CLIError | None:
         return CLIError(text, EXIT_FAILED, "failed")
     if isinstance(exc, DeadLetterNotFound):
         return CLIError(text, EXIT_NOT_FOUND, "not_found")
+    if isinstance(exc, BrokerCertificateError):
+        return CLIError(f"cannot reach the broker: {text}", EXIT_UNREACHABLE, "unreachable")
     if isinstance(exc, TopologyConflictError):
         return CLIError(text, EXIT_FAILED, "topology_conflict")
     if isinstance(exc, JobEncodeError):

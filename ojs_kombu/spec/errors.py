@@ -9,6 +9,7 @@ The tree, rooted at :class:`OJSError` (a second base where callers catch the
 builtin: ``LookupError``, ``TimeoutError``, ``ValueError``)::
 
     OJSConfigurationError    JobTypeError, QueueNameError, TopologyConflictError,
+                             TopologyPermissionError, BrokerCertificateError,
                              RetryPolicyError, DedupNotConfigured,
                              UnsupportedDependencyError
     JobPublishError
@@ -86,6 +87,35 @@ class TopologyConflictError(OJSConfigurationError):
             f"{kind} {name!r} already exists with different properties; "
             f"ojs_kombu declares it with {self.declared!r}. Broker said: {broker_reply}. "
             "ojs_kombu never redeclares it: delete the entity or align its arguments."
+        )
+
+
+class TopologyPermissionError(OJSConfigurationError):
+    """The broker user may not declare (or bind) part of the OJS topology (403)."""
+
+    def __init__(self, kind: str, name: str, permission: str, broker_reply: str) -> None:
+        self.kind = kind
+        self.name = name
+        self.permission = permission
+        self.broker_reply = broker_reply
+        super().__init__(
+            f"the broker user lacks the {permission!r} permission on {kind} {name!r}, which "
+            f"the OJS topology needs. Broker said: {broker_reply}. Grant it (see the "
+            "permissions of a producer, a worker and an operator in docs/production.rst) "
+            "or declare the topology with a user that has it."
+        )
+
+
+class BrokerCertificateError(OJSConfigurationError):
+    """The broker's TLS certificate failed verification: retrying cannot help."""
+
+    def __init__(self, host: str, reason: str) -> None:
+        self.host = host
+        self.reason = reason
+        super().__init__(
+            f"the TLS certificate of the broker at {host} failed verification: {reason}. "
+            "Check broker_use_ssl: ca_certs (the CA that signed the broker's certificate) "
+            "and server_hostname (a name the certificate holds)."
         )
 
 

@@ -91,7 +91,7 @@ class TopologyConflictError(OJSConfigurationError):
 
 
 class TopologyPermissionError(OJSConfigurationError):
-    """The broker user may not declare (or bind) part of the OJS topology (403)."""
+    """The broker user lacks a permission on an OJS exchange or queue (403)."""
 
     def __init__(self, kind: str, name: str, permission: str, broker_reply: str) -> None:
         self.kind = kind
@@ -99,10 +99,10 @@ class TopologyPermissionError(OJSConfigurationError):
         self.permission = permission
         self.broker_reply = broker_reply
         super().__init__(
-            f"the broker user lacks the {permission!r} permission on {kind} {name!r}, which "
-            f"the OJS topology needs. Broker said: {broker_reply}. Grant it (see the "
-            "permissions of a producer, a worker and an operator in docs/production.rst) "
-            "or declare the topology with a user that has it."
+            f"the broker user lacks the {permission!r} permission on {kind} {name!r}. "
+            f"Broker said: {broker_reply}. Grant it (docs/production.rst gives the "
+            "permissions of a producer, a worker and an operator), or let a user that has "
+            "it declare the topology (ojs-kombu topology declare)."
         )
 
 

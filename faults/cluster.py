@@ -39,10 +39,22 @@ RABBITMQ_EXEC = shlex.split(os.environ.get("OJS_RABBITMQ_EXEC", ""))
 EXTRA_CONF = os.environ.get("OJS_RABBITMQ_EXTRA_CONF", "")
 
 
-def node_conf(port: int) -> str:
-    """A node's ``rabbitmq.conf``: AMQP on 127.0.0.1:``port``, plus ``EXTRA_CONF``."""
-    extra = Path(EXTRA_CONF).read_text() if EXTRA_CONF else ""
-    return f"listeners.tcp.local = 127.0.0.1:{port}\n{extra}"
+#: Deprecated features a cluster node permits all the same: RabbitMQ 4.0.5 refuses
+#: ``start_app`` of a node joining or rejoining a cluster with
+#: ``failed_to_deny_deprecated_features [transient_nonexcl_queues]`` while that one is
+#: denied, with no such queue declared (a single node restarts fine).
+CLUSTER_PERMITS = ("transient_nonexcl_queues",)
+
+
+def node_conf(port: int, cluster: bool = False) -> str:
+    """A node's ``rabbitmq.conf``: AMQP on 127.0.0.1:``port``, plus ``EXTRA_CONF`` (less
+    the denials of :data:`CLUSTER_PERMITS` on a ``cluster`` node)."""
+    extra = Path(EXTRA_CONF).read_text().splitlines() if EXTRA_CONF else []
+    if cluster:
+        extra = [line for line in extra if not any(f".{name} " in line
+                                                   for name in CLUSTER_PERMITS)]
+    return "".join(f"{line}\n" for line in [f"listeners.tcp.local = 127.0.0.1:{port}",
+                                             *extra])
 
 
 def rabbitmqctl_command(node: str, *args: str) -> list[str]:
@@ -109,7 +121,7 @@ class ClusterNode:
         restarts, so a restarted node rejoins the cluster by itself)."""
         self.base.mkdir(parents=True, exist_ok=True)
         (self.base / "enabled_plugins").write_text("")
-        (self.base / "rabbitmq.conf").write_text(node_conf(self.port))
+        (self.base / "rabbitmq.conf").write_text(node_conf(self.port, cluster=True))
         for path in [self.base, *self.base.iterdir()]:
             shutil.chown(path, "rabbitmq", "rabbitmq")
         env = {**os.environ, "HOME": RABBITMQ_HOME, "RABBITMQ_NODENAME": self.name,

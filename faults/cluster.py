@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import resource
+import shlex
 import shutil
 import signal
 import socket
@@ -30,6 +31,34 @@ ERL_ARGS = "+S 2:2 +A 8 +sbwt none +sbwtdcpu none +sbwtdio none"
 #: (where its Erlang cookie is, shared with ``rabbitmqctl``).
 RABBITMQ_SERVER = "/usr/lib/rabbitmq/bin/rabbitmq-server"
 RABBITMQ_HOME = "/var/lib/rabbitmq"
+#: A command prefix under which RabbitMQ's programs run (``.ci/rabbitmq4 exec``: the
+#: RabbitMQ 4.x root, whose ``/tmp`` is this machine's); empty: this machine's.
+RABBITMQ_EXEC = shlex.split(os.environ.get("OJS_RABBITMQ_EXEC", ""))
+#: A file of ``rabbitmq.conf`` lines every node of the suite gets as well (the
+#: 4.x root's deprecated features, denied).
+EXTRA_CONF = os.environ.get("OJS_RABBITMQ_EXTRA_CONF", "")
+
+
+#: Deprecated features a cluster node permits all the same: RabbitMQ 4.0.5 refuses
+#: ``start_app`` of a node joining or rejoining a cluster with
+#: ``failed_to_deny_deprecated_features [transient_nonexcl_queues]`` while that one is
+#: denied, with no such queue declared (a single node restarts fine).
+CLUSTER_PERMITS = ("transient_nonexcl_queues",)
+
+
+def node_conf(port: int, cluster: bool = False) -> str:
+    """A node's ``rabbitmq.conf``: AMQP on 127.0.0.1:``port``, plus ``EXTRA_CONF`` (less
+    the denials of :data:`CLUSTER_PERMITS` on a ``cluster`` node)."""
+    extra = Path(EXTRA_CONF).read_text().splitlines() if EXTRA_CONF else []
+    if cluster:
+        extra = [line for line in extra if not any(f".{name} " in line
+                                                   for name in CLUSTER_PERMITS)]
+    return "".join(f"{line}\n" for line in [f"listeners.tcp.local = 127.0.0.1:{port}",
+                                             *extra])
+
+
+def rabbitmqctl_command(node: str, *args: str) -> list[str]:
+    return [*RABBITMQ_EXEC, "rabbitmqctl", "-q", "-n", node, *args]
 
 
 def _raise_open_files() -> None:
@@ -73,7 +102,7 @@ class ClusterNode:
         return f"ojs://guest:guest@127.0.0.1:{self.port}//"
 
     def ctl(self, *args: str, timeout: float = 60, check: bool = True) -> str:
-        result = subprocess.run(["rabbitmqctl", "-q", "-n", self.name, *args],
+        result = subprocess.run(rabbitmqctl_command(self.name, *args),
                                 capture_output=True, text=True, timeout=timeout, check=False)
         if check and result.returncode != 0:
             raise RuntimeError(f"rabbitmqctl -n {self.name} {' '.join(args)} failed: "
@@ -92,8 +121,7 @@ class ClusterNode:
         restarts, so a restarted node rejoins the cluster by itself)."""
         self.base.mkdir(parents=True, exist_ok=True)
         (self.base / "enabled_plugins").write_text("")
-        (self.base / "rabbitmq.conf").write_text(
-            f"listeners.tcp.local = 127.0.0.1:{self.port}\n")
+        (self.base / "rabbitmq.conf").write_text(node_conf(self.port, cluster=True))
         for path in [self.base, *self.base.iterdir()]:
             shutil.chown(path, "rabbitmq", "rabbitmq")
         env = {**os.environ, "HOME": RABBITMQ_HOME, "RABBITMQ_NODENAME": self.name,
@@ -108,6 +136,11 @@ class ClusterNode:
         # its file handle cache from it (927 handles), a quorum queue takes about five
         # on its leader's node, and past ~200 quorum queues every queue that needs one
         # more handle waits for it for ever (the node stops answering).
+        if RABBITMQ_EXEC:  # the prefix runs as root: the user changes inside it
+            subprocess.run([*RABBITMQ_EXEC, "setpriv", "--reuid=rabbitmq", "--regid=rabbitmq",
+                            "--clear-groups", RABBITMQ_SERVER, "-detached"], env=env,
+                           cwd=self.base, check=True, timeout=60, preexec_fn=_raise_open_files)
+            return
         subprocess.run([RABBITMQ_SERVER, "-detached"], env=env, cwd=self.base, check=True,
                        timeout=60, user="rabbitmq", group="rabbitmq", extra_groups=[],
                        preexec_fn=_raise_open_files)

@@ -31,7 +31,7 @@ from celery import Celery
 
 from ojs_kombu.spec.job_ids import new_job_id
 
-from .cluster import Cluster, port_open, wait_until
+from .cluster import RABBITMQ_EXEC, Cluster, node_conf, port_open, rabbitmqctl_command, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 NODE = os.environ.get("OJS_FAULTS_NODE", "ojs-faults@localhost")
@@ -46,7 +46,7 @@ CLUSTER_NAME = os.environ.get("OJS_CLUSTER_NAME", "ojs-c")
 
 
 def rabbitmqctl(*args: str, timeout: float = 120, check: bool = True) -> str:
-    result = subprocess.run(["rabbitmqctl", "-q", "-n", NODE, *args], capture_output=True,
+    result = subprocess.run(rabbitmqctl_command(NODE, *args), capture_output=True,
                             text=True, timeout=timeout, check=False)
     if check and result.returncode != 0:
         raise RuntimeError(f"rabbitmqctl -n {NODE} {' '.join(args)} failed: "
@@ -67,7 +67,7 @@ def fault_node() -> Iterator[str]:
                     "only against a node it starts itself (stop the leftover node first)")
     base = Path(tempfile.mkdtemp(prefix="ojs-faults-"))
     (base / "enabled_plugins").write_text("")
-    (base / "rabbitmq.conf").write_text(f"listeners.tcp.local = 127.0.0.1:{PORT}\n")
+    (base / "rabbitmq.conf").write_text(node_conf(PORT))
     shutil.chown(base, "rabbitmq", "rabbitmq")
     for path in base.iterdir():
         shutil.chown(path, "rabbitmq", "rabbitmq")
@@ -76,7 +76,8 @@ def fault_node() -> Iterator[str]:
            "RABBITMQ_LOG_BASE": str(base / "log"),
            "RABBITMQ_CONFIG_FILE": str(base / "rabbitmq.conf"),
            "RABBITMQ_ENABLED_PLUGINS_FILE": str(base / "enabled_plugins")}
-    subprocess.run(["rabbitmq-server", "-detached"], env=env, cwd=base, check=True, timeout=60)
+    subprocess.run([*RABBITMQ_EXEC, "rabbitmq-server", "-detached"], env=env, cwd=base,
+                   check=True, timeout=60)
     try:
         wait_until(lambda: rabbitmqctl("ping", check=False, timeout=30).strip(), 60,
                    f"node {NODE} to come up")

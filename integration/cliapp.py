@@ -2,11 +2,13 @@
 
 ``OJS_TEST_RESULT_BACKEND`` replaces the app's result backend (``none``: no backend),
 for workers whose INFO answers depend on it; ``OJS_TEST_CANCEL_GRACE`` sets
-``ojs_cancel_grace``.
+``ojs_cancel_grace``; ``OJS_TEST_CONFORMANCE_PROBES`` registers the tasks
+``ojs-kombu conformance`` sends.
 """
 
 import os
 
+import ojs_kombu
 from integration.apps import cli_app
 
 app = cli_app()
@@ -15,3 +17,5 @@ if "OJS_TEST_RESULT_BACKEND" in os.environ:
     app.conf.result_backend = None if backend == "none" else backend
 if "OJS_TEST_CANCEL_GRACE" in os.environ:
     app.conf.ojs_cancel_grace = float(os.environ["OJS_TEST_CANCEL_GRACE"])
+if os.environ.get("OJS_TEST_CONFORMANCE_PROBES"):
+    ojs_kombu.register_conformance_probes(app)

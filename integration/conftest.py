@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import time
 import uuid
@@ -41,10 +42,20 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 HOST = os.environ.get("OJS_TEST_RABBITMQ_HOST", "127.0.0.1")
 PORT = int(os.environ.get("OJS_TEST_RABBITMQ_PORT", "5672"))
+#: The broker's Erlang node for ``rabbitmqctl -n`` (empty: rabbitmqctl's default).
+NODE = os.environ.get("OJS_TEST_RABBITMQ_NODE", "")
+#: A command prefix under which RabbitMQ's own programs run (``rabbitmqctl``,
+#: ``rabbitmq-server``): ``.ci/rabbitmq4 exec`` runs them in the RabbitMQ 4.x root.
+RABBITMQ_EXEC = shlex.split(os.environ.get("OJS_RABBITMQ_EXEC", ""))
+
+
+def rabbitmqctl_command(*args: str, node: str = NODE) -> list[str]:
+    """The argv of ``rabbitmqctl -q [-n node] ARGS`` for the broker under test."""
+    return [*RABBITMQ_EXEC, "rabbitmqctl", "-q", *(["-n", node] if node else []), *args]
 
 
 def rabbitmqctl(*args: str) -> str:
-    result = subprocess.run(["rabbitmqctl", "-q", *args], capture_output=True, text=True,
+    result = subprocess.run(rabbitmqctl_command(*args), capture_output=True, text=True,
                             timeout=120, check=False)
     if result.returncode != 0:
         raise RuntimeError(f"rabbitmqctl {' '.join(args)} failed: {result.stderr.strip()}")

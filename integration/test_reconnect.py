@@ -20,7 +20,7 @@ from celery import Celery
 import ojs_kombu
 
 from .apps import make_app
-from .conftest import HOST, PORT, rabbitmqctl, wait_until
+from .conftest import HOST, PORT, rabbitmqctl, rabbitmqctl_command, wait_until
 from .workers import in_process_worker
 
 
@@ -58,7 +58,7 @@ def close_connections_of(vhost: str) -> int:
     for line in rabbitmqctl("list_connections", "pid", "vhost").splitlines():
         pid, _, name = line.partition("\t")
         if name == vhost:
-            subprocess.run(["rabbitmqctl", "-q", "close_connection", pid, "reconnect test"],
+            subprocess.run(rabbitmqctl_command("close_connection", pid, "reconnect test"),
                            capture_output=True, timeout=60, check=False)
             closed += 1
     return closed
@@ -111,6 +111,18 @@ def test_producer_redeclares_topology_after_reconnecting(
     assert "ojs.queue.pq\t1" in depth.splitlines()
     assert [e["data"]["role"] for e in events
             if e["type"] == "connection.reconnected"] == ["client"]
+
+
+def test_producer_with_the_rpc_backend_publishes_after_its_connection_was_closed(
+        own_vhost: str) -> None:
+    """The rpc:// backend declares its reply queue first, which reconnects; the job is then
+    published on a new channel, not on the one closed with the old connection."""
+    app = make_app("reconnect-rpc", f"ojs://guest:guest@{HOST}:{PORT}/{own_vhost}", "rpc://")
+    app.tasks["math.add"].apply_async((1, 1), queue="rpcq")
+    assert close_connections_of(own_vhost) >= 1
+    app.tasks["math.add"].apply_async((2, 2), queue="rpcq")
+    depth = rabbitmqctl("list_queues", "-p", own_vhost, "name", "messages")
+    assert "ojs.queue.rpcq\t2" in depth.splitlines()
 
 
 def test_deleted_queue_cancels_the_consumer_which_comes_back(

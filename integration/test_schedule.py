@@ -13,7 +13,7 @@ from celery import Celery
 from ojs_kombu.spec.errors import JobEncodeError
 from ojs_kombu.spec.job_ids import new_job_id
 
-from .conftest import get_message, publish_raw, queue_depth, rabbitmqctl, wait_until
+from .conftest import HOST, PORT, get_message, publish_raw, queue_depth, rabbitmqctl, wait_until
 
 
 def test_countdown_waits_in_the_broker_and_never_starts_early(
@@ -104,7 +104,7 @@ def test_the_ladder_works_on_quorum_queues(broker_url: str, vhost: str) -> None:
 
     quorum = make_app("quorum", broker_url, None, ojs_prefix="quorum",
                       ojs_schedule_queue_arguments={"x-queue-type": "quorum"})
-    connection = amqp.Connection("127.0.0.1:5672", virtual_host=vhost)
+    connection = amqp.Connection(f"{HOST}:{PORT}", virtual_host=vhost)
     connection.connect()
     try:
         channel = connection.channel()

@@ -21,7 +21,7 @@ from ojs_kombu.celery.dead_letters import dead_letter_queue
 from ojs_kombu.spec.job_ids import new_job_id
 
 from .apps import make_app
-from .conftest import wait_until
+from .conftest import HOST, PORT, wait_until
 from .test_cli import run_json
 from .workers import in_process_worker
 
@@ -77,7 +77,7 @@ def ids_in(channel: amqp.Channel, queue: str) -> list[str]:
 
 
 def browse(vhost: str, queue: str) -> list[str]:
-    connection = amqp.Connection("127.0.0.1:5672", virtual_host=vhost)
+    connection = amqp.Connection(f"{HOST}:{PORT}", virtual_host=vhost)
     connection.connect()
     try:
         return ids_in(connection.channel(), queue)

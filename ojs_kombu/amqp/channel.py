@@ -71,7 +71,12 @@ class Channel(pyamqp.Channel):
 
     @property
     def ojs(self) -> Binding:
-        return self.connection.ojs
+        connection = self.connection
+        if connection is None:  # closed with its connection (py-amqp's collect)
+            # recoverable: kombu's ensure() reconnects and gives the producer a new channel
+            raise amqp.exceptions.RecoverableConnectionError(
+                "the channel was closed with its connection")
+        return connection.ojs
 
     # -- publish (ojs_kombu.amqp.publisher) ------------------------------------
 

@@ -18,13 +18,14 @@ from contextlib import suppress
 from time import monotonic
 from typing import Any, Protocol
 
-from amqp.exceptions import PreconditionFailed
+from amqp.exceptions import AccessRefused, NotFound, PreconditionFailed
 
 from ..spec.backpressure import drops_head, rejects_when_full
 from ..spec.delays import SCHEDULE_LEVELS, delivery_binding_key, level_binding_keys
 from ..spec.errors import OJSConfigurationError, TopologyConflictError
 from ..spec.naming import TopologyNames
 from .declaring import declare_on, declare_spread
+from .permissions import permission_error, topology_exists
 
 #: Arguments ojs_kombu owns on every job queue; user arguments may not override them.
 OWNED_ARGUMENTS = ("x-dead-letter-exchange", "x-dead-letter-routing-key")
@@ -256,12 +257,18 @@ def declare_delayed_exchange(channel: DeclaringChannel, names: TopologyNames, qu
     try:
         _exchange(channel, names.delayed_exchange, "x-delayed-message",
                   {"x-delayed-type": "direct"})
-    except TopologyConflictError:
-        raise
+        refused = None
+    except TopologyConflictError as exc:
+        # RabbitMQ 4 refuses an unknown exchange type with a 406, 3.x closes with a 503
+        if "unknown exchange type" not in exc.broker_reply:
+            raise
+        refused = exc.broker_reply
     except AMQPError as exc:
+        refused = str(exc)
+    if refused is not None:
         raise OJSConfigurationError(
             f"cannot declare {names.delayed_exchange!r} of type x-delayed-message "
-            f"({exc}); is the rabbitmq_delayed_message_exchange plugin enabled? "
+            f"({refused}); is the rabbitmq_delayed_message_exchange plugin enabled? "
             "Set ojs_delayed_exchange=False to schedule through TTL queues instead"
         ) from None
     # a bounded queue's delayed jobs are delivered through its ready queue (section above)
@@ -318,8 +325,16 @@ class DeclaredTopology:
         if queue in self._declared:
             return
         ojs = self._connection.ojs
-        (via or self._declare)(declare_queue_topology, queue, ojs.declare_arguments(queue),
-                               ojs.settings.unroutable_dead_letter_arguments())
+        try:
+            (via or self._declare)(declare_queue_topology, queue, ojs.declare_arguments(queue),
+                                   ojs.settings.unroutable_dead_letter_arguments())
+        except AccessRefused as exc:  # a producer's user: the topology that exists
+            if via is not None:
+                raise permission_error(exc) from None
+            try:
+                declare_on(self._connection, topology_exists, queue)
+            except NotFound:
+                raise permission_error(exc) from None
         self._declared.add(queue)
 
     def ensure_each(self, queues: Iterable[str]) -> None:
@@ -334,6 +349,8 @@ class DeclaredTopology:
         try:
             declare_spread(self._connection, declare_queue_topology,
                            [(queue, ojs.declare_arguments(queue), unroutable) for queue in todo])
+        except AccessRefused as exc:  # a worker's start: it must declare its topology
+            raise permission_error(exc) from None
         except PreconditionFailed:
             for queue in todo:
                 self.ensure(queue)

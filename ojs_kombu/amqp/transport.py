@@ -11,6 +11,7 @@ ojs_kombu uses of it is :class:`ojs_kombu.amqp.job_channel.JobConnection`.
 
 from __future__ import annotations
 
+import ssl
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 from kombu.transport import pyamqp
 
 from ..events.metrics import track_connection
+from ..spec.errors import BrokerCertificateError
 from .binding import Binding
 from .channel import Channel
 from .drain import drain_until
@@ -67,6 +69,15 @@ class Connection(pyamqp.Connection):
         self.ojs_outcomes = OutcomePublisher(self, lambda: self.frame_max)
         self._ojs_loop_wake: LoopWake | None = None
         track_connection(self)
+
+    def connect(self, *args: Any, **kwargs: Any) -> Any:
+        """py-amqp's connect; a broker certificate that fails verification is a
+        :class:`~ojs_kombu.spec.errors.BrokerCertificateError`, which kombu does not
+        retry (an ``OSError`` it would retry for ever)."""
+        try:
+            return super().connect(*args, **kwargs)
+        except ssl.SSLCertVerificationError as exc:
+            raise BrokerCertificateError(str(self.host), str(exc)) from None
 
     def _connect_another(self) -> Connection:
         """Another connection to the same broker, with the same binding, connected."""

@@ -8,12 +8,14 @@ publishing OJS jobs (:mod:`ojs_kombu.celery.task_sender`).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 from functools import partial
 from typing import Any
 
 import kombu
 from celery.app.amqp import AMQP
+from celery.exceptions import WorkerShutdown
 from kombu.connection import is_connection
 from kombu.pools import ProducerPool
 from kombu.utils.functional import ChannelPromise
@@ -23,6 +25,7 @@ from ..amqp.binding import Binding, register_binding
 from ..amqp.connection import BrokerConnection as ReconnectingConnection
 from ..amqp.entities import declare_job_queues
 from ..spec.envelope import RetryPolicy
+from ..spec.errors import TopologyPermissionError
 from ..spec.settings import BINDING_OPTION, OJSSettings
 from .batch import origin_nodename
 from .celery_seam import amqp_hooks, producer_pool
@@ -30,6 +33,8 @@ from .events import build_events
 from .queues import OJSQueues
 from .retries import task_retry_policy
 from .task_sender import job_task_sender
+
+logger = logging.getLogger(__name__)
 
 #: Stands for a repr a consumer computes (compared by identity, never sent).
 _DEFERRED_REPR = "".join(("<deferred", ">"))
@@ -98,9 +103,15 @@ class OJSAMQP(AMQP):
     def TaskConsumer(self, channel: Any, queues: Any = None, accept: Any = None,
                      **kw: Any) -> Any:
         """Celery's task consumer, with the topology of all its job queues declared at
-        once first (:func:`~ojs_kombu.amqp.entities.declare_job_queues`)."""
+        once first (:func:`~ojs_kombu.amqp.entities.declare_job_queues`).  A broker user
+        that may not declare it stops the worker: one line, exit status 1 (no retry
+        would grant the permission)."""
         queues = queues or list(self.queues.consume_from.values())
-        declare_job_queues(channel, queues)
+        try:
+            declare_job_queues(channel, queues)
+        except TopologyPermissionError as exc:
+            logger.critical("worker cannot start: TopologyPermissionError: %s", exc)
+            raise WorkerShutdown(1) from None
         return super().TaskConsumer(channel, queues=queues, accept=accept, **kw)
 
     @property

@@ -20,7 +20,9 @@ import amqp.exceptions
 import click
 import kombu.exceptions
 
+from ..amqp.permissions import is_permission_refusal, permission_error
 from ..spec.errors import (
+    BrokerCertificateError,
     ControlError,
     ControlTimeout,
     DeadLetterNotFound,
@@ -28,6 +30,7 @@ from ..spec.errors import (
     JobPublishError,
     OJSConfigurationError,
     TopologyConflictError,
+    TopologyPermissionError,
 )
 from ..spec.job_ids import is_task_id
 from ..spec.naming import is_job_id
@@ -178,6 +181,10 @@ def classify(exc: BaseException) -> CLIError | None:
         return CLIError(text, EXIT_FAILED, "failed")
     if isinstance(exc, DeadLetterNotFound):
         return CLIError(text, EXIT_NOT_FOUND, "not_found")
+    if isinstance(exc, BrokerCertificateError):
+        return CLIError(f"cannot reach the broker: {text}", EXIT_UNREACHABLE, "unreachable")
+    if isinstance(exc, TopologyPermissionError):
+        return CLIError(text, EXIT_FAILED, "permission_refused")
     if isinstance(exc, TopologyConflictError):
         return CLIError(text, EXIT_FAILED, "topology_conflict")
     if isinstance(exc, JobEncodeError):
@@ -189,6 +196,9 @@ def classify(exc: BaseException) -> CLIError | None:
     if isinstance(exc, amqp.exceptions.NotFound):
         return CLIError(f"not found: {getattr(exc, 'reply_text', text)}", EXIT_NOT_FOUND,
                         "not_found")
+    if is_permission_refusal(exc):
+        return CLIError(str(permission_error(exc)), EXIT_FAILED,
+                        "permission_refused")
     if isinstance(exc, (amqp.exceptions.AccessRefused, amqp.exceptions.NotAllowed,
                         kombu.exceptions.OperationalError,
                         amqp.exceptions.RecoverableConnectionError,

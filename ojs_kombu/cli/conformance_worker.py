@@ -259,7 +259,7 @@ def _reconnect(results: Results, connection: kombu.Connection) -> None:
     with LocalProxy(connection.hostname or "127.0.0.1", connection.port or 5672) as proxy:
         url = connection.as_uri(include_password=True).split("@", 1)
         through = f"{url[0]}@127.0.0.1:{proxy.port}/{connection.virtual_host.lstrip('/')}"
-        client = BrokerConnection(through, connect_timeout=2,
+        client = BrokerConnection(through, connect_timeout=2, ssl=_through_proxy(connection),
                                   transport_options=connection.transport_options)
         client.reconnect_policy = ReconnectPolicy(max_delay=4.0)
         client.ensure_connection(max_retries=0)
@@ -278,6 +278,16 @@ def _reconnect(results: Results, connection: kombu.Connection) -> None:
                     "+-25 %)")
     else:
         results.set("AMQP-025", "fail", f"reconnect attempts {gaps} s apart, not 1, 2, 4")
+
+
+def _through_proxy(connection: kombu.Connection) -> Any:
+    """The connection's TLS options (``broker_use_ssl``) for a connection to it through
+    the local proxy: the certificate is still checked against the broker's name."""
+    if not connection.ssl:
+        return False
+    options = dict(connection.ssl) if isinstance(connection.ssl, dict) else {}
+    options.setdefault("server_hostname", connection.hostname)
+    return options
 
 
 def _threads(results: Results, connection: kombu.Connection, binding: Binding) -> None:

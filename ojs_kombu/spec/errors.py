@@ -9,6 +9,7 @@ The tree, rooted at :class:`OJSError` (a second base where callers catch the
 builtin: ``LookupError``, ``TimeoutError``, ``ValueError``)::
 
     OJSConfigurationError    JobTypeError, QueueNameError, TopologyConflictError,
+                             TopologyPermissionError, BrokerCertificateError,
                              RetryPolicyError, DedupNotConfigured,
                              UnsupportedDependencyError
     JobPublishError
@@ -89,6 +90,35 @@ class TopologyConflictError(OJSConfigurationError):
             f"{kind} {name!r} already exists with different properties; "
             f"ojs_kombu declares it with {self.declared!r}. Broker said: {broker_reply}. "
             "ojs_kombu never redeclares it: delete the entity or align its arguments."
+        )
+
+
+class TopologyPermissionError(OJSConfigurationError):
+    """The broker user lacks a permission on an OJS exchange or queue (403)."""
+
+    def __init__(self, kind: str, name: str, permission: str, broker_reply: str) -> None:
+        self.kind = kind
+        self.name = name
+        self.permission = permission
+        self.broker_reply = broker_reply
+        super().__init__(
+            f"the broker user lacks the {permission!r} permission on {kind} {name!r}. "
+            f"Broker said: {broker_reply}. Grant it (docs/production.rst gives the "
+            "permissions of a producer, a worker and an operator), or let a user that has "
+            "it declare the topology (ojs-kombu topology declare)."
+        )
+
+
+class BrokerCertificateError(OJSConfigurationError):
+    """The broker's TLS certificate failed verification: retrying cannot help."""
+
+    def __init__(self, host: str, reason: str) -> None:
+        self.host = host
+        self.reason = reason
+        super().__init__(
+            f"the TLS certificate of the broker at {host} failed verification: {reason}. "
+            "Check broker_use_ssl: ca_certs (the CA that signed the broker's certificate) "
+            "and server_hostname (a name the certificate holds)."
         )
 
 

@@ -1,0 +1,146 @@
+"""A RabbitMQ node of a test's own, and the certificates of a TLS test broker.
+
+:func:`tls_node` starts a node (free ports, data in a temporary folder) whose only
+AMQP listener is TLS with ``verify_peer`` and ``fail_if_no_peer_cert``, under
+``OJS_RABBITMQ_EXEC`` when set (``.ci/rabbitmq4 exec``: RabbitMQ 4.x, whose ``/tmp``
+is this machine's) or this machine's ``rabbitmq-server``; it is stopped and its
+folder deleted afterwards.  The shared broker is never touched.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from .conftest import RABBITMQ_EXEC, rabbitmqctl_command, wait_until
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def openssl(*args: str, cwd: Path) -> None:
+    result = subprocess.run(["openssl", *args], cwd=cwd, capture_output=True, text=True,
+                            timeout=60, check=False)
+    if result.returncode != 0:
+        raise RuntimeError(f"openssl {' '.join(args)} failed: {result.stderr.strip()}")
+
+
+def make_ca(folder: Path, name: str) -> None:
+    """``{name}.pem``/``{name}.key``: a self-signed CA."""
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+            "-subj", f"/CN=ojs-kombu test {name}", "-keyout", f"{name}.key",
+            "-out", f"{name}.pem", cwd=folder)
+
+
+def make_cert(folder: Path, name: str, ca: str, subject: str, san: str | None = None) -> None:
+    """``{name}.pem``/``{name}.key`` signed by the CA ``ca`` (``san``: subjectAltName)."""
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={subject}",
+            "-keyout", f"{name}.key", "-out", f"{name}.csr", cwd=folder)
+    extensions = folder / f"{name}.ext"
+    extensions.write_text(f"subjectAltName={san}\n" if san else "basicConstraints=CA:FALSE\n")
+    openssl("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.pem", "-CAkey", f"{ca}.key",
+            "-CAcreateserial", "-days", "2", "-extfile", extensions.name,
+            "-out", f"{name}.pem", cwd=folder)
+
+
+@dataclass
+class TLSNode:
+    name: str
+    port: int
+    folder: Path  # ca.pem, client.pem/.key, other-ca.pem (a CA that signed nothing here)
+
+    def ctl(self, *args: str) -> str:
+        result = subprocess.run(rabbitmqctl_command(*args, node=self.name), capture_output=True,
+                                text=True, timeout=120, check=False)
+        if result.returncode != 0:
+            raise RuntimeError(f"rabbitmqctl -n {self.name} {' '.join(args)} failed: "
+                               f"{result.stderr.strip()}")
+        return result.stdout
+
+    def ssl_options(self, **changes: object) -> dict[str, object]:
+        """Celery's ``broker_use_ssl`` for this node: its CA, the client certificate."""
+        import ssl
+
+        return {"ca_certs": str(self.folder / "ca.pem"),
+                "certfile": str(self.folder / "client.pem"),
+                "keyfile": str(self.folder / "client.key"),
+                "cert_reqs": ssl.CERT_REQUIRED, "server_hostname": "localhost", **changes}
+
+    def url(self, vhost: str = "") -> str:
+        return f"ojss://guest:guest@localhost:{self.port}/{vhost}"
+
+
+def cannot_start_reason() -> str | None:
+    """Why this machine cannot start a node of the test's own (``None``: it can)."""
+    if shutil.which("openssl") is None:
+        return "openssl is not installed"
+    if RABBITMQ_EXEC:
+        return None
+    if shutil.which("rabbitmq-server") is None:
+        return "rabbitmq-server is not on the PATH"
+    if os.geteuid() != 0:
+        return "starting a RabbitMQ node of the test's own needs root (as CI runs)"
+    return None
+
+
+@contextmanager
+def tls_node() -> Iterator[TLSNode]:
+    """A node whose only AMQP listener is TLS (verify_peer, client certificate required)."""
+    folder = Path(tempfile.mkdtemp(prefix="ojs-tls-"))
+    name = f"ojs-tls-{os.getpid()}-{uuid.uuid4().hex[:4]}@localhost"
+    port, dist_port = free_port(), free_port()
+    node = TLSNode(name, port, folder)
+    try:
+        make_ca(folder, "ca")
+        make_ca(folder, "other-ca")
+        make_cert(folder, "server", "ca", "localhost", "DNS:localhost,IP:127.0.0.1")
+        make_cert(folder, "client", "ca", "ojs-kombu test client")
+        extra = os.environ.get("OJS_RABBITMQ_EXTRA_CONF")
+        (folder / "rabbitmq.conf").write_text(
+            "listeners.tcp = none\n"
+            f"listeners.ssl.local = 127.0.0.1:{port}\n"
+            f"ssl_options.cacertfile = {folder / 'ca.pem'}\n"
+            f"ssl_options.certfile = {folder / 'server.pem'}\n"
+            f"ssl_options.keyfile = {folder / 'server.key'}\n"
+            "ssl_options.verify = verify_peer\n"
+            "ssl_options.fail_if_no_peer_cert = true\n"
+            + (Path(extra).read_text() if extra else ""))
+        (folder / "enabled_plugins").write_text("")
+        for path in [folder, *folder.iterdir()]:
+            shutil.chown(path, "rabbitmq", "rabbitmq")
+        env = {**os.environ, "RABBITMQ_NODENAME": name, "RABBITMQ_NODE_PORT": str(port),
+               "RABBITMQ_DIST_PORT": str(dist_port),
+               "RABBITMQ_MNESIA_BASE": str(folder / "mnesia"),
+               "RABBITMQ_LOG_BASE": str(folder / "log"),
+               "RABBITMQ_CONFIG_FILE": str(folder / "rabbitmq.conf"),
+               "RABBITMQ_ENABLED_PLUGINS_FILE": str(folder / "enabled_plugins")}
+        subprocess.run([*RABBITMQ_EXEC, "rabbitmq-server", "-detached"], env=env, cwd=folder,
+                       check=True, timeout=60, capture_output=True)
+        wait_until(lambda: _answers(node), 90, f"node {name} to come up")
+        node.ctl("--timeout", "120", "await_startup")
+        yield node
+    finally:
+        subprocess.run(rabbitmqctl_command("stop", node=name), capture_output=True,
+                       timeout=120, check=False)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _answers(node: TLSNode) -> bool:
+    try:
+        node.ctl("ping")
+    except (RuntimeError, subprocess.TimeoutExpired):
+        return False
+    with socket.socket() as probe:
+        probe.settimeout(1)
+        return probe.connect_ex(("127.0.0.1", node.port)) == 0

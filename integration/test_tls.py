@@ -1,0 +1,215 @@
+"""``ojss://`` against a real TLS listener: ``verify_peer``, client certificates.
+
+The module starts a node of its own (:func:`integration.rabbitmq_node.tls_node`:
+certificates made here with ``openssl``, a CA, a server certificate for
+``localhost``/``127.0.0.1``, a client certificate; no plain TCP listener), under
+``OJS_RABBITMQ_EXEC`` when set (RabbitMQ 4.x in CI) or this machine's RabbitMQ.
+Workers are ``celery -A integration.tlsapp worker`` subprocesses; the CLI is the
+installed ``ojs-kombu``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from .apps import make_app
+from .conftest import stop_worker, wait_until
+from .rabbitmq_node import TLSNode, cannot_start_reason, tls_node
+from .test_cli import cli_path
+
+ROOT = Path(__file__).resolve().parents[1]
+#: The drain: jobs of 50 KB (each frame past TLS's 16 KB record) published while consumed.
+DRAIN_JOBS = int(os.environ.get("OJS_TEST_TLS_DRAIN_JOBS", "5000"))
+PAYLOAD = "x" * 50_000
+
+
+@pytest.fixture(scope="module")
+def node() -> Iterator[TLSNode]:
+    reason = cannot_start_reason()
+    if reason:
+        pytest.skip(f"no TLS test broker: {reason}")
+    with tls_node() as started:
+        yield started
+
+
+def tls_env(node: TLSNode, done_file: Path, **ssl_changes: Any) -> dict[str, str]:
+    return {**os.environ, "OJS_TEST_BROKER_URL": node.url(), "OJS_BROKER_URL": node.url(),
+            "OJS_TEST_BROKER_USE_SSL": json.dumps(node.ssl_options(**ssl_changes)),
+            "OJS_TEST_DONE_FILE": str(done_file)}
+
+
+def start_worker(node: TLSNode, queue: str, done_file: Path, log: Path
+                 ) -> subprocess.Popen[bytes]:
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "integration.tlsapp", "worker", "-Q", queue,
+             "-n", f"{queue}@%h", "--pool", "threads", "-c", "4", "--loglevel", "INFO",
+             "--without-mingle", "--without-gossip"],
+            cwd=ROOT, env=tls_env(node, done_file), stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True)
+
+
+def producer(node: TLSNode, **ssl_changes: Any) -> Celery:
+    return make_app("tls-producer", node.url(), "rpc://",
+                    broker_use_ssl=node.ssl_options(**ssl_changes))
+
+
+def consumers(node: TLSNode, queue: str) -> int:
+    for line in node.ctl("list_queues", "name", "consumers").splitlines():
+        name, _, count = line.partition("\t")
+        if name == f"ojs.queue.{queue}":
+            return int(count)
+    return 0
+
+
+def done(done_file: Path) -> list[str]:
+    return done_file.read_text().split() if done_file.exists() else []
+
+
+def test_a_worker_runs_jobs_over_tls(node: TLSNode, tmp_path: Path) -> None:
+    """The README's flow over ``ojss://``: a worker consumes, runs, answers."""
+    worker = start_worker(node, "tls-readme", tmp_path / "done", tmp_path / "worker.log")
+    try:
+        wait_until(lambda: consumers(node, "tls-readme"), 60, "the worker's consumer")
+        app = producer(node)
+        results = [app.send_task("math.add", args=[n, 1], queue="tls-readme") for n in range(5)]
+        assert [r.get(timeout=30) for r in results] == [1, 2, 3, 4, 5]
+        record = app.send_task("tls.record", args=["hello"], queue="tls-readme")
+        assert record.get(timeout=30) == 5 and done(tmp_path / "done") == [record.id]
+        # the connections the broker holds are TLS, with the client's certificate
+        lines = node.ctl("list_connections", "--no-table-headers", "ssl",
+                         "peer_cert_subject").splitlines()
+        assert lines and all(line.startswith("true\t") for line in lines), lines
+        assert all("ojs-kombu test client" in line for line in lines), lines
+    finally:
+        stop_worker(worker)
+
+
+def test_large_jobs_drain_while_published_each_run_once(node: TLSNode, tmp_path: Path) -> None:
+    done_file = tmp_path / "done"
+    worker = start_worker(node, "tls-drain", done_file, tmp_path / "worker.log")
+    try:
+        wait_until(lambda: consumers(node, "tls-drain"), 60, "the worker's consumer")
+        app = producer(node)
+        started = time.monotonic()
+        with app.producer_or_acquire() as publisher:
+            ids = [app.send_task("tls.record", args=[PAYLOAD], queue="tls-drain",
+                                 producer=publisher, ignore_result=True).id
+                   for _ in range(DRAIN_JOBS)]
+        published = time.monotonic() - started
+        assert done(done_file), "nothing ran while the jobs were published"
+        wait_until(lambda: len(done(done_file)) >= DRAIN_JOBS, 600,
+                   f"{DRAIN_JOBS} jobs to run (ran {len(done(done_file))})")
+        time.sleep(2)  # a duplicate would show up now
+        ran = done(done_file)
+        print(f"[tls drain] {DRAIN_JOBS} x 50 KB: published in {published:.1f} s, "
+              f"all ran in {time.monotonic() - started:.1f} s")
+        assert sorted(ran) == sorted(ids)  # each once, none lost
+    finally:
+        stop_worker(worker)
+
+
+def test_worker_and_producer_reconnect_after_the_tls_connection_is_cut(
+        node: TLSNode, tmp_path: Path) -> None:
+    done_file = tmp_path / "done"
+    worker = start_worker(node, "tls-cut", done_file, tmp_path / "worker.log")
+    try:
+        wait_until(lambda: consumers(node, "tls-cut"), 60, "the worker's consumer")
+        app = producer(node)
+        first = app.send_task("tls.record", args=["before"], queue="tls-cut")
+        assert first.get(timeout=30) == 6
+        pids = node.ctl("list_connections", "--no-table-headers", "pid").split()
+        assert pids
+        for pid in pids:  # this node only: the test's own
+            node.ctl("close_connection", pid, "TLS connection cut by the test")
+        wait_until(lambda: consumers(node, "tls-cut"), 60, "the worker's consumer to come back")
+        after = [app.send_task("tls.record", args=["after"], queue="tls-cut") for _ in range(3)]
+        assert [r.get(timeout=30) for r in after] == [5, 5, 5]
+        assert sorted(done(done_file)) == sorted([first.id, *(r.id for r in after)])
+        log = (tmp_path / "worker.log").read_text()
+        assert "TLS connection cut by the test" in log or "reconnect" in log.lower(), log[-3000:]
+    finally:
+        stop_worker(worker)
+
+
+def cli(node: TLSNode, tmp_path: Path, *args: str, **ssl_changes: Any
+        ) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([cli_path(), *args], env=tls_env(node, tmp_path / "done", **ssl_changes),
+                          capture_output=True, text=True, timeout=300, cwd=ROOT, check=False)
+
+
+def test_the_cli_over_tls(node: TLSNode, tmp_path: Path) -> None:
+    """``dlq``, ``conformance`` and ``migrate`` with the app's ``broker_use_ssl``."""
+    def dlq(*args: str) -> Any:
+        result = cli(node, tmp_path, "dlq", *args, "-q", "tls-cli", "-A", "integration.tlsapp",
+                     "--json")
+        assert result.returncode == 0, result.stderr
+        return json.loads(result.stdout)
+
+    worker = start_worker(node, "tls-cli", tmp_path / "done", tmp_path / "worker.log")
+    try:
+        wait_until(lambda: consumers(node, "tls-cli"), 60, "the worker's consumer")
+        app = producer(node)
+        failed = app.send_task("toggle.fail", queue="tls-cli", ignore_result=True).id
+        wait_until(lambda: dlq("list")["count"] == 1, 60, "the failed job's dead letter")
+        assert [d["job_id"] for d in dlq("list")["dead_letters"]] == [failed]
+        assert dlq("show", failed)["envelope"]["id"] == failed
+        assert dlq("replay", failed)["replayed"] == [failed]
+        wait_until(lambda: dlq("list")["count"] == 1, 60, "the replayed job to fail again")
+        assert dlq("purge", "--yes")["deleted"] == 1
+
+        report = cli(node, tmp_path, "conformance", "-q", "tls-cli", "-A", "integration.tlsapp",
+                     "--json")
+        checks = {c["id"]: c for c in json.loads(report.stdout)["checks"]}
+        failures = {i: c["reason"] for i, c in checks.items() if c["status"] == "fail"}
+        assert failures == {} and report.returncode == 0, report.stderr
+        assert checks["AMQP-004"]["status"] == "pass"
+    finally:
+        stop_worker(worker)
+    migrate = cli(node, tmp_path, "migrate", "check", "-A", "integration.tlsapp", "--json")
+    assert migrate.returncode == 0, migrate.stdout + migrate.stderr
+
+
+MISMATCHES = {"hostname": ({"server_hostname": "wrong.example"}, "Hostname mismatch"),
+              "CA": ({"ca_certs": "other-ca.pem"}, "certificate verify failed")}
+
+
+@pytest.mark.parametrize("mismatch", list(MISMATCHES))
+def test_a_certificate_mismatch_ends_in_one_clear_error(node: TLSNode, tmp_path: Path,
+                                                       mismatch: str) -> None:
+    changes, named = MISMATCHES[mismatch]
+    if "ca_certs" in changes:
+        changes = {"ca_certs": str(node.folder / changes["ca_certs"])}
+    # the CLI: one line, exit 3, in seconds
+    started = time.monotonic()
+    result = cli(node, tmp_path, "dlq", "list", "-q", "tls-cli", "-A", "integration.tlsapp",
+                 **changes)
+    assert result.returncode == 3, result.stderr
+    assert named in result.stderr and "Traceback" not in result.stderr
+    assert time.monotonic() - started < 60
+    # a producer: one exception naming it, no retry loop
+    app = producer(node, **changes)
+    started = time.monotonic()
+    with pytest.raises(Exception) as raised:
+        app.send_task("math.add", args=[1, 2], queue="tls-readme")
+    assert named in str(raised.value), repr(raised.value)
+    assert time.monotonic() - started < 30
+    # a worker: says so at start and exits non-zero
+    worker = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "integration.tlsapp", "worker", "-Q", "tls-cli",
+         "--pool", "solo", "--without-mingle", "--without-gossip"],
+        cwd=ROOT, env=tls_env(node, tmp_path / "done", **changes), capture_output=True,
+        text=True, timeout=120, check=False)
+    assert worker.returncode != 0
+    assert named in worker.stderr, worker.stderr[-3000:]
+    assert "Trying again" not in worker.stderr

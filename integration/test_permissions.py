@@ -23,8 +23,9 @@ import pytest
 from ojs_kombu import TopologyPermissionError
 
 from .apps import make_app
-from .conftest import HOST, PORT, private_vhost, rabbitmqctl, stop_worker, wait_until
+from .conftest import HOST, PORT, private_vhost, rabbitmqctl, wait_until
 from .test_cli import cli_path
+from .workers import WorkerProcess, launch_worker
 
 ROOT = Path(__file__).resolve().parents[1]
 QUEUE = "lp"
@@ -73,15 +74,11 @@ def worker_run(url: str, queue: str, timeout: float = 90) -> subprocess.Complete
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False)
 
 
-def worker_start(url: str, queue: str, log: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "OJS_TEST_BROKER_URL": url, "OJS_TEST_RESULT_BACKEND": "none",
-           "OJS_TEST_CONFORMANCE_PROBES": "1"}
-    with log.open("ab") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "integration.cliapp", "worker", "-Q", queue,
-             "--pool", "threads", "-c", "4", "--without-mingle", "--without-gossip",
-             "--loglevel", "INFO"],
-            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+def worker_start(url: str, queue: str, log: Path) -> WorkerProcess:
+    """The one launcher; the test waits for what this role may see itself."""
+    return launch_worker(url, "integration.cliapp", queue, pool="threads", concurrency=4,
+                         log=log, env={"OJS_TEST_RESULT_BACKEND": "none",
+                                       "OJS_TEST_CONFORMANCE_PROBES": "1"}, ready=False)
 
 
 def cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -155,7 +152,7 @@ def test_each_role_does_its_work_and_nothing_else(users: dict[str, str], tmp_pat
         failed = {i: c["reason"] for i, c in checks.items() if c["status"] == "fail"}
         assert failed == {} and report.returncode == 0, (failed, report.stderr)
     finally:
-        stop_worker(worker)
+        worker.stop()
 
     # the worker's user deletes no other queue: one refusal from the broker (RabbitMQ 4
     # names the permission, 3.x does not), no retry

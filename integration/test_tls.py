@@ -23,9 +23,10 @@ import pytest
 from celery import Celery
 
 from .apps import make_app
-from .conftest import stop_worker, wait_until
+from .conftest import wait_until
 from .rabbitmq_node import TLSNode, cannot_start_reason, tls_node
 from .test_cli import cli_path
+from .workers import WorkerProcess, launch_worker
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The drain: jobs of 50 KB (each frame past TLS's 16 KB record) published while consumed.
@@ -48,15 +49,11 @@ def tls_env(node: TLSNode, done_file: Path, **ssl_changes: Any) -> dict[str, str
             "OJS_TEST_DONE_FILE": str(done_file)}
 
 
-def start_worker(node: TLSNode, queue: str, done_file: Path, log: Path
-                 ) -> subprocess.Popen[bytes]:
-    with log.open("ab") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "integration.tlsapp", "worker", "-Q", queue,
-             "-n", f"{queue}@%h", "--pool", "threads", "-c", "4", "--loglevel", "INFO",
-             "--without-mingle", "--without-gossip"],
-            cwd=ROOT, env=tls_env(node, done_file), stdout=out, stderr=subprocess.STDOUT,
-            start_new_session=True)
+def start_worker(node: TLSNode, queue: str, done_file: Path, log: Path) -> WorkerProcess:
+    """The one launcher; the test waits for the consumer through the TLS node itself."""
+    return launch_worker(node.url(), "integration.tlsapp", queue, pool="threads",
+                         concurrency=4, hostname=f"{queue}@%h", log=log,
+                         env=tls_env(node, done_file), ready=False)
 
 
 def producer(node: TLSNode, **ssl_changes: Any) -> Celery:
@@ -92,7 +89,7 @@ def test_a_worker_runs_jobs_over_tls(node: TLSNode, tmp_path: Path) -> None:
         assert lines and all(line.startswith("true\t") for line in lines), lines
         assert all("ojs-kombu test client" in line for line in lines), lines
     finally:
-        stop_worker(worker)
+        worker.stop()
 
 
 def test_large_jobs_drain_while_published_each_run_once(node: TLSNode, tmp_path: Path) -> None:
@@ -116,7 +113,7 @@ def test_large_jobs_drain_while_published_each_run_once(node: TLSNode, tmp_path:
               f"all ran in {time.monotonic() - started:.1f} s")
         assert sorted(ran) == sorted(ids)  # each once, none lost
     finally:
-        stop_worker(worker)
+        worker.stop()
 
 
 def test_worker_and_producer_reconnect_after_the_tls_connection_is_cut(
@@ -139,7 +136,7 @@ def test_worker_and_producer_reconnect_after_the_tls_connection_is_cut(
         log = (tmp_path / "worker.log").read_text()
         assert "TLS connection cut by the test" in log or "reconnect" in log.lower(), log[-3000:]
     finally:
-        stop_worker(worker)
+        worker.stop()
 
 
 def cli(node: TLSNode, tmp_path: Path, *args: str, **ssl_changes: Any
@@ -175,7 +172,7 @@ def test_the_cli_over_tls(node: TLSNode, tmp_path: Path) -> None:
         assert failures == {} and report.returncode == 0, report.stderr
         assert checks["AMQP-004"]["status"] == "pass"
     finally:
-        stop_worker(worker)
+        worker.stop()
     migrate = cli(node, tmp_path, "migrate", "check", "-A", "integration.tlsapp", "--json")
     assert migrate.returncode == 0, migrate.stdout + migrate.stderr
 

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import amqp
+import kombu
 import pytest
 
 from ojs_kombu import TopologyPermissionError
@@ -87,7 +88,8 @@ def cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def depth(url: str, queue: str) -> int:
-    with make_app("perm-probe", url).connection_for_write() as connection:
+    """Ready messages of ``queue`` (a passive declaration: no permission needed)."""
+    with kombu.Connection(url.replace("ojs://", "pyamqp://", 1)) as connection:
         return int(connection.default_channel.queue_declare(queue, passive=True).message_count)
 
 

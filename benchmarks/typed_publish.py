@@ -97,32 +97,48 @@ def run(plain: Any, ojs: Any, broker: Any, time_block: TimeBlock, *, jobs: int,
         send(50)
         broker.purge(queue)
     per_round: dict[str, list[float]] = {key: [] for key in CONTENDERS}
+    cpu_round: dict[str, list[float]] = {key: [] for key in CONTENDERS}
     for r in range(rounds):
         spent = dict.fromkeys(CONTENDERS, 0.0)
+        cpu = dict.fromkeys(CONTENDERS, 0.0)
         sizes = block_sizes(jobs, blocks)
         for b, order in enumerate(block_orders(list(CONTENDERS), blocks, r % 2 == 0)):
             for key in order:
                 log(f"typed_publish: round {r + 1}/{rounds}, block {b + 1}, {LABELS[key]}")
                 send, queue = senders[key]
+                started = time.process_time()
                 seconds, _ = time_block(send, queue, broker, sizes[b])
+                cpu[key] += time.process_time() - started
                 spent[key] += seconds
         for key in CONTENDERS:
             per_round[key].append(jobs / spent[key])
+            cpu_round[key].append(cpu[key] / jobs * 1e6)
     medians = {key: statistics.median(rates) for key, rates in per_round.items()}
+    cpu_us = {key: statistics.median(values) for key, values in cpu_round.items()}
     ratios = {"untyped": medians["ojs_untyped"] / medians["plain_untyped"],
               "typed": medians["ojs_typed"] / medians["plain_typed"]}
+    cpu_ratios = {"untyped": cpu_us["ojs_untyped"] / cpu_us["plain_untyped"],
+                  "typed": cpu_us["ojs_typed"] / cpu_us["plain_typed"]}
     return {"jobs_per_s": medians, "rounds": per_round, "ratio_to_plain": ratios,
-            "encode_us": encode_cost(ojs.app), "jobs": jobs, "typed_args": repr(TYPED),
-            "untyped_args": repr(UNTYPED)}
+            "cpu_us_per_publish": cpu_us, "cpu_rounds": cpu_round,
+            "cpu_ratio_to_plain": cpu_ratios, "encode_us": encode_cost(ojs.app),
+            "jobs": jobs, "typed_args": repr(TYPED), "untyped_args": repr(UNTYPED)}
 
 
 def render(result: dict[str, Any]) -> str:
     rates, ratios, us = result["jobs_per_s"], result["ratio_to_plain"], result["encode_us"]
-    rows = [(LABELS[key], f"{rates[key]:,.0f}",
-             f"{ratios[key.split('_')[1]]:.2f}x" if key.startswith("ojs") else "1.00x",
-             f"{us[key + '_us']:.1f}") for key in CONTENDERS]
+    cpu, cpu_ratios = result["cpu_us_per_publish"], result["cpu_ratio_to_plain"]
+
+    def ratio(table: dict[str, float], key: str) -> str:
+        return f"{table[key.split('_')[1]]:.2f}x" if key.startswith("ojs") else "1.00x"
+
+    rows = [(LABELS[key], f"{rates[key]:,.0f}", ratio(ratios, key), f"{cpu[key]:.0f}",
+             ratio(cpu_ratios, key), f"{us[key + '_us']:.1f}") for key in CONTENDERS]
     return "\n".join([
         f"Typed arguments ({result['jobs']} confirmed apply_async per contender and round; "
         "median of rounds)",
-        *grid([("contender", "jobs/s", "ratio to plain, same args", "encode µs/job"), *rows]),
-        f"typed ratio {ratios['typed']:.2f}x vs untyped ratio {ratios['untyped']:.2f}x"])
+        *grid([("contender", "jobs/s", "jobs/s to plain, same args", "CPU µs/publish",
+                "CPU to plain, same args", "encode µs/job"), *rows]),
+        f"jobs/s: typed {ratios['typed']:.2f}x vs untyped {ratios['untyped']:.2f}x plain "
+        f"Celery; CPU per publish: typed {cpu_ratios['typed']:.2f}x vs untyped "
+        f"{cpu_ratios['untyped']:.2f}x"])

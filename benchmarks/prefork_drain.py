@@ -47,9 +47,9 @@ def read_record(path: Path) -> list[tuple[float, float]]:
     """``(start, end)`` of every job recorded so far (a partial last line is skipped)."""
     spans = []
     for line in path.read_text().splitlines():
-        start, _, end = line.partition(" ")
+        start, _, rest = line.partition(" ")
         with suppress(ValueError):
-            spans.append((float(start), float(end)))
+            spans.append((float(start), float(rest.split(" ", 1)[0])))
     return spans
 
 

@@ -1,0 +1,161 @@
+"""Publish-to-start latency on an idle worker, and a worker's memory idle and after many jobs.
+
+Per side (ojs_kombu, plain Celery on its defaults with ``task_acks_late=True``), one
+``celery worker --pool prefork -c 2`` subprocess (``drain_app``) on an empty queue:
+
+* idle RSS: once the worker ran one warm-up job, the resident memory of its main process
+  and of the main process plus its pool processes (``/proc``);
+* latency: ``--latency-jobs`` single confirmed ``apply_async`` calls, one at a time with
+  ``--gap-ms`` between them, each carrying its ``time.time()``; the job records when it
+  started, and the latency is start minus publish (same clock, same machine): p50, p99 and
+  the distribution (``--json`` keeps every value, for the charts);
+* RSS after ``--memory-jobs`` no-op jobs (queued in the worker's absence, drained by it).
+
+Run from the repository root::
+
+    .venv/bin/python benchmarks/latency_memory.py --latency-jobs 2000 --memory-jobs 100000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import prefork_drain
+import run
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        text = (task / "children").read_text().split()
+        found.extend(int(child) for child in text)
+    return found
+
+
+def memory(pid: int) -> dict[str, float]:
+    """RSS in MiB of the worker's main process, and with its pool processes."""
+    main = rss_kib(pid)
+    total = main + sum(rss_kib(child) for child in _children(pid))
+    return {"main_mib": round(main / 1024, 1), "with_pool_mib": round(total / 1024, 1)}
+
+
+def _started_after_publish(record: Path) -> list[float]:
+    """Seconds from publish to start of every recorded job that carried its publish time."""
+    values = []
+    for line in record.read_text().splitlines():
+        fields = line.split()
+        if len(fields) == 3:
+            values.append(float(fields[0]) - float(fields[2]))
+    return values
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+
+
+def measure_side(side: run.Side, broker: run.Broker, args: argparse.Namespace,
+                 workdir: Path, name: str) -> dict[str, Any]:
+    broker.purge(side.amqp_queue)
+    env = {"BENCH_DRAIN_BROKER": side.app.conf.broker_url,
+           "BENCH_DRAIN_QUEUE": side.celery_queue,
+           "BENCH_DRAIN_OJS_PREFIX": side.app.conf.get("ojs_prefix") or ""}
+    result: dict[str, Any] = {}
+    with prefork_drain.WorkerProcess(
+            app_module="drain_app", pool="prefork", concurrency=2, queue=side.celery_queue,
+            workdir=workdir, name=name, record_var="BENCH_DRAIN_RECORD", env=env) as worker:
+        side.task.apply_async(run.TASK_ARGS)  # warm-up: the worker consumes
+        worker.spans(1, 120, name)
+        time.sleep(1.0)
+        result["idle"] = memory(worker.pid)
+        apply_async, gap = side.task.apply_async, args.gap_ms / 1000
+        for _ in range(args.latency_jobs):
+            apply_async((time.time(),))
+            time.sleep(gap)
+        worker.spans(1 + args.latency_jobs, 300, name)
+        latencies = _started_after_publish(worker.record)
+        result["latency_ms"] = {
+            "p50": round(percentile(latencies, 50) * 1000, 2),
+            "p99": round(percentile(latencies, 99) * 1000, 2),
+            "mean": round(statistics.fmean(latencies) * 1000, 2),
+            "values": [round(v * 1000, 3) for v in latencies],
+        }
+        if args.memory_jobs:
+            worker.stop()  # queue the jobs with no worker, then drain them with a new one
+    if args.memory_jobs:
+        _fill(side, args.memory_jobs)
+        with prefork_drain.WorkerProcess(
+                app_module="drain_app", pool="prefork", concurrency=2,
+                queue=side.celery_queue, workdir=workdir, name=f"{name}-mem",
+                record_var="BENCH_DRAIN_RECORD", env=env) as worker:
+            worker.spans(args.memory_jobs, 1800, name, poll_s=0.5)
+            time.sleep(1.0)
+            result["after_jobs"] = {"jobs": args.memory_jobs, **memory(worker.pid)}
+    return result
+
+
+def _fill(side: run.Side, n: int) -> None:
+    """``n`` no-op jobs: ``enqueue_many`` batches (ojs_kombu), ``apply_async`` (plain)."""
+    if side.sweep_prefix:
+        run.publish_batches(side, n, run.BATCH_SIZE)
+    else:
+        with side.app.producer_or_acquire() as producer:
+            for _ in range(n):
+                side.task.apply_async(run.TASK_ARGS, producer=producer)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--broker", default=run.DEFAULT_BROKER)
+    parser.add_argument("--latency-jobs", type=int, default=2000)
+    parser.add_argument("--gap-ms", type=float, default=2.0)
+    parser.add_argument("--memory-jobs", type=int, default=100_000)
+    parser.add_argument("--sides", default="ojs,plain")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    broker = run.Broker(args.broker)
+    pid = os.getpid()
+    sides = {"ojs_kombu": run.make_ojs_side(args.broker, pid),
+             "plain Celery": run.make_plain_side(args.broker, pid)}
+    wanted = {"ojs": "ojs_kombu", "plain": "plain Celery"}
+    sides = {k: v for k, v in sides.items()
+             if k in {wanted[s] for s in args.sides.split(",")}}
+    document: dict[str, Any] = {"load_before": os.getloadavg()[0], "sides": {}}
+    try:
+        for side in sides.values():
+            side.declare()
+        with tempfile.TemporaryDirectory(prefix="ojs-latency-") as tmp:
+            for label, side in sides.items():
+                reading = measure_side(side, broker, args, Path(tmp), label.split()[0])
+                document["sides"][label] = reading
+                shown = {k: ({kk: vv for kk, vv in v.items() if kk != "values"}
+                             if isinstance(v, dict) else v) for k, v in reading.items()}
+                print(f"{label}: {shown} (load {os.getloadavg()[0]:.2f})", flush=True)
+    finally:
+        for side in sides.values():
+            broker.delete_side(side)
+        broker.close()
+    document["load_after"] = os.getloadavg()[0]
+    if args.json:
+        args.json.write_text(json.dumps(document) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -19,6 +19,7 @@ Run from the repository root::
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import os
 import statistics
@@ -111,13 +112,16 @@ def measure_side(side: run.Side, broker: run.Broker, args: argparse.Namespace,
 
 
 def _fill(side: run.Side, n: int) -> None:
-    """``n`` no-op jobs: ``enqueue_many`` batches (ojs_kombu), ``apply_async`` (plain)."""
+    """``n`` no-op jobs: ``enqueue_many`` batches (ojs_kombu), unconfirmed ``apply_async``
+    (plain Celery): the fill is not measured."""
     if side.sweep_prefix:
         run.publish_batches(side, n, run.BATCH_SIZE)
-    else:
-        with side.app.producer_or_acquire() as producer:
-            for _ in range(n):
-                side.task.apply_async(run.TASK_ARGS, producer=producer)
+        return
+    unconfirmed = run.make_plain_side(side.app.conf.broker_url, os.getpid(), confirm=False)
+    assert unconfirmed.celery_queue == side.celery_queue  # the same queue, no confirms
+    with unconfirmed.app.producer_or_acquire() as producer:
+        for _ in range(n):
+            unconfirmed.task.apply_async(run.TASK_ARGS, producer=producer)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -136,7 +140,11 @@ def main(argv: list[str] | None = None) -> int:
     wanted = {"ojs": "ojs_kombu", "plain": "plain Celery"}
     sides = {k: v for k, v in sides.items()
              if k in {wanted[s] for s in args.sides.split(",")}}
-    document: dict[str, Any] = {"load_before": os.getloadavg()[0], "sides": {}}
+    document: dict[str, Any] = {
+        "timestamp": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "settings": {"latency_jobs": args.latency_jobs, "gap_ms": args.gap_ms,
+                     "memory_jobs": args.memory_jobs, "pool": "prefork", "concurrency": 2},
+        "load_before": os.getloadavg()[0], "sides": {}}
     try:
         for side in sides.values():
             side.declare()

@@ -12,8 +12,9 @@
 The docs include the committed PNGs, so building them needs no matplotlib (the
 ``bench`` extra brings it for whoever draws them)::
 
-    .venv/bin/python benchmarks/charts.py --throughput benchmarks/results/latest.json \\
-        --latency benchmarks/results/latency_memory.json
+    .venv/bin/python benchmarks/charts.py benchmarks/results/latest.json
+
+``run.py --charts`` draws them at the end of its run.
 """
 
 from __future__ import annotations
@@ -165,27 +166,32 @@ def latency_chart(latency: dict[str, Any], out: Path, note: str) -> list[Path]:
     return paths
 
 
+def draw(document: dict[str, Any], out: Path = DEFAULT_OUT) -> list[Path]:
+    """Every chart whose part ``document`` (run.py's JSON) holds."""
+    out.mkdir(parents=True, exist_ok=True)
+    results, written = document.get("results", {}), []
+    machine = document.get("machine", {})
+    load = (f", load {machine['load_start']}-{machine.get('load_end')}"
+            if "load_start" in machine else "")
+    note = f"{document.get('timestamp', '')[:10]}, {document.get('rounds')} rounds{load}"
+    if "throughput" in results:
+        written += [ratio_chart(results["throughput"], out, note),
+                    drain_chart(results["throughput"], out, note)]
+    if "latency_memory" in results:
+        latency = results["latency_memory"]
+        written += latency_chart(latency, out, f"load {latency.get('load_before', 0):.1f}")
+    return written
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--throughput", type=Path, help="run.py's JSON (throughput part)")
-    parser.add_argument("--latency", type=Path, help="latency_memory.py's JSON")
+    parser.add_argument("results", type=Path, nargs="+",
+                        help="run.py JSON files (throughput and/or latency_memory parts)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = parser.parse_args(argv)
-    args.out.mkdir(parents=True, exist_ok=True)
-    written: list[Path] = []
-    if args.throughput:
-        document = json.loads(args.throughput.read_text())
-        throughput = document["results"]["throughput"]
-        load = document.get("machine", {}).get("load") or ""
-        note = f"{document.get('timestamp', '')[:10]}, {document.get('rounds')} rounds {load}"
-        written += [ratio_chart(throughput, args.out, note.strip()),
-                    drain_chart(throughput, args.out, note.strip())]
-    if args.latency:
-        document = json.loads(args.latency.read_text())
-        note = f"load {document.get('load_before', 0):.1f}"
-        written += latency_chart(document, args.out, note)
-    for path in written:
-        print(f"wrote {path}")
+    for path in args.results:
+        for written in draw(json.loads(path.read_text()), args.out):
+            print(f"wrote {written}")
     return 0
 
 

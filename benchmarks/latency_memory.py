@@ -124,6 +124,56 @@ def _fill(side: run.Side, n: int) -> None:
             unconfirmed.task.apply_async(run.TASK_ARGS, producer=producer)
 
 
+def run_part(broker_url: str, latency_jobs: int, memory_jobs: int, gap_ms: float = 2.0,
+             sides: str = "ojs,plain", log: Any = print) -> dict[str, Any]:
+    """Both sides in turn (``run.py --only latency_memory`` calls this too)."""
+    args = argparse.Namespace(latency_jobs=latency_jobs, memory_jobs=memory_jobs, gap_ms=gap_ms)
+    broker = run.Broker(broker_url)
+    pid = os.getpid()
+    made = {"ojs": ("ojs_kombu", run.make_ojs_side),
+            "plain": ("plain Celery", run.make_plain_side)}
+    chosen = {made[key][0]: made[key][1](broker_url, pid) for key in sides.split(",")}
+    document: dict[str, Any] = {
+        "timestamp": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "settings": {"latency_jobs": latency_jobs, "gap_ms": gap_ms,
+                     "memory_jobs": memory_jobs, "pool": "prefork", "concurrency": 2},
+        "load_before": os.getloadavg()[0], "sides": {}}
+    try:
+        for side in chosen.values():
+            side.declare()
+        with tempfile.TemporaryDirectory(prefix="ojs-latency-") as tmp:
+            for label, side in chosen.items():
+                log(f"latency_memory: {label}")
+                reading = measure_side(side, broker, args, Path(tmp), label.split()[0])
+                reading["load"] = os.getloadavg()[0]
+                document["sides"][label] = reading
+    finally:
+        for side in chosen.values():
+            broker.delete_side(side)
+        broker.close()
+    document["load_after"] = os.getloadavg()[0]
+    return document
+
+
+def render(document: dict[str, Any]) -> list[str]:
+    """The table: latency p50/p99 and RSS per side."""
+    settings = document["settings"]
+    lines = [f"Idle prefork c2 worker: publish-to-start latency of {settings['latency_jobs']} "
+             f"jobs ({settings['gap_ms']} ms apart), RSS idle and after "
+             f"{settings['memory_jobs']:,} jobs",
+             f"{'side':<14} {'p50 ms':>8} {'p99 ms':>8} {'idle MiB':>16} {'after MiB':>16} load",
+             ]
+    for label, side in document["sides"].items():
+        latency, idle = side["latency_ms"], side["idle"]
+        after = side.get("after_jobs", {})
+        lines.append(f"{label:<14} {latency['p50']:>8} {latency['p99']:>8} "
+                     f"{idle['main_mib']:>7}/{idle['with_pool_mib']:<8} "
+                     f"{after.get('main_mib', '-'):>7}/{after.get('with_pool_mib', '-'):<8} "
+                     f"{side['load']:.2f}")
+    lines.append("(MiB: main process / with its pool processes)")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--broker", default=run.DEFAULT_BROKER)
@@ -133,33 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sides", default="ojs,plain")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
-    broker = run.Broker(args.broker)
-    pid = os.getpid()
-    sides = {"ojs_kombu": run.make_ojs_side(args.broker, pid),
-             "plain Celery": run.make_plain_side(args.broker, pid)}
-    wanted = {"ojs": "ojs_kombu", "plain": "plain Celery"}
-    sides = {k: v for k, v in sides.items()
-             if k in {wanted[s] for s in args.sides.split(",")}}
-    document: dict[str, Any] = {
-        "timestamp": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "settings": {"latency_jobs": args.latency_jobs, "gap_ms": args.gap_ms,
-                     "memory_jobs": args.memory_jobs, "pool": "prefork", "concurrency": 2},
-        "load_before": os.getloadavg()[0], "sides": {}}
-    try:
-        for side in sides.values():
-            side.declare()
-        with tempfile.TemporaryDirectory(prefix="ojs-latency-") as tmp:
-            for label, side in sides.items():
-                reading = measure_side(side, broker, args, Path(tmp), label.split()[0])
-                document["sides"][label] = reading
-                shown = {k: ({kk: vv for kk, vv in v.items() if kk != "values"}
-                             if isinstance(v, dict) else v) for k, v in reading.items()}
-                print(f"{label}: {shown} (load {os.getloadavg()[0]:.2f})", flush=True)
-    finally:
-        for side in sides.values():
-            broker.delete_side(side)
-        broker.close()
-    document["load_after"] = os.getloadavg()[0]
+    document = run_part(args.broker, args.latency_jobs, args.memory_jobs, args.gap_ms,
+                        args.sides)
+    print("\n".join(render(document)))
     if args.json:
         args.json.write_text(json.dumps(document) + "\n")
     return 0

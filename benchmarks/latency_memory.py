@@ -1,7 +1,9 @@
 """Publish-to-start latency on an idle worker, and a worker's memory idle and after many jobs.
 
 Per side (ojs_kombu, plain Celery on its defaults with ``task_acks_late=True``), one
-``celery worker --pool prefork -c 2`` subprocess (``drain_app``) on an empty queue:
+``celery worker --pool prefork -c 2`` subprocess (``drain_app``) on an empty queue
+(Dramatiq: the latency and the idle RSS only, ``confirm_delivery`` sends to a
+``dramatiq --processes 2 --threads 1`` worker, ``dramatiq_worker_app``):
 
 * idle RSS: once the worker ran one warm-up job, the resident memory of its main process
   and of the main process plus its pool processes (``/proc``);
@@ -26,12 +28,14 @@ import statistics
 import sys
 import tempfile
 import time
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import prefork_drain
 import run
+from dramatiq_side import queues_of as dramatiq_queues
 
 
 def rss_kib(pid: int) -> int:
@@ -90,13 +94,7 @@ def measure_side(side: run.Side, broker: run.Broker, args: argparse.Namespace,
             apply_async((time.time(),))
             time.sleep(gap)
         worker.spans(1 + args.latency_jobs, 300, name)
-        latencies = _started_after_publish(worker.record)
-        result["latency_ms"] = {
-            "p50": round(percentile(latencies, 50) * 1000, 2),
-            "p99": round(percentile(latencies, 99) * 1000, 2),
-            "mean": round(statistics.fmean(latencies) * 1000, 2),
-            "values": [round(v * 1000, 3) for v in latencies],
-        }
+        result["latency_ms"] = _latency_summary(_started_after_publish(worker.record))
         if args.memory_jobs:
             worker.stop()  # queue the jobs with no worker, then drain them with a new one
     if args.memory_jobs:
@@ -109,6 +107,63 @@ def measure_side(side: run.Side, broker: run.Broker, args: argparse.Namespace,
             time.sleep(1.0)
             result["after_jobs"] = {"jobs": args.memory_jobs, **memory(worker.pid)}
     return result
+
+
+def measure_dramatiq(broker_url: str, broker: run.Broker, latency_jobs: int, gap_ms: float,
+                     workdir: Path, queue: str) -> dict[str, Any]:
+    """The same latency (and idle RSS) with Dramatiq: ``confirm_delivery`` sends to a
+    ``dramatiq --processes 2 --threads 1`` worker (two execution slots, as ``-c 2``)."""
+    import signal
+    import subprocess
+
+    from dramatiq_side import DramatiqPublisher
+
+    record, log = workdir / "dramatiq.record", workdir / "dramatiq.log"
+    record.write_bytes(b"")
+    env = dict(os.environ, BENCH_DQ_URL=broker_url, BENCH_DQ_QUEUE=queue,
+               BENCH_DQ_RECORD=str(record),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(prefork_drain.HERE),
+                                                        os.environ.get("PYTHONPATH")])))
+    publisher = DramatiqPublisher(broker_url, queue, confirm=True)
+    with log.open("wb") as out:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "dramatiq", "dramatiq_worker_app", "--processes", "2",
+             "--threads", "1"], env=env, stdout=out, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        def recorded() -> int:
+            return len(record.read_text().splitlines())
+
+        publisher.send(1, (time.time(),))
+        deadline = time.monotonic() + 120
+        while recorded() < 1:
+            if time.monotonic() > deadline or worker.poll() is not None:
+                raise RuntimeError(f"the Dramatiq worker ran nothing:\n{log.read_text()}")
+            time.sleep(0.1)
+        time.sleep(1.0)
+        idle = memory(worker.pid)
+        send, gap = publisher.actor.send, gap_ms / 1000
+        for _ in range(latency_jobs):
+            send(time.time())
+            time.sleep(gap)
+        deadline = time.monotonic() + 300
+        while recorded() < 1 + latency_jobs and time.monotonic() < deadline:
+            time.sleep(0.1)
+        latencies = _started_after_publish(record)[1:]
+    finally:
+        publisher.close()
+        with suppress(ProcessLookupError):
+            os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait()
+        broker.delete(dramatiq_queues(queue), [])
+    return {"idle": idle, "latency_ms": _latency_summary(latencies)}
+
+
+def _latency_summary(latencies: list[float]) -> dict[str, Any]:
+    return {"p50": round(percentile(latencies, 50) * 1000, 2),
+            "p99": round(percentile(latencies, 99) * 1000, 2),
+            "mean": round(statistics.fmean(latencies) * 1000, 2),
+            "values": [round(v * 1000, 3) for v in latencies]}
 
 
 def _fill(side: run.Side, n: int) -> None:
@@ -125,14 +180,15 @@ def _fill(side: run.Side, n: int) -> None:
 
 
 def run_part(broker_url: str, latency_jobs: int, memory_jobs: int, gap_ms: float = 2.0,
-             sides: str = "ojs,plain", log: Any = print) -> dict[str, Any]:
+             sides: str = "ojs,plain,dramatiq", log: Any = print) -> dict[str, Any]:
     """Both sides in turn (``run.py --only latency_memory`` calls this too)."""
     args = argparse.Namespace(latency_jobs=latency_jobs, memory_jobs=memory_jobs, gap_ms=gap_ms)
     broker = run.Broker(broker_url)
     pid = os.getpid()
     made = {"ojs": ("ojs_kombu", run.make_ojs_side),
             "plain": ("plain Celery", run.make_plain_side)}
-    chosen = {made[key][0]: made[key][1](broker_url, pid) for key in sides.split(",")}
+    chosen = {made[key][0]: made[key][1](broker_url, pid) for key in sides.split(",")
+              if key in made}
     document: dict[str, Any] = {
         "timestamp": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "settings": {"latency_jobs": latency_jobs, "gap_ms": gap_ms,
@@ -147,6 +203,12 @@ def run_part(broker_url: str, latency_jobs: int, memory_jobs: int, gap_ms: float
                 reading = measure_side(side, broker, args, Path(tmp), label.split()[0])
                 reading["load"] = os.getloadavg()[0]
                 document["sides"][label] = reading
+            if "dramatiq" in sides.split(","):
+                log("latency_memory: Dramatiq")
+                reading = measure_dramatiq(broker_url, broker, latency_jobs, gap_ms, Path(tmp),
+                                           f"bench{pid}-dramatiq-latency")
+                reading["load"] = os.getloadavg()[0]
+                document["sides"]["Dramatiq"] = reading
     finally:
         for side in chosen.values():
             broker.delete_side(side)
@@ -158,7 +220,8 @@ def run_part(broker_url: str, latency_jobs: int, memory_jobs: int, gap_ms: float
 def render(document: dict[str, Any]) -> list[str]:
     """The table: latency p50/p99 and RSS per side."""
     settings = document["settings"]
-    lines = [f"Idle prefork c2 worker: publish-to-start latency of {settings['latency_jobs']} "
+    lines = [f"Idle worker (Celery prefork -c 2; Dramatiq --processes 2 --threads 1): "
+             f"publish-to-start latency of {settings['latency_jobs']} "
              f"jobs ({settings['gap_ms']} ms apart), RSS idle and after "
              f"{settings['memory_jobs']:,} jobs",
              f"{'side':<14} {'p50 ms':>8} {'p99 ms':>8} {'idle MiB':>16} {'after MiB':>16} load",
@@ -180,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--latency-jobs", type=int, default=2000)
     parser.add_argument("--gap-ms", type=float, default=2.0)
     parser.add_argument("--memory-jobs", type=int, default=100_000)
-    parser.add_argument("--sides", default="ojs,plain")
+    parser.add_argument("--sides", default="ojs,plain,dramatiq")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     document = run_part(args.broker, args.latency_jobs, args.memory_jobs, args.gap_ms,

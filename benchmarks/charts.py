@@ -137,7 +137,7 @@ def latency_chart(latency: dict[str, Any], out: Path, note: str) -> list[Path]:
     ax.set_xscale("log")
     ax.set_xlabel("publish to start, ms (log)")
     ax.set_ylabel("share of jobs")
-    ax.set_title(f"Publish-to-start latency, idle prefork c2 worker ({note})", fontsize=9)
+    ax.set_title(f"Publish-to-start latency, idle worker ({note})", fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
     paths = [out / "latency.png"]

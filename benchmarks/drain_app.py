@@ -6,7 +6,8 @@ takes its settings from the environment (``BENCH_DRAIN_*``, set by
 ``prefork_drain.py``) and mirrors ``run.py``'s sides: the same task name,
 ``task_acks_late``, no results, no remote control; the ojs side is
 ``ojs_kombu.install``-ed with the run's prefix.  Every job appends
-``"<start> <end>\\n"`` (``time.time()``, seconds) to the record file, one
+``"<start> <end>\\n"`` (``time.time()``, seconds; ``"<start> <end> <published>\\n"`` for a
+job whose first argument is its publish time) to the record file, one
 ``O_APPEND`` write, so lines from the pool processes never interleave.
 """
 
@@ -67,9 +68,11 @@ def make_app(broker: str, queue: str, record_path: str, ojs_prefix: str | None,
     record = os.open(record_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
 
     @app.task(name=TASK_NAME, ignore_result=True, shared=False)
-    def noop(*_args: Any) -> None:
+    def noop(*args: Any) -> None:
         started = time.time()
-        os.write(record, f"{started:.6f} {time.time():.6f}\n".encode())
+        # A float first argument is its publish time (latency_memory.py): a third field.
+        sent = f" {args[0]:.6f}" if args and isinstance(args[0], float) else ""
+        os.write(record, f"{started:.6f} {time.time():.6f}{sent}\n".encode())
 
     return app
 

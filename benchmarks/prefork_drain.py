@@ -47,9 +47,9 @@ def read_record(path: Path) -> list[tuple[float, float]]:
     """``(start, end)`` of every job recorded so far (a partial last line is skipped)."""
     spans = []
     for line in path.read_text().splitlines():
-        start, _, end = line.partition(" ")
+        start, _, rest = line.partition(" ")
         with suppress(ValueError):
-            spans.append((float(start), float(end)))
+            spans.append((float(start), float(rest.split(" ", 1)[0])))
     return spans
 
 
@@ -58,12 +58,15 @@ class WorkerProcess:
     too), its jobs recording ``start end`` lines to a file (``record_var`` in its
     environment names it), its output in a log next to it.
 
-    The drains of this part, of the green part and of the dedup part start their
-    workers this way: :meth:`spans` waits until ``n`` jobs ran, :meth:`stop` (or
-    leaving the ``with``) stops it and every pool process."""
+    The drains of this part, of the green part, of the dedup part and the worker
+    profile (``profile_worker.py``) start their workers this way: :meth:`spans` waits
+    until ``n`` jobs ran, :meth:`stop` (or leaving the ``with``) stops it and every pool
+    process.  ``profile``: the main thread's CPU profile into that file (``cpu_profile.py``);
+    ``extra_args``: more ``celery worker`` options."""
 
     def __init__(self, *, app_module: str, pool: str, concurrency: int, queue: str,
-                 workdir: Path, name: str, record_var: str, env: dict[str, str]) -> None:
+                 workdir: Path, name: str, record_var: str, env: dict[str, str],
+                 profile: Path | None = None, extra_args: tuple[str, ...] = ()) -> None:
         self.record, self.log = workdir / f"{name}.record", workdir / f"{name}.log"
         self.record.write_bytes(b"")
         environment = dict(os.environ)
@@ -72,10 +75,14 @@ class WorkerProcess:
         environment["PYTHONPATH"] = os.pathsep.join(
             filter(None, [str(HERE), environment.get("PYTHONPATH")]))
         with self.log.open("wb") as out:
+            # ``profile``: a CPU-time cProfile of the main process's main thread into that file.
+            profiler = ([str(HERE / "cpu_profile.py"), str(profile)] if profile is not None
+                        else [])
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", app_module, "worker", "--pool", pool,
-                 "-c", str(concurrency), "-Q", queue, "--without-mingle", "--without-gossip",
-                 "--without-heartbeat", "--loglevel", "WARNING", "-n", f"{name}@localhost"],
+                [sys.executable, *profiler, "-m", "celery", "-A", app_module, "worker",
+                 "--pool", pool, "-c", str(concurrency), "-Q", queue, "--without-mingle",
+                 "--without-gossip", "--without-heartbeat", "--loglevel", "WARNING",
+                 "-n", f"{name}@localhost", *extra_args],
                 env=environment, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )

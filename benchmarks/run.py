@@ -96,7 +96,7 @@ CONCURRENCY = 4
 BATCH_SIZE = 1000
 PARTS = ("throughput", "typed_publish", "traced_publish", "publish_phases", "events",
          "schedule", "storm",
-         "storm_backlog", "green", "dedup", "scale", "dlq_scale")
+         "storm_backlog", "green", "dedup", "scale", "dlq_scale", "latency_memory")
 #: Parts that run only when ``--only`` names them (they start brokers of their own).
 EXTRA_PARTS = ("cluster_drain", "scale_cluster")
 
@@ -546,6 +546,10 @@ def render(results: dict[str, dict[str, Any]]) -> str:
         tables.append(scale.render(results["scale"]))
     if "dlq_scale" in results:
         tables.append(dlq_scale.render(results["dlq_scale"]))
+    if "latency_memory" in results:
+        import latency_memory
+
+        tables.append(latency_memory.render(results["latency_memory"]))
     if "cluster_drain" in results:
         tables.append(cluster_drain.render(results["cluster_drain"]))
     if "scale_cluster" in results:
@@ -731,6 +735,11 @@ def run(broker: Broker, args: argparse.Namespace) -> dict[str, Any]:
                                      log=_progress)
     if "dlq_scale" in args.parts:
         results["dlq_scale"] = dlq_scale.run(args.broker, args.dlq_sizes, log=_progress)
+    if "latency_memory" in args.parts:
+        import latency_memory  # imports this module: only once it is loaded
+
+        results["latency_memory"] = latency_memory.run_part(
+            args.broker, args.latency_jobs, args.memory_jobs, log=_progress)
     if "cluster_drain" in args.parts:
         results["cluster_drain"] = run_cluster_drain(args)
     if "scale_cluster" in args.parts:
@@ -1089,6 +1098,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="scale: comma-separated job-queue counts of the apps compared")
     parser.add_argument("--dlq-sizes", type=_counts, default=dlq_scale.SIZES,
                         help="dlq_scale: comma-separated dead-letter queue lengths")
+    parser.add_argument("--charts", action="store_true",
+                        help="draw the charts of the parts run into docs/_static/perf "
+                        "(benchmarks/charts.py; matplotlib, in the bench extra)")
+    parser.add_argument("--latency-jobs", type=int, default=2000,
+                        help="latency_memory: jobs whose publish-to-start latency is measured")
+    parser.add_argument("--memory-jobs", type=int, default=100_000,
+                        help="latency_memory: jobs a worker runs before its RSS is read again")
     parser.add_argument("--skip-scale", action="store_true",
                         help="leave out the scale parts (apps of 1, 10 and 100 job queues; "
                         "dead letters at scale)")
@@ -1190,7 +1206,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         machine = machine_info(broker)
+        machine["load_start"] = round(os.getloadavg()[0], 2)  # 1-minute load average
         results = run(broker, args)
+        machine["load_end"] = round(os.getloadavg()[0], 2)
     finally:
         broker.close()
     print(render(results))
@@ -1203,6 +1221,11 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine, "results": results,
     })
     print(f"\nresults written to {args.json}")
+    if args.charts:
+        import charts  # matplotlib: the bench extra
+
+        for path in charts.draw(json.loads(args.json.read_text())):
+            print(f"chart written to {path}")
     return 0
 
 

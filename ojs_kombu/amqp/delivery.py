@@ -39,8 +39,9 @@ class JobDelivery:
     def info(self) -> JobInfo:
         """The job as its lifecycle events describe it (parsed once per delivery)."""
         if self._info is None:
-            self._info = JobInfo.from_headers(self.job_id, self.job_type, self.queue,
-                                              self.headers)
+            self._info = JobInfo.from_headers(  # reads the headers, no copy needed
+                self.job_id, self.job_type, self.queue,
+                self.properties.get("application_headers") or {})
         return self._info
 
 

@@ -97,9 +97,19 @@ class JobRequest(Request):
             kwargs["body"], kwargs["decoded"] = message.payload, True
         super().__init__(message, *args, **kwargs)
 
+    #: The hook, kept by each of the request classes Celery's worker builds per task
+    #: (one task, one app): looked up through ``app.amqp`` once, not twice per job.
+    _ojs_task_hook: Hook | None = None
+
     @property
     def _ojs_hook(self) -> Hook:
-        return self.app.amqp.binding.hook
+        cls = type(self)
+        hook = cls._ojs_task_hook
+        if hook is None:
+            hook = self.app.amqp.binding.hook
+            if cls is not JobRequest:  # a per-task class: its app is the task's
+                cls._ojs_task_hook = hook
+        return hook
 
     @property
     def eta(self) -> datetime | None:

@@ -215,7 +215,7 @@ class JobEvents(Observer):
 class JobInfo:
     """What every job event says about its job."""
 
-    __slots__ = ("_labels", "attempt", "cancel", "enqueued_at", "job_id", "job_type", "queue",
+    __slots__ = ("_enqueued_at", "_labels", "attempt", "cancel", "job_id", "job_type", "queue",
                  "trace_id")
 
     def __init__(self, job_id: str, job_type: str, queue: str, attempt: int = 0,
@@ -225,7 +225,8 @@ class JobInfo:
         self.queue = queue
         self.attempt = attempt
         self.trace_id = trace_id
-        self.enqueued_at = enqueued_at
+        #: a datetime, or ``x-ojs-enqueued-at`` as it came (parsed when first read)
+        self._enqueued_at: datetime | str | None = enqueued_at
         #: Why a CANCEL of this running job was not carried out (its pool cannot end it):
         #: every later event of the job says so in ``data.cancel``, as INFO does.
         self.cancel: str | None = None
@@ -236,8 +237,21 @@ class JobInfo:
                      headers: Mapping[str, Any]) -> JobInfo:
         attempt = headers.get("x-ojs-attempt")
         traceparent = headers.get("x-ojs-trace-id") or headers.get("x-ojs-traceparent")
-        return cls(job_id, job_type, queue, attempt if isinstance(attempt, int) and attempt > 0
-                   else 1, trace_id_of(traceparent), _timestamp(headers.get("x-ojs-enqueued-at")))
+        info = cls(job_id, job_type, queue, attempt if isinstance(attempt, int) and attempt > 0
+                   else 1, trace_id_of(traceparent))
+        enqueued_at = headers.get("x-ojs-enqueued-at")
+        if isinstance(enqueued_at, str):
+            info._enqueued_at = enqueued_at
+        return info
+
+    @property
+    def enqueued_at(self) -> datetime | None:
+        """When the job was enqueued (``x-ojs-enqueued-at``), parsed on the first read:
+        only the wait metric reads it, and only when an OpenTelemetry SDK records it."""
+        value = self._enqueued_at
+        if isinstance(value, str):
+            value = self._enqueued_at = _timestamp(value)
+        return value
 
     def data(self) -> dict[str, Any]:
         """A new dict of the job's fields every job event carries (no ``None`` values)."""

@@ -35,9 +35,13 @@ class MetricsObserver(Observer):
         self.metrics.jobs_enqueued.add(1, job.labels())
 
     def job_started(self, job: JobInfo, worker_id: str) -> None:
-        if job.enqueued_at is not None:
-            waited = (datetime.now(UTC) - job.enqueued_at).total_seconds()
-            self.metrics.wait.record(max(waited * 1000, 0), job.labels())
+        wait = self.metrics.wait
+        if not wait.recording:  # no SDK: neither the clock nor the header is read
+            return
+        enqueued_at = job.enqueued_at
+        if enqueued_at is not None:
+            waited = (datetime.now(UTC) - enqueued_at).total_seconds()
+            wait.record(max(waited * 1000, 0), job.labels())
 
     def job_completed(self, job: JobInfo, duration_s: float, result: Any) -> None:
         labels = job.labels()

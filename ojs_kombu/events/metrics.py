@@ -262,6 +262,11 @@ class BufferedHistogram:
         if len(buffer) >= self.flush_at:
             self.flush()
 
+    @property
+    def recording(self) -> bool:
+        """Whether a value recorded now reaches an SDK (so it is worth computing)."""
+        return not self._discards()
+
     def _discards(self) -> bool:
         """No SDK behind the instrument (the API's no-op, or its proxy while no provider
         is set): the API would drop the value, so there is nothing to buffer or flush."""

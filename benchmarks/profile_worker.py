@@ -1,0 +1,197 @@
+"""Where a worker's main process spends its time per delivery: ojs_kombu beside plain Celery.
+
+For each pool (``prefork -c 2``, ``threads -c 4``) and side (ojs_kombu, plain Celery with
+``task_acks_late=True`` on a classic queue), fill the side's queue with ``--jobs`` no-op jobs,
+start one ``celery worker`` subprocess (``drain_app``) and wait until every job ran.  Two
+readings of the worker's main process:
+
+* its CPU time (``/proc/<pid>/stat``, user + system) from the first job recorded to the
+  last, per delivery: little disturbed by other load on the machine, unlike wall-clock;
+* with ``--cprofile``, a second run under cProfile timed by the main thread's CPU clock
+  (``cpu_profile.py``: the consumer's event loop, from ``worker_ready`` on), its
+  functions' own time per delivery, largest first, and the same summed per package.
+  cProfile slows every call about alike, so read its shares, not its absolute figures.
+
+Run from the repository root::
+
+    .venv/bin/python benchmarks/profile_worker.py --jobs 5000 --cprofile
+    .venv/bin/python benchmarks/profile_worker.py --poison --pools solo:1 --cprofile
+
+``--poison`` queues jobs of a type no task handles instead (the poison storm's backlog:
+ojs_kombu dead-letters them with ``UNKNOWN_JOB_TYPE``; plain Celery rejects them, into
+nothing here, as its queue has no dead-letter exchange) and times until the queue is empty.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pstats
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import prefork_drain
+import run
+
+#: cProfile entries that are the event loop waiting, not work.
+_IDLE = ("poll", "select", "epoll", "sleep", "wait", "acquire")
+_TICKS = os.sysconf("SC_CLK_TCK")
+#: ``--poison``: a job type no worker task handles.
+POISON_TYPE = "bench.unknown"
+
+
+def process_cpu(pid: int) -> float:
+    """User + system CPU seconds of one process (not its children)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+def _package(filename: str) -> str:
+    for name in ("ojs_kombu", "kombu", "amqp", "celery", "billiard", "vine"):
+        if f"/{name}/" in filename:
+            return name
+    return "stdlib/builtins"
+
+
+def summarize_profile(path: Path, n: int, top: int) -> dict[str, Any]:
+    """Own time per delivery (µs) of the busiest functions and of each package."""
+    stats = pstats.Stats(str(path)).stats  # type: ignore[attr-defined]
+    rows, packages = [], {}
+    for (filename, line, function), (_cc, calls, tottime, _ct, _callers) in stats.items():
+        if any(word in function for word in _IDLE) and filename == "~":
+            continue
+        package = _package(filename)
+        packages[package] = packages.get(package, 0.0) + tottime
+        short = filename.rsplit("site-packages/", 1)[-1].rsplit("ojs_kombu/", 1)[-1]
+        rows.append((tottime, calls, f"{short}:{line}({function})"))
+    rows.sort(reverse=True)
+    return {
+        "us_per_delivery": round(sum(packages.values()) * 1e6 / n, 1),
+        "packages": {k: round(v * 1e6 / n, 1) for k, v in
+                     sorted(packages.items(), key=lambda kv: -kv[1])},
+        "functions": [{"us": round(t * 1e6 / n, 2), "calls_per_delivery": round(c / n, 2),
+                       "function": f} for t, c, f in rows[:top]],
+    }
+
+
+def measure(side: run.Side, broker: run.Broker, pool: str, concurrency: int, n: int,
+            workdir: Path, name: str, profile: Path | None, poison: bool = False,
+            extra_args: tuple[str, ...] = ()) -> dict[str, Any]:
+    broker.purge(side.amqp_queue)
+    if poison:  # jobs of a type no task handles: dead-lettered (ojs_kombu) or rejected
+        for _ in range(n):
+            side.app.send_task(POISON_TYPE, run.TASK_ARGS, queue=side.celery_queue)
+    else:
+        run.publish(side, n)
+    env = {
+        "BENCH_DRAIN_BROKER": side.app.conf.broker_url,
+        "BENCH_DRAIN_QUEUE": side.celery_queue,
+        "BENCH_DRAIN_OJS_PREFIX": side.app.conf.get("ojs_prefix") or "",
+    }
+    marks: dict[str, float] = {}
+    with prefork_drain.WorkerProcess(
+            app_module="drain_app", pool=pool, concurrency=concurrency,
+            queue=side.celery_queue, workdir=workdir, name=name,
+            record_var="BENCH_DRAIN_RECORD", env=env, profile=profile,
+            extra_args=extra_args) as worker:
+        pid = worker.pid
+
+        def first() -> None:
+            marks["cpu0"] = process_cpu(pid)
+
+        if poison:
+            seconds = _wait_empty(broker, side.amqp_queue, n, first)
+        else:
+            seconds = prefork_drain.elapsed(
+                worker.spans(n, 600, name, poll_s=0.05, on_first=first))
+        cpu = process_cpu(pid) - marks.get("cpu0", 0.0)
+    return {"main_cpu_us_per_delivery": round(cpu * 1e6 / n, 1),
+            "jobs_per_s": round(n / seconds, 1)}
+
+
+def _wait_empty(broker: run.Broker, queue: str, n: int, first: Any) -> float:
+    """Seconds from the first message taken off ``queue`` until it is empty (polled)."""
+    deadline, started = time.monotonic() + 600, None
+    while time.monotonic() < deadline:
+        depth = broker.depth(queue)
+        if started is None and depth is not None and depth < n:
+            started = time.monotonic()
+            first()
+        if depth == 0:
+            return time.monotonic() - (started or time.monotonic())
+        time.sleep(0.02)
+    raise RuntimeError(f"{queue} still holds messages after 600 s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--broker", default=run.DEFAULT_BROKER)
+    parser.add_argument("--jobs", type=int, default=5000)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--pools", default="prefork:2,threads:4")
+    parser.add_argument("--cprofile", action="store_true")
+    parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--sides", default="ojs,plain")
+    parser.add_argument("--worker-args", default="",
+                        help="more ``celery worker`` options, e.g. '--prefetch-multiplier 16'")
+    parser.add_argument("--poison", action="store_true",
+                        help="jobs of a type no task handles (the poison storm's backlog)")
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--profile-dir", type=Path,
+                        help="keep the cProfile files there (pstats), not in a temporary directory")
+    args = parser.parse_args(argv)
+    broker = run.Broker(args.broker)
+    pid = os.getpid()
+    sides = {"ojs": run.make_ojs_side(args.broker, pid),
+             "plain": run.make_plain_side(args.broker, pid)}
+    sides = {k: v for k, v in sides.items() if k in args.sides.split(",")}
+    results: dict[str, Any] = {"load": os.getloadavg()[0]}
+    try:
+        for side in sides.values():
+            side.declare()
+        with tempfile.TemporaryDirectory(prefix="ojs-profile-") as tmp:
+            workdir = Path(tmp)
+            for spec in args.pools.split(","):
+                pool, _, concurrency = spec.partition(":")
+                for key, side in sides.items():
+                    label = f"{key} {pool} c{concurrency}"
+                    cpus = []
+                    for round_ in range(args.rounds):
+                        reading = measure(side, broker, pool, int(concurrency), args.jobs,
+                                          workdir, f"{key}-{pool}-{round_}", None,
+                                          args.poison, tuple(args.worker_args.split()))
+                        cpus.append(reading)
+                        print(f"{label}: {reading} (load {os.getloadavg()[0]:.2f})",
+                              flush=True)
+                    results[label] = {"rounds": cpus}
+                    if args.cprofile:
+                        out = (args.profile_dir or workdir) / f"{key}-{pool}.prof"
+                        measure(side, broker, pool, int(concurrency), args.jobs, workdir,
+                                f"{key}-{pool}-prof", out, args.poison)
+                        deadline = time.monotonic() + 30
+                        while not out.exists() and time.monotonic() < deadline:
+                            time.sleep(0.2)
+                        summary = summarize_profile(out, args.jobs, args.top)
+                        results[label]["profile"] = summary
+                        print(f"--- {label} under cProfile: "
+                              f"{summary['us_per_delivery']} us/delivery "
+                              f"{summary['packages']}")
+                        for row in summary["functions"]:
+                            print(f"  {row['us']:8.2f} us  x{row['calls_per_delivery']:<6} "
+                                  f"{row['function']}")
+    finally:
+        for side in sides.values():
+            broker.delete_side(side)
+        broker.close()
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -145,7 +145,7 @@ BAD_CALLS = [
     ("priority out of range", (1, 2), dict(priority=101), JobOptionError, "priority"),
     ("a set", ({1, 2}, 0), {}, NonJSONArgumentError, None),
     ("an object", (Opaque(), 0), {}, NonJSONArgumentError, None),
-    ("bytes", (b"raw", 0), {}, NonJSONArgumentError, None),
+    ("a bytearray", (bytearray(b"raw"), 0), {}, NonJSONArgumentError, None),
 ]
 
 

@@ -6,6 +6,7 @@ import hashlib
 import hmac
 import json
 import os
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -90,11 +91,19 @@ def test_webhook_retries_5xx_with_backoff_but_not_4xx(endpoint: Endpoint) -> Non
 
 
 def test_webhook_timeout_and_unreachable_endpoint_are_counted_not_raised() -> None:
-    sink = WebhookSink("http://127.0.0.1:9/nothing", timeout=0.5, max_retries=1, backoff=0.01)
-    started = time.monotonic()
-    sink(event())  # the caller never waits for the network
-    assert time.monotonic() - started < 0.1
-    assert sink.flush(10) and sink.failed == 1
+    with socket.socket() as silent:  # accepts connections, never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        port = silent.getsockname()[1]
+        sink = WebhookSink(f"http://127.0.0.1:{port}/nothing", timeout=0.5, max_retries=1,
+                           backoff=0.01)
+        sink(event())  # the caller never waits for the network: nothing is counted yet
+        assert sink.failed == 0
+        assert sink.flush(10) and sink.failed == 1  # timed out, retried once, counted
+    unreachable = WebhookSink("http://127.0.0.1:9/nothing", timeout=0.5, max_retries=1,
+                              backoff=0.01)
+    unreachable(event())
+    assert unreachable.flush(10) and unreachable.failed == 1
 
 
 def test_file_sink_appends_json_lines(tmp_path: Path) -> None:

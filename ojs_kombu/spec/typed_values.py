@@ -30,10 +30,12 @@ from decimal import Decimal
 from typing import Any
 from uuid import UUID
 
+from .x_celery import EMBED_KEYS, X_CELERY
+
 #: The ``meta`` key of the type map.
 TYPES_KEY = "x_celery_types"
 #: The envelope members whose values a type map may point into.
-TYPED_ROOTS = ("args", "x_celery")
+TYPED_ROOTS = ("args", X_CELERY)
 
 Path = tuple[str | int, ...]
 
@@ -120,19 +122,16 @@ def parse_pointer(text: str) -> list[str]:
     return [part.replace("~1", "/").replace("~0", "~") for part in text[1:].split("/")]
 
 
-_EMBED_KEYS = ("callbacks", "errbacks", "chain", "chord")
-
-
 def python_path(path: Path) -> str:
     """How a path into the envelope reads in an error, as the caller wrote the value:
     ``args[1]``, ``kwargs['order']['id']``, ``chain[0]['args'][0]``, ``headers['x']``."""
     if path[:1] == ("args",):
         name, rest = "args", path[1:]
-    elif path[:2] == ("x_celery", "kwargs"):
+    elif path[:2] == (X_CELERY, "kwargs"):
         name, rest = "kwargs", path[2:]
-    elif path[:1] == ("x_celery",) and len(path) > 1 and path[1] in _EMBED_KEYS:
+    elif path[:1] == (X_CELERY,) and len(path) > 1 and path[1] in EMBED_KEYS:
         name, rest = str(path[1]), path[2:]
-    elif path[:1] == ("x_celery",):
+    elif path[:1] == (X_CELERY,):
         name, rest = "headers", path[1:]
     elif path[:1] == ("meta",):
         name, rest = "ojs_meta", path[1:]

@@ -171,7 +171,7 @@ def raw_move(connection: amqp.Connection, n: int) -> float:
     the job queue as they are (no decoding, no re-encoding): consumed with the replay's
     prefetch, republished pipelined with confirms a window at a time, then acked
     together, as ``dlq replay`` does.  The ceiling of any replay written on py-amqp."""
-    from ojs_kombu.amqp.dead_letters import REPLAY_WINDOW, REPLAY_WINDOWS_AHEAD
+    from ojs_kombu.amqp.broker.dead_letters import REPLAY_WINDOW, REPLAY_WINDOWS_AHEAD
 
     channel = connection.channel()
     channel.confirm_select()

@@ -108,8 +108,8 @@ def instrument(kind: str, phases: PhaseClock) -> None:
         phases.wrap(kombu.messaging, "dumps", "encode")
         phases.wrap(kombu.messaging.Producer, "publish", "producer")
     elif kind == "ojs":
-        from ojs_kombu.amqp.publish_frames import PublishFrames
-        from ojs_kombu.amqp.publisher import JobPublisher
+        from ojs_kombu.amqp.publishing.publisher import JobPublisher
+        from ojs_kombu.amqp.wire.publish_frames import PublishFrames
         from ojs_kombu.celery import task_sender
 
         phases.wrap(task_sender, "encode_task", "encode")

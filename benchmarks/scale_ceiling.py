@@ -22,8 +22,8 @@ from urllib.parse import urlsplit
 import amqp
 
 from ojs_kombu import TopologyNames
-from ojs_kombu.amqp.declaring import NoWait
-from ojs_kombu.amqp.topology import declare_queue_topology
+from ojs_kombu.amqp.broker.declaring import NoWait
+from ojs_kombu.amqp.broker.topology import declare_queue_topology
 
 CHANNELS = 4
 SETS = ("plain", "ojs", "ojs_no_priority")

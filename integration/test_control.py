@@ -11,7 +11,7 @@ import pytest
 from celery import Celery
 from celery.exceptions import TaskRevokedError
 
-from ojs_kombu.amqp.control import ControlClient
+from ojs_kombu.amqp.broker.control import ControlClient
 from ojs_kombu.spec.errors import ControlError, ControlTimeout
 from ojs_kombu.spec.job_ids import new_job_id
 

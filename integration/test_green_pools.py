@@ -3,7 +3,7 @@
 Under a green pool Celery runs no event loop: the consumer's greenlet reads the
 connection (``drain_events``), jobs and their failure paths run in greenlets of
 their own, and so do timers.  Retries, dead letters and reschedules are
-published from there without waiting (:mod:`ojs_kombu.amqp.outcomes`); these tests
+published from there without waiting (:mod:`ojs_kombu.amqp.consuming.outcomes`); these tests
 check on the wire that nothing is lost or doubled: runs are counted in Redis by
 the worker, dead letters by draining the dead-letter queue.  The worker app is
 :mod:`integration.greenapp`.
@@ -31,7 +31,7 @@ from celery import Celery
 from celery.exceptions import TaskRevokedError
 
 import ojs_kombu
-from ojs_kombu.amqp.control import ControlClient
+from ojs_kombu.amqp.broker.control import ControlClient
 
 from .conftest import HOST, PORT, get_message, queue_depth, unacked, wait_until
 from .greenapp import make_app, runs_key

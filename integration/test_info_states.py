@@ -17,7 +17,7 @@ import pytest
 from celery import Celery
 
 import ojs_kombu
-from ojs_kombu.amqp.control import ControlClient
+from ojs_kombu.amqp.broker.control import ControlClient
 from ojs_kombu.spec.job_ids import new_job_id
 from ojs_kombu.spec.times import parse_time
 

@@ -26,7 +26,7 @@ import amqp
 import pytest
 from celery import Celery
 
-from ojs_kombu.amqp.control import ControlClient
+from ojs_kombu.amqp.broker.control import ControlClient
 
 from .apps import make_app
 from .conftest import HOST, PORT, body_of, rabbitmqctl, wait_until

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from ojs_kombu.amqp.control import ControlClient
+from ojs_kombu.amqp.broker.control import ControlClient
 from ojs_kombu.celery.events import QueueDepths, sink_from_spec
 from ojs_kombu.cli.local_proxy import LocalProxy
 from ojs_kombu.events.models import make_event

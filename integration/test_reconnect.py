@@ -166,7 +166,7 @@ def test_heartbeats_and_control_outlive_a_reconnect(own_vhost: str) -> None:
     jobs' ``job.heartbeat`` go on and CANCEL reaches a running job (Celery 5.5 clears
     the worker's timer on each reconnect, 5.7 cancels what was registered while
     connecting: the beats are registered again)."""
-    from ojs_kombu.amqp.control import ControlClient
+    from ojs_kombu.amqp.broker.control import ControlClient
 
     app = make_app("reconnect-beats", f"ojs://guest:guest@{HOST}:{PORT}/{own_vhost}",
                    "cache+memory://", ojs_worker_heartbeat=0.5, ojs_job_heartbeat=0.5)

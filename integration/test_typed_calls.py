@@ -29,7 +29,7 @@ import pytest
 from celery import chain, chord, group
 from celery.result import AsyncResult
 
-from ojs_kombu.amqp.control import ControlClient
+from ojs_kombu.amqp.broker.control import ControlClient
 from ojs_kombu.spec.naming import is_job_id
 
 from .conftest import HOST, PORT, body_of, wait_until

@@ -55,8 +55,8 @@ from .spec.naming import TopologyNames
 register_transport()
 register_serializer()
 
-from .amqp.dead_letters import DeadLetter, DeadLetterQueue  # noqa: E402
-from .amqp.deferred import flush_confirms  # noqa: E402
+from .amqp.broker.dead_letters import DeadLetter, DeadLetterQueue  # noqa: E402
+from .amqp.publishing.deferred import flush_confirms  # noqa: E402
 from .celery.app import install  # noqa: E402  (needs the registrations)
 from .celery.batch import enqueue_many  # noqa: E402
 from .celery.dead_letters import dead_letter_queue  # noqa: E402

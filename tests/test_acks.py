@@ -5,7 +5,7 @@ from __future__ import annotations
 from amqp import spec
 from amqp.serialization import dumps
 
-from ojs_kombu.amqp.acks import PendingAcks, ack_frames
+from ojs_kombu.amqp.wire.acks import PendingAcks, ack_frames
 
 from .py_amqp_wire import py_amqp_bytes
 

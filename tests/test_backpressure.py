@@ -11,10 +11,10 @@ import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from ojs_kombu.amqp.backpressure import BackpressureMonitor
+from ojs_kombu.amqp.backpressure.circuit_breaker import CircuitBreaker
+from ojs_kombu.amqp.backpressure.monitor import BackpressureMonitor
 from ojs_kombu.amqp.binding import Binding
-from ojs_kombu.amqp.circuit_breaker import CircuitBreaker
-from ojs_kombu.amqp.topology import (
+from ojs_kombu.amqp.broker.topology import (
     dead_letter_queue_arguments,
     declare_queue_topology,
     retry_queue_arguments,
@@ -694,7 +694,7 @@ def test_a_rejecting_queue_takes_its_waited_jobs_back_through_its_ready_queue(
     """RabbitMQ drops a dead-lettered job a full ``reject-publish`` queue refuses: retries
     and scheduled jobs of such a queue come back through ``ojs.queue.ready.{q}``, an
     unbounded quorum queue that dead-letters at least once into the job queue."""
-    from ojs_kombu.amqp.topology import bind_scheduled_delivery, declare_delayed_exchange
+    from ojs_kombu.amqp.broker.topology import bind_scheduled_delivery, declare_delayed_exchange
     from ojs_kombu.spec.delays import delivery_binding_key
 
     binding = Binding.from_settings(settings(queues={"email": config}))
@@ -724,7 +724,7 @@ def test_a_rejecting_queue_takes_its_waited_jobs_back_through_its_ready_queue(
 def test_other_queues_take_their_waited_jobs_straight_back(config: dict[str, Any]) -> None:
     """Unbounded queues refuse nothing; a ``drop_oldest`` queue dead-letters its oldest job
     into the DLQ (nothing is lost either way)."""
-    from ojs_kombu.amqp.topology import bind_scheduled_delivery
+    from ojs_kombu.amqp.broker.topology import bind_scheduled_delivery
 
     binding = Binding.from_settings(settings(queues={"email": config}))
     names, job_args = binding.names, binding.declare_arguments("email")

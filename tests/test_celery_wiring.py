@@ -14,7 +14,7 @@ from kombu import Connection, Exchange, Queue
 
 import ojs_kombu
 from ojs_kombu.amqp.binding import Binding
-from ojs_kombu.amqp.entities import JobQueue
+from ojs_kombu.amqp.broker.entities import JobQueue
 from ojs_kombu.amqp.transport import SSLTransport, Transport
 from ojs_kombu.celery.app_amqp import OJSAMQP
 from ojs_kombu.celery.control import cancel_requested

@@ -5,7 +5,7 @@ import json
 import amqp
 import pytest
 
-from ojs_kombu.amqp.control import CANCEL, INFO, control_message, parse_control
+from ojs_kombu.amqp.broker.control import CANCEL, INFO, control_message, parse_control
 from ojs_kombu.spec.job_ids import new_job_id
 
 

@@ -11,7 +11,7 @@ import kombu
 import pytest
 
 from ojs_kombu.amqp import dead_letters as dead_letters_module
-from ojs_kombu.amqp.dead_letters import DeadLetter, DeadLetterQueue, open_dead_letter_queue
+from ojs_kombu.amqp.broker.dead_letters import DeadLetter, DeadLetterQueue, open_dead_letter_queue
 from ojs_kombu.spec.errors import DeadLetterNotFound, JobNackedError, OJSConfigurationError
 
 from .dead_jobs import DLQ, JOB_QUEUE, TRACE, failed_attempts, ids_in, job_id, put_dead_job

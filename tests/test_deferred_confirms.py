@@ -12,8 +12,8 @@ import amqp
 import pytest
 
 from ojs_kombu import DeferredPublishError, OJSConfigurationError
-from ojs_kombu.amqp.deferred import DeferredConfirms
-from ojs_kombu.amqp.ledger import ConfirmLedger, Publish
+from ojs_kombu.amqp.publishing.deferred import DeferredConfirms
+from ojs_kombu.amqp.publishing.ledger import ConfirmLedger, Publish
 from ojs_kombu.spec.errors import (
     JobNackedError,
     JobPublishError,

@@ -16,9 +16,9 @@ from amqp import spec
 from amqp.method_framing import frame_handler
 from amqp.serialization import dumps
 
-from ojs_kombu.amqp.frames import UNDECODABLE_HEADER
-from ojs_kombu.amqp.read_ahead import ReadAheadTCPTransport
 from ojs_kombu.amqp.transport import Connection
+from ojs_kombu.amqp.wire.frames import UNDECODABLE_HEADER
+from ojs_kombu.amqp.wire.read_ahead import ReadAheadTCPTransport
 
 
 def wire(frame_type: int, payload: bytes) -> bytes:

@@ -17,8 +17,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ojs_kombu.amqp.ledger import ConfirmLedger, Publish, Replaced
-from ojs_kombu.amqp.publish_frames import PublishFrames
+from ojs_kombu.amqp.publishing.ledger import ConfirmLedger, Publish, Replaced
+from ojs_kombu.amqp.wire.publish_frames import PublishFrames
 from tests.publish_wire import (
     Deliveries,
     WirePublish,

@@ -11,8 +11,8 @@ import threading
 from kombu.asynchronous import Hub, get_event_loop, set_event_loop
 from kombu.asynchronous.timer import Timer
 
-from ojs_kombu.amqp.kombu_seam import forget_loop_on_close, wake_on_foreign_call_soon
-from ojs_kombu.amqp.read_ahead import LoopWake
+from ojs_kombu.amqp.wire.kombu_seam import forget_loop_on_close, wake_on_foreign_call_soon
+from ojs_kombu.amqp.wire.read_ahead import LoopWake
 
 #: Half the hub's longest poll (10 s): a callback that waits for the timeout misses it.
 DEADLINE_S = 5.0

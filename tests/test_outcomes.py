@@ -18,8 +18,8 @@ from amqp import spec
 from amqp.serialization import dumps
 
 from ojs_kombu.amqp import outcomes as outcomes_module
-from ojs_kombu.amqp.ledger import Replaced
-from ojs_kombu.amqp.outcomes import DeadLetterLog, OutcomePublisher, PendingOutcome
+from ojs_kombu.amqp.consuming.outcomes import DeadLetterLog, OutcomePublisher, PendingOutcome
+from ojs_kombu.amqp.publishing.ledger import Replaced
 from ojs_kombu.spec.naming import TopologyNames
 from tests.publish_wire import Deliveries, at_each_line, read_publishes, run_traced
 
@@ -181,7 +181,7 @@ def test_dead_letter_lines_are_rate_limited_and_summed(caplog: pytest.LogCapture
                                                       ) -> None:
     now = [0.0]
     log = DeadLetterLog(rate=10, clock=lambda: now[0])
-    with caplog.at_level(logging.ERROR, logger="ojs_kombu.amqp.outcomes"):
+    with caplog.at_level(logging.ERROR, logger="ojs_kombu.amqp.consuming.outcomes"):
         for n in range(25):
             log(f"job-{n}", "email", "UNKNOWN_JOB_TYPE", "no task")
         now[0] = 1.5

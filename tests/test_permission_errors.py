@@ -6,7 +6,7 @@ import pytest
 from amqp.exceptions import AccessRefused
 
 from ojs_kombu import TopologyPermissionError
-from ojs_kombu.amqp.permissions import is_permission_refusal, permission_error
+from ojs_kombu.amqp.broker.permissions import is_permission_refusal, permission_error
 
 V3 = "ACCESS_REFUSED - access to {kind} '{name}' in vhost 'v' refused for user 'u'"
 V4 = "ACCESS_REFUSED - {perm} access to {kind} '{name}' in vhost 'v' refused for user 'u'"

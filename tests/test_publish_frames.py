@@ -12,7 +12,7 @@ import pytest
 from amqp import spec
 from amqp.serialization import dumps
 
-from ojs_kombu.amqp.publish_frames import PublishFrames, encode_properties
+from ojs_kombu.amqp.wire.publish_frames import PublishFrames, encode_properties
 from ojs_kombu.spec.encode import build_job
 
 from .py_amqp_wire import py_amqp_bytes

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from ojs_kombu.amqp.backpressure import BackpressureMonitor
+from ojs_kombu.amqp.backpressure.monitor import BackpressureMonitor
 from ojs_kombu.spec.backpressure import Bounds, ProducerBackpressure
 from ojs_kombu.spec.errors import (
     BatchPublishError,

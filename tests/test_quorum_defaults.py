@@ -18,7 +18,7 @@ from celery.worker.consumer.tasks import Tasks
 
 import ojs_kombu
 from ojs_kombu.amqp.binding import Binding
-from ojs_kombu.amqp.topology import (
+from ojs_kombu.amqp.broker.topology import (
     declare_queue_topology,
     declare_retry_queue,
     declare_schedule_ladder,

@@ -11,8 +11,8 @@ import pytest
 from amqp.exceptions import UnexpectedFrame
 from kombu.asynchronous import Hub
 
-from ojs_kombu.amqp.read_ahead import ReadAheadTCPTransport
 from ojs_kombu.amqp.transport import Connection, Transport
+from ojs_kombu.amqp.wire.read_ahead import ReadAheadTCPTransport
 
 
 def frame(channel: int, payload: bytes, frame_type: int = 1) -> bytes:

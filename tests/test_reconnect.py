@@ -7,12 +7,12 @@ import socket
 import pytest
 from kombu.exceptions import OperationalError
 
-from ojs_kombu.amqp.connection import (
+from ojs_kombu.amqp.broker.connection import (
     BrokerConnection,
     PooledBrokerConnection,
     connect_on_demand,
 )
-from ojs_kombu.amqp.reconnect import (
+from ojs_kombu.amqp.broker.reconnect import (
     DEFAULT_POLICY,
     ConnectBackoff,
     ReconnectPolicy,

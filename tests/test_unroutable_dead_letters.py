@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from ojs_kombu.amqp.binding import Binding
-from ojs_kombu.amqp.topology import declare_queue_topology
+from ojs_kombu.amqp.broker.topology import declare_queue_topology
 from ojs_kombu.spec.settings import OJSSettings
 
 

@@ -33,7 +33,7 @@ from ..spec.errors import OJSConfigurationError
 from ..spec.job_types import JobTypeRegistry, TaskLookup
 from ..spec.naming import TopologyNames
 from ..spec.settings import BINDING_OPTION, OJSSettings
-from .backpressure import BackpressureMonitor
+from .backpressure.monitor import BackpressureMonitor
 
 logger = logging.getLogger("ojs_kombu")
 

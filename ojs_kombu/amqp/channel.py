@@ -4,14 +4,14 @@
   sender :mod:`ojs_kombu.celery.task_sender` and ``ojs-kombu enqueue`` call;
   batches :meth:`Channel.publish_jobs`), or a message another producer sent
   with a Celery ``task`` header (:meth:`Channel.basic_publish`), is published
-  as an OJS job with confirms (:class:`~ojs_kombu.amqp.publisher.JobPublisher`);
+  as an OJS job with confirms (:class:`~ojs_kombu.amqp.publishing.publisher.JobPublisher`);
   other messages pass through untouched;
 * consume (:meth:`Channel.basic_consume`): deliveries of ``ojs.queue.{q}`` are
-  validated before kombu sees them (:class:`~ojs_kombu.amqp.receiver.JobReceiver`)
-  and their outcomes carried out (:mod:`ojs_kombu.amqp.settle`);
+  validated before kombu sees them (:class:`~ojs_kombu.amqp.consuming.receiver.JobReceiver`)
+  and their outcomes carried out (:mod:`ojs_kombu.amqp.consuming.settle`);
 * acks: every delivery that needs one is known
-  (:class:`~ojs_kombu.amqp.acks.PendingAcks`), and those made in the worker's
-  event loop are written once per loop iteration (:mod:`ojs_kombu.amqp.loop_acks`).
+  (:class:`~ojs_kombu.amqp.wire.acks.PendingAcks`), and those made in the worker's
+  event loop are written once per loop iteration (:mod:`ojs_kombu.amqp.wire.loop_acks`).
 
 What the rest of ojs_kombu uses of it is :class:`ojs_kombu.amqp.job_channel.JobChannel`.
 """
@@ -29,14 +29,14 @@ from kombu.transport import pyamqp
 from ..spec.encode import OutgoingJob
 from ..spec.errors import QueueNameError
 from ..spec.failures import JobFailure, Outcome
-from .acks import PendingAcks, ack_frames
-from .batch import BATCH_WINDOW, publish_batch
 from .binding import Binding
-from .delivery import JobDelivery
-from .publisher import JobPublisher
-from .py_amqp_seam import channel_hooks, confirms_selected, publish_unconfirmed
-from .receiver import JobReceiver
-from .settle import retry_and_wait, settle
+from .consuming.delivery import JobDelivery
+from .consuming.receiver import JobReceiver
+from .consuming.settle import retry_and_wait, settle
+from .publishing.batch import BATCH_WINDOW, publish_batch
+from .publishing.publisher import JobPublisher
+from .wire.acks import PendingAcks, ack_frames
+from .wire.py_amqp_seam import channel_hooks, confirms_selected, publish_unconfirmed
 
 if TYPE_CHECKING:
     from .transport import Connection
@@ -78,7 +78,7 @@ class Channel(pyamqp.Channel):
                 "the channel was closed with its connection")
         return connection.ojs
 
-    # -- publish (ojs_kombu.amqp.publisher) ------------------------------------
+    # -- publish (ojs_kombu.amqp.publishing.publisher) ------------------------------------
 
     def basic_publish(
         self,
@@ -118,7 +118,7 @@ class Channel(pyamqp.Channel):
 
     def publish_jobs(self, jobs: Sequence[OutgoingJob], *, confirm_timeout: float | None = None,
                      window: int = BATCH_WINDOW) -> None:
-        """Batch PUSH (section 5): :func:`ojs_kombu.amqp.batch.publish_batch`."""
+        """Batch PUSH (section 5): :func:`ojs_kombu.amqp.publishing.batch.publish_batch`."""
         publish_batch(self.ojs_publisher, self.ojs, self.connection, jobs,
                       confirm_timeout=confirm_timeout, window=window)
 
@@ -138,7 +138,7 @@ class Channel(pyamqp.Channel):
         return self.ojs_publisher.publish_many_confirmed(messages, confirm_timeout,
                                                          mandatory=mandatory)
 
-    # -- consume (ojs_kombu.amqp.receiver) --------------------------------------
+    # -- consume (ojs_kombu.amqp.consuming.receiver) --------------------------------------
 
     def basic_qos(self, prefetch_size: int, prefetch_count: int, a_global: bool,
                   *args: Any, **kwargs: Any) -> Any:
@@ -170,7 +170,7 @@ class Channel(pyamqp.Channel):
         """The OJS queue of each job delivery not yet settled (``ojs_kombu.events.metrics``)."""
         return self.ojs_receiver.unacked()
 
-    # -- outcomes (sections 5.4, 5.5, 8, 9: ojs_kombu.amqp.settle) -----------------
+    # -- outcomes (sections 5.4, 5.5, 8, 9: ojs_kombu.amqp.consuming.settle) -----------------
 
     def settle_job(self, delivery: JobDelivery, delivery_tag: int, outcome: Outcome,
                    on_settled: Callable[[], None] | None = None) -> None:
@@ -183,7 +183,7 @@ class Channel(pyamqp.Channel):
         delay queue's delay in ms."""
         return retry_and_wait(self, delivery, delivery_tag, failure, delay_s, timeout)
 
-    # -- acks (ojs_kombu.amqp.loop_acks) -----------------------------------------
+    # -- acks (ojs_kombu.amqp.wire.loop_acks) -----------------------------------------
 
     def on_deliver(self, consumer_tag: str, delivery_tag: int) -> None:
         """Before py-amqp hands a ``Basic.Deliver`` to its consumer (:mod:`.py_amqp_seam`)."""
@@ -271,7 +271,7 @@ class Channel(pyamqp.Channel):
 
     def flush_confirms(self) -> None:
         """Wait for the confirms of the jobs published without waiting on this channel
-        (:mod:`ojs_kombu.amqp.deferred`); what was not accepted is logged, or given to
+        (:mod:`ojs_kombu.amqp.publishing.deferred`); what was not accepted is logged, or given to
         ``ojs_on_publish_error``."""
         deferred = self.ojs_publisher.deferred
         if deferred.outstanding:

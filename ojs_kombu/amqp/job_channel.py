@@ -22,9 +22,9 @@ if TYPE_CHECKING:
     from ..spec.encode import OutgoingJob
     from ..spec.failures import JobFailure, Outcome
     from .binding import Binding
-    from .delivery import JobDelivery
-    from .outcomes import OutcomePublisher
-    from .topology import Declarer
+    from .broker.topology import Declarer
+    from .consuming.delivery import JobDelivery
+    from .consuming.outcomes import OutcomePublisher
 
 
 @runtime_checkable

@@ -2,9 +2,9 @@
 
 A thin subclass of kombu's pyamqp transport.  Its :class:`Connection` holds
 py-amqp's connection hooks and the connection's OJS state: the binding, the
-topology it declared (:class:`~ojs_kombu.amqp.topology.DeclaredTopology`), the
-acks its event loop collects (:class:`~ojs_kombu.amqp.loop_acks.LoopAcks`) and
-the outcomes of its deliveries (:class:`~ojs_kombu.amqp.outcomes.OutcomePublisher`);
+topology it declared (:class:`~ojs_kombu.amqp.broker.topology.DeclaredTopology`), the
+acks its event loop collects (:class:`~ojs_kombu.amqp.wire.loop_acks.LoopAcks`) and
+the outcomes of its deliveries (:class:`~ojs_kombu.amqp.consuming.outcomes.OutcomePublisher`);
 its channels are :class:`ojs_kombu.amqp.channel.Channel`.  What the rest of
 ojs_kombu uses of it is :class:`ojs_kombu.amqp.job_channel.JobConnection`.
 """
@@ -21,17 +21,17 @@ from kombu.transport import pyamqp
 from ..events.metrics import track_connection
 from ..spec.errors import BrokerCertificateError
 from .binding import Binding
+from .broker.topology import DeclaredTopology, Declarer
 from .channel import Channel
-from .drain import drain_until
-from .frames import DECODE_ERRORS, locked_frame_writer, replacement_frame
-from .kombu_seam import fallbacks as kombu_fallbacks
-from .kombu_seam import forget_loop_on_close, reader_hook, wake_on_foreign_call_soon
-from .loop_acks import LoopAcks
-from .outcomes import OutcomePublisher
-from .py_amqp_seam import NO_LOOP_ACKS, NO_READ_AHEAD
-from .py_amqp_seam import fallbacks as py_amqp_fallbacks
-from .read_ahead import LoopReads, LoopWake, ReadAheadTCPTransport
-from .topology import DeclaredTopology, Declarer
+from .consuming.outcomes import OutcomePublisher
+from .wire.drain import drain_until
+from .wire.frames import DECODE_ERRORS, locked_frame_writer, replacement_frame
+from .wire.kombu_seam import fallbacks as kombu_fallbacks
+from .wire.kombu_seam import forget_loop_on_close, reader_hook, wake_on_foreign_call_soon
+from .wire.loop_acks import LoopAcks
+from .wire.py_amqp_seam import NO_LOOP_ACKS, NO_READ_AHEAD
+from .wire.py_amqp_seam import fallbacks as py_amqp_fallbacks
+from .wire.read_ahead import LoopReads, LoopWake, ReadAheadTCPTransport
 
 #: Longest wait at close for the confirms of retries and dead letters in flight.
 OUTCOME_CLOSE_WAIT_S = 5.0
@@ -90,7 +90,7 @@ class Connection(pyamqp.Connection):
                   read_timeout: float | None = None, write_timeout: float | None = None,
                   **kwargs: Any) -> Any:
         """py-amqp's socket transport (py-amqp passes the first five positionally);
-        over plain TCP the one that reads ahead (:mod:`ojs_kombu.amqp.read_ahead`)."""
+        over plain TCP the one that reads ahead (:mod:`ojs_kombu.amqp.wire.read_ahead`)."""
         if ssl or not read_ahead():
             return super().Transport(host, connect_timeout, ssl, read_timeout, write_timeout,
                                      **kwargs)
@@ -100,7 +100,7 @@ class Connection(pyamqp.Connection):
 
     def join_loop_wake(self, wake: LoopWake) -> None:
         """Frames this connection reads ahead in the event loop wake it through ``wake``
-        (:mod:`ojs_kombu.amqp.read_ahead`); closed with the connection or the loop."""
+        (:mod:`ojs_kombu.amqp.wire.read_ahead`); closed with the connection or the loop."""
         self._close_loop_wake()
         self._ojs_loop_wake = wake
         self.transport.loop_wake = wake.wake
@@ -110,7 +110,7 @@ class Connection(pyamqp.Connection):
         if wake is not None:
             wake.close()
 
-    # -- acks (ojs_kombu.amqp.loop_acks) -------------------------------------------
+    # -- acks (ojs_kombu.amqp.wire.loop_acks) -------------------------------------------
 
     def register_with_loop(self, loop: Any) -> None:
         """Collect acks made in ``loop``'s thread and write them once per loop iteration
@@ -150,7 +150,7 @@ class Connection(pyamqp.Connection):
         A frame already read ahead (:meth:`ReadAheadTCPTransport.held_frame`) is taken
         without setting the socket's timeout for a read that needs no socket; and a
         content header py-amqp cannot decode is replaced for its delivery only
-        (:mod:`ojs_kombu.amqp.frames`), where py-amqp would raise into the worker's loop.
+        (:mod:`ojs_kombu.amqp.wire.frames`), where py-amqp would raise into the worker's loop.
         Called for every frame: no layer of its own per frame."""
         transport = self.transport
         frame = transport.held_frame() if isinstance(transport, ReadAheadTCPTransport) else None
@@ -199,7 +199,7 @@ class Connection(pyamqp.Connection):
         self._close_loop_wake()
         super().collect()
 
-    # -- topology (ojs_kombu.amqp.topology.DeclaredTopology) ------------------------
+    # -- topology (ojs_kombu.amqp.broker.topology.DeclaredTopology) ------------------------
 
     def ensure_topology(self, queue: str, via: Declarer | None = None) -> None:
         """Declare the OJS topology of ``queue`` once per connection (lazy and eager paths)."""

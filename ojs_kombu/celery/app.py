@@ -29,8 +29,8 @@ from typing import Any
 from celery import Celery
 from celery.signals import worker_process_shutdown, worker_shutdown, worker_shutting_down
 
-from ..amqp.deferred import flush_on_signal
-from ..amqp.read_ahead import wake_loops
+from ..amqp.publishing.deferred import flush_on_signal
+from ..amqp.wire.read_ahead import wake_loops
 from ..spec.errors import OJSConfigurationError
 from .app_amqp import OJSAMQP
 from .celery_seam import verify_celery

@@ -22,8 +22,8 @@ from kombu.utils.functional import ChannelPromise
 from kombu.utils.objects import cached_property
 
 from ..amqp.binding import Binding, register_binding
-from ..amqp.connection import BrokerConnection as ReconnectingConnection
-from ..amqp.entities import declare_job_queues
+from ..amqp.broker.connection import BrokerConnection as ReconnectingConnection
+from ..amqp.broker.entities import declare_job_queues
 from ..spec.envelope import RetryPolicy
 from ..spec.errors import TopologyPermissionError
 from ..spec.settings import BINDING_OPTION, OJSSettings
@@ -103,7 +103,7 @@ class OJSAMQP(AMQP):
     def TaskConsumer(self, channel: Any, queues: Any = None, accept: Any = None,
                      **kw: Any) -> Any:
         """Celery's task consumer, with the topology of all its job queues declared at
-        once first (:func:`~ojs_kombu.amqp.entities.declare_job_queues`).  A broker user
+        once first (:func:`~ojs_kombu.amqp.broker.entities.declare_job_queues`).  A broker user
         that may not declare it stops the worker: one line, exit status 1 (no retry
         would grant the permission)."""
         queues = queues or list(self.queues.consume_from.values())

@@ -35,8 +35,8 @@ from celery.result import AsyncResult
 from celery.utils.nodenames import anon_nodename
 
 from ..amqp.job_channel import JobChannel
-from ..amqp.kombu_seam import library_errors
-from ..amqp.publisher import job_queue_for
+from ..amqp.publishing.publisher import job_queue_for
+from ..amqp.wire.kombu_seam import library_errors
 from ..events.tracing import with_current_trace
 from ..spec.encode import OutgoingJob, build_job
 from ..spec.errors import BatchPublishError, InvalidJobIdError, JobEncodeError

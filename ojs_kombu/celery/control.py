@@ -30,8 +30,8 @@ from celery.signals import worker_process_init
 from celery.worker import state as worker_state
 from celery.worker.control import control_command
 
-from ..amqp.control import CANCEL, HEARTBEAT, INFO, control_message, parse_control
-from ..amqp.delivery import JobMessage
+from ..amqp.broker.control import CANCEL, HEARTBEAT, INFO, control_message, parse_control
+from ..amqp.consuming.delivery import JobMessage
 from ..amqp.job_channel import JobChannel, JobConnection
 from ..spec.times import format_time
 from .events import consumed_queues

@@ -6,8 +6,8 @@ from contextlib import AbstractContextManager
 
 from celery import Celery
 
-from ..amqp.connection import connect_on_demand
-from ..amqp.dead_letters import DeadLetterQueue, open_dead_letter_queue
+from ..amqp.broker.connection import connect_on_demand
+from ..amqp.broker.dead_letters import DeadLetterQueue, open_dead_letter_queue
 
 
 def dead_letter_queue(app: Celery, queue: str) -> AbstractContextManager[DeadLetterQueue]:

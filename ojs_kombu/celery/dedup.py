@@ -32,7 +32,7 @@ from celery.app.task import Task
 from celery.backends.base import DisabledBackend
 from celery.exceptions import Ignore, Reject, Retry
 
-from ..amqp.control import ControlClient
+from ..amqp.broker.control import ControlClient
 from ..events.metrics import OJSMetrics, labels
 from ..spec.envelope import UniquePolicy
 from ..spec.errors import DedupUnavailable, DuplicateJobError

@@ -19,8 +19,8 @@ from celery import Celery, bootsteps
 from celery.worker import state as worker_state
 from vine import promise
 
-from ..amqp.connection import connect_on_demand
-from ..amqp.entities import JobQueue
+from ..amqp.broker.connection import connect_on_demand
+from ..amqp.broker.entities import JobQueue
 from ..events.bus import EventBus, EventFilter, Subscription
 from ..events.emitter import JobEvents
 from ..events.models import Event, event_source
@@ -266,7 +266,7 @@ def flush_buffered_task_events_soon(consumer: Any) -> None:
     nothing (and takes no lock), so a job's ``task-succeeded`` and the next job's
     events waited for the loop's next poll (Flower and ``celery events`` saw them
     late, or the worker's shutdown sent them).  ``call_soon`` wakes the loop
-    (:func:`ojs_kombu.amqp.kombu_seam.wake_on_foreign_call_soon` on kombu 5.5/5.6),
+    (:func:`ojs_kombu.amqp.wire.kombu_seam.wake_on_foreign_call_soon` on kombu 5.5/5.6),
     and :func:`~.celery_seam.flush_task_events` keeps what a pool thread buffers
     during the flush.  Called after each (re)start of the consumer: its event
     dispatcher is new then."""

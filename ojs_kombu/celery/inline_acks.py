@@ -12,7 +12,7 @@ from ..amqp.job_channel import JobConnection
 class InlineJobAcks(bootsteps.StartStopStep):
     """Consumer bootstep: with the ``solo`` pool a job runs inside its delivery, in the
     event loop, so the transport writes the acks it collected before each delivery
-    (a finished job's ack never waits for the next job; see :mod:`ojs_kombu.amqp.acks`)."""
+    (a finished job's ack never waits for the next job; see :mod:`ojs_kombu.amqp.wire.acks`)."""
 
     name = "ojs_kombu.inline_job_acks"
     requires = ("celery.worker.consumer.connection:Connection",)

@@ -11,7 +11,7 @@ from typing import Any
 
 from celery import Celery, bootsteps
 
-from ..amqp.entities import JobQueue
+from ..amqp.broker.entities import JobQueue
 from ..spec.errors import OJSConfigurationError
 from .conf import pickle_settings
 from .events import consumed_queues

@@ -1,7 +1,7 @@
 """Celery's queue table under ojs_kombu: every task queue is an OJS job queue.
 
 Configured, default and missing queues alike become
-:class:`~ojs_kombu.amqp.entities.JobQueue` objects (``email`` ->
+:class:`~ojs_kombu.amqp.broker.entities.JobQueue` objects (``email`` ->
 ``ojs.queue.email``), and their extra arguments join the app's
 :class:`~ojs_kombu.amqp.binding.Binding`, which declares them on the broker.
 """
@@ -14,8 +14,8 @@ from celery.app.amqp import Queues
 from kombu import Queue
 
 from ..amqp.binding import Binding
-from ..amqp.entities import JobQueue, extra_arguments, job_queue
-from ..amqp.topology import OWNED_ARGUMENTS
+from ..amqp.broker.entities import JobQueue, extra_arguments, job_queue
+from ..amqp.broker.topology import OWNED_ARGUMENTS
 from ..spec.errors import OJSConfigurationError
 from .celery_seam import queues_hooks, set_default_consume_from
 

@@ -1,7 +1,7 @@
 """Worker side of reconnection (AMQP-025..027): reporting what the consumer restored.
 
 On a lost connection Celery's consumer closes it, opens a new one through
-:class:`~ojs_kombu.amqp.connection.BrokerConnection` (so with the OJS backoff
+:class:`~ojs_kombu.amqp.broker.connection.BrokerConnection` (so with the OJS backoff
 schedule), re-declares every queue it consumes (an OJS job queue's
 declaration is its whole topology: exchanges, queue, bindings, dead-letter
 queue) and registers every consumer again with the same prefetch count.
@@ -18,7 +18,7 @@ from typing import Any
 from celery import bootsteps
 from celery.worker import state as worker_state
 
-from ..amqp.connection import report_reconnection
+from ..amqp.broker.connection import report_reconnection
 from .events import consumed_queues
 
 

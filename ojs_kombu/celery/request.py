@@ -25,7 +25,7 @@ from celery.exceptions import Retry, TimeLimitExceeded, WorkerLostError
 from celery.worker import state as worker_state
 from celery.worker.request import Request
 
-from ..amqp.delivery import JobMessage
+from ..amqp.consuming.delivery import JobMessage
 from ..events.hook import Hook
 from ..spec.envelope import RetryPolicy
 from ..spec.failures import (

@@ -8,7 +8,7 @@ On an ``ojs`` connection the producer it publishes through is a
 :class:`JobProducer`: when Celery publishes a task message (after
 ``before_task_publish``, before any connection is used) it writes the OJS job
 from Celery's ``(args, kwargs, embed)`` and headers as they are, in one JSON
-encoding (:func:`ojs_kombu.amqp.publisher.encode_task`, which raises the
+encoding (:func:`ojs_kombu.amqp.publishing.publisher.encode_task`, which raises the
 ``JobEncodeError`` family), and publishes it on the producer's channel
 (:meth:`ojs_kombu.amqp.channel.Channel.publish_job`, confirmed) under the
 call's retry policy, through ``Connection.ensure`` as kombu's
@@ -25,9 +25,9 @@ from kombu import Producer
 from kombu.exceptions import EncodeError
 
 from ..amqp.binding import Binding
-from ..amqp.entities import JobQueue
+from ..amqp.broker.entities import JobQueue
 from ..amqp.job_channel import JobChannel
-from ..amqp.publisher import encode_task
+from ..amqp.publishing.publisher import encode_task
 from ..amqp.transport import Transport
 from ..spec.encode import CELERY_CALL, CELERY_JSON
 from ..spec.errors import NonJSONArgumentError

@@ -6,8 +6,8 @@ from collections.abc import Iterable
 
 from celery import Celery
 
-from ..amqp.connection import connect_on_demand
-from ..amqp.entities import JobQueue
+from ..amqp.broker.connection import connect_on_demand
+from ..amqp.broker.entities import JobQueue
 from ..amqp.job_channel import JobConnection
 from ..spec.errors import OJSConfigurationError
 

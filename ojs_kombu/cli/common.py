@@ -20,7 +20,7 @@ import amqp.exceptions
 import click
 import kombu.exceptions
 
-from ..amqp.permissions import is_permission_refusal, permission_error
+from ..amqp.broker.permissions import is_permission_refusal, permission_error
 from ..spec.errors import (
     BrokerCertificateError,
     ControlError,

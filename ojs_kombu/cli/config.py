@@ -29,7 +29,7 @@ from typing import Any
 import kombu
 
 from ..amqp.binding import Binding
-from ..amqp.entities import extra_arguments
+from ..amqp.broker.entities import extra_arguments
 from ..spec.errors import OJSConfigurationError
 from ..spec.settings import BINDING_OPTION, OPTION_PREFIX, OJSSettings
 from .exits import EXIT_USAGE, CLIError
@@ -184,5 +184,5 @@ class Options:
                            EXIT_USAGE, "invalid_input") from None
 
     def connection_for_write(self) -> kombu.Connection:
-        """What :class:`~ojs_kombu.amqp.control.ControlClient` asks an app for."""
+        """What :class:`~ojs_kombu.amqp.broker.control.ControlClient` asks an app for."""
         return self.connection()

@@ -16,7 +16,7 @@ import click
 import kombu
 
 from ..amqp.binding import Binding
-from ..amqp.control import ControlClient
+from ..amqp.broker.control import ControlClient
 from ..spec.errors import ControlError
 from ..spec.job_ids import new_job_id
 from .broker import binding_of, connect, queue_name

@@ -32,10 +32,10 @@ import amqp
 import kombu
 
 from ..amqp.binding import Binding
-from ..amqp.connection import BrokerConnection
-from ..amqp.control import HEARTBEAT, ControlClient
-from ..amqp.dead_letters import open_dead_letter_queue
-from ..amqp.reconnect import ReconnectPolicy
+from ..amqp.broker.connection import BrokerConnection
+from ..amqp.broker.control import HEARTBEAT, ControlClient
+from ..amqp.broker.dead_letters import open_dead_letter_queue
+from ..amqp.broker.reconnect import ReconnectPolicy
 from ..celery.probes import FAIL_TYPE, SLEEP_TYPE
 from ..spec.decode import UNKNOWN_JOB_TYPE
 from ..spec.errors import ControlError

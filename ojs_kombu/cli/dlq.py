@@ -1,6 +1,6 @@
 """``ojs-kombu dlq list|show|replay|purge``: the dead letters of a queue.
 
-Built on :class:`~ojs_kombu.amqp.dead_letters.DeadLetterQueue`: listing never
+Built on :class:`~ojs_kombu.amqp.broker.dead_letters.DeadLetterQueue`: listing never
 consumes, and a replay is a confirmed republish followed by the ack of the
 dead letter, so an interrupted replay leaves every job in the DLQ, in its
 queue, or (at worst) in both; never in neither.
@@ -17,7 +17,7 @@ from typing import Any
 
 import click
 
-from ..amqp.dead_letters import DeadLetter, DeadLetterQueue
+from ..amqp.broker.dead_letters import DeadLetter, DeadLetterQueue
 from ..spec.naming import UNROUTABLE
 from .broker import binding_of, connect, queue_name, require_queue
 from .common import (

@@ -9,7 +9,7 @@ from typing import Any
 import click
 from pydantic import ValidationError
 
-from ..amqp.drain import drain_until
+from ..amqp.wire.drain import drain_until
 from ..celery.events import events_exchange
 from ..events.bus import EventFilter
 from ..events.models import Event

@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from ..amqp.binding import Binding
-from ..amqp.control import ControlClient
+from ..amqp.broker.control import ControlClient
 from ..amqp.job_channel import JobChannel, JobConnection
 from ..events.tracing import with_current_trace
 from ..spec.encode import OutgoingJob, build_job

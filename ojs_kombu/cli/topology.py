@@ -7,8 +7,7 @@ from typing import Any
 import click
 
 from ..amqp.binding import Binding
-from ..amqp.job_channel import JobConnection
-from ..amqp.topology import (
+from ..amqp.broker.topology import (
     OWNED_ARGUMENTS,
     control_queue_arguments,
     dead_letter_queue_arguments,
@@ -17,6 +16,7 @@ from ..amqp.topology import (
     job_queue_arguments,
     ready_queue_arguments,
 )
+from ..amqp.job_channel import JobConnection
 from ..celery.events import events_exchange
 from ..spec.backpressure import drops_head, rejects_when_full
 from ..spec.naming import TopologyNames

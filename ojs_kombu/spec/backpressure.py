@@ -8,7 +8,7 @@ producer reads back and the producer-side settings.  ``drop_oldest`` is
 ``x-overflow=drop-head``: RabbitMQ drops the head and dead-letters it (reason
 ``maxlen``) into the queue's DLQ, because every job queue has a dead-letter
 exchange.  The monitor that acts on a publish lives in
-:mod:`ojs_kombu.amqp.backpressure`.
+:mod:`ojs_kombu.amqp.backpressure.monitor`.
 """
 
 from __future__ import annotations

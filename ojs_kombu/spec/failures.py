@@ -168,7 +168,7 @@ class Action(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    """The one decision for a delivery; :mod:`ojs_kombu.amqp.outcomes` carries it out."""
+    """The one decision for a delivery; :mod:`ojs_kombu.amqp.consuming.outcomes` carries it out."""
 
     action: Action
     failure: JobFailure | None = None

@@ -185,7 +185,8 @@ class TopologyNames:
 
     def ready_queue(self, queue: str) -> str:
         """Where a bounded ``reject`` queue's retried and scheduled jobs wait for room
-        once their delay is over (see :func:`ojs_kombu.amqp.topology.ready_queue_arguments`)."""
+        once their delay is over (see
+        :func:`ojs_kombu.amqp.broker.topology.ready_queue_arguments`)."""
         return f"{self.prefix}ojs.queue.ready.{queue}"
 
     def queue_from_job_queue(self, amqp_name: str) -> str | None:

@@ -2,8 +2,8 @@
 
 ojs_kombu reaches into a few private members of py-amqp, kombu, Celery and the
 OpenTelemetry API, for speed or where no public hook exists.  Every such use
-lives in one seam module per library (:mod:`ojs_kombu.amqp.py_amqp_seam`,
-:mod:`ojs_kombu.amqp.kombu_seam`, :mod:`ojs_kombu.events.otel_seam`,
+lives in one seam module per library (:mod:`ojs_kombu.amqp.wire.py_amqp_seam`,
+:mod:`ojs_kombu.amqp.wire.kombu_seam`, :mod:`ojs_kombu.events.otel_seam`,
 :mod:`ojs_kombu.celery.celery_seam`), each listing its hooks as :class:`Hook`
 objects.  ``tests/test_seams.py`` pins every hook against the installed
 library; at run time a missing or changed hook either switches its feature

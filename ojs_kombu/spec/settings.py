@@ -76,7 +76,7 @@ class OJSSettings(BaseModel):
     #: one raises ``JobTooLargeError`` before anything is sent.  The default is
     #: RabbitMQ's default ``max_message_size`` (128 MiB); ``None``: no check.
     max_job_bytes: int | None = Field(default=134_217_728, ge=1)
-    #: How a worker sends its acks (see :mod:`ojs_kombu.amqp.acks`).  ``"batched"``: the
+    #: How a worker sends its acks (see :mod:`ojs_kombu.amqp.wire.acks`).  ``"batched"``: the
     #: acks of jobs that end in the same event-loop iteration go out in one write,
     #: one ``Basic.Ack(multiple=false)`` per job (the binding's section 5.3).
     #: ``"multiple"``: as batched, but where the oldest deliveries still open are all

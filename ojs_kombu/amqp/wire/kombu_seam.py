@@ -23,8 +23,8 @@ from kombu.asynchronous import get_event_loop, set_event_loop
 from kombu.message import Message
 from kombu.transport import base
 
-from ..spec.seams import Hook, verify
-from ..spec.typed_values import BUILTIN_TYPES, use_registered_types
+from ...spec.seams import Hook, verify
+from ...spec.typed_values import BUILTIN_TYPES, use_registered_types
 from .py_amqp_seam import NO_READ_AHEAD
 
 CHECKED = "5.5.4, 5.6.2, 5.7.0"
@@ -45,10 +45,10 @@ def _hook(owner: Any, member: str, why: str, params: tuple[str, ...] | None = No
 
 HOOKS: tuple[Hook, ...] = (
     _hook(base.Transport, "_make_reader", "the event loop's reader over a connection that "
-          "reads ahead (amqp/read_ahead.py LoopReads)",
+          "reads ahead (amqp/wire/read_ahead.py LoopReads)",
           ("connection", "timeout", "error", "_unavail"), fallback=NO_READ_AHEAD),
     _hook(kombu.Connection, "_ensure_connection", "reconnecting on the binding's schedule "
-          "(AMQP-025, amqp/connection.py)",
+          "(AMQP-025, amqp/broker/connection.py)",
           ("errback", "max_retries", "interval_start", "interval_step", "interval_max",
            "callback", "reraise_as_library_errors", "timeout")),
     _hook(kombu.Connection, "_connection_factory", "reporting a re-established connection",

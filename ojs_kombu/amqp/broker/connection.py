@@ -9,7 +9,7 @@ through (kombu's ``Connection._ensure_connection``, used by
 worker's ``broker_connection_retry`` loop and ``apply_async``'s
 ``retry_policy``):
 
-* waits follow :class:`~ojs_kombu.amqp.reconnect.ReconnectPolicy` (1, 2, 4, ...
+* waits follow :class:`~ojs_kombu.amqp.broker.reconnect.ReconnectPolicy` (1, 2, 4, ...
   60 s, +-25 %) instead of kombu's ``interval_start/step/max`` arithmetic;
   ``max_retries`` and ``timeout`` still bound the retrying, and no wait runs
   past ``timeout`` (a publish without retries that finds no broker, which
@@ -49,9 +49,9 @@ from kombu.connection import PooledConnection
 from kombu.exceptions import OperationalError
 from kombu.utils.functional import retry_over_time
 
-from ..spec.errors import BrokerBackingOff
-from .binding import Binding, registered_binding
-from .kombu_seam import (
+from ...spec.errors import BrokerBackingOff
+from ..binding import Binding, registered_binding
+from ..wire.kombu_seam import (
     connection_factory,
     connection_hooks,
     connection_info,

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from time import monotonic
 
-from ..spec.backoff import backoff
+from ...spec.backoff import backoff
 
 logger = logging.getLogger(__name__)
 

@@ -20,10 +20,10 @@ from typing import Any, Protocol
 
 from amqp.exceptions import AccessRefused, NotFound, PreconditionFailed
 
-from ..spec.backpressure import drops_head, rejects_when_full
-from ..spec.delays import SCHEDULE_LEVELS, delivery_binding_key, level_binding_keys
-from ..spec.errors import OJSConfigurationError, TopologyConflictError
-from ..spec.naming import TopologyNames
+from ...spec.backpressure import drops_head, rejects_when_full
+from ...spec.delays import SCHEDULE_LEVELS, delivery_binding_key, level_binding_keys
+from ...spec.errors import OJSConfigurationError, TopologyConflictError
+from ...spec.naming import TopologyNames
 from .declaring import declare_on, declare_spread
 from .permissions import permission_error, topology_exists
 

@@ -4,9 +4,9 @@ A job goes to ``ojs.exchange.direct`` with ``mandatory=True`` (or into the
 scheduling ladder or the delayed exchange when it is due later) and the caller
 waits for the broker's confirm: a return, a nack or a missing confirm raises a
 typed exception naming job and queue.  Frames are encoded by
-:mod:`ojs_kombu.amqp.publish_frames`, and numbered and written by the channel's
-:class:`~ojs_kombu.amqp.ledger.ConfirmLedger`; batches are in
-:mod:`ojs_kombu.amqp.batch`.
+:mod:`ojs_kombu.amqp.wire.publish_frames`, and numbered and written by the channel's
+:class:`~ojs_kombu.amqp.publishing.ledger.ConfirmLedger`; batches are in
+:mod:`ojs_kombu.amqp.publishing.batch`.
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Any
 import amqp
 from amqp.exceptions import MessageNacked, RecoverableConnectionError
 
-from ..events.emitter import JobInfo
-from ..events.tracing import with_current_trace
-from ..spec.delays import check_schedule_delay, schedule_levels, schedule_routing_key
-from ..spec.encode import OutgoingJob, encode_task_message
-from ..spec.errors import (
+from ...events.emitter import JobInfo
+from ...events.tracing import with_current_trace
+from ...spec.delays import check_schedule_delay, schedule_levels, schedule_routing_key
+from ...spec.encode import OutgoingJob, encode_task_message
+from ...spec.errors import (
     JobEncodeError,
     JobNackedError,
     JobRoutingError,
@@ -32,17 +32,17 @@ from ..spec.errors import (
     QueueNameError,
     UnroutableJobError,
 )
-from ..spec.naming import TopologyNames
-from ..spec.settings import OJSSettings
-from ..spec.trace_context import trace_id_of
-from .binding import Binding
+from ...spec.naming import TopologyNames
+from ...spec.settings import OJSSettings
+from ...spec.trace_context import trace_id_of
+from ..binding import Binding
+from ..job_channel import JobConnection
+from ..wire.publish_frames import PublishFrames
 from .deferred import DeferredConfirms
-from .job_channel import JobConnection
 from .ledger import ConfirmLedger, Publish
-from .publish_frames import PublishFrames
 
 if TYPE_CHECKING:
-    from .channel import Channel
+    from ..channel import Channel
 
 logger = logging.getLogger(__name__)
 
@@ -109,7 +109,7 @@ class JobPublisher:
     """The confirmed publishes of one channel of the ``ojs`` transport.
 
     In confirm mode the broker numbers every publish of the channel: each goes
-    through the channel's :class:`~ojs_kombu.amqp.ledger.ConfirmLedger`, which
+    through the channel's :class:`~ojs_kombu.amqp.publishing.ledger.ConfirmLedger`, which
     counts also the publishes nobody waits for (:meth:`count_unconfirmed`).
     """
 
@@ -292,7 +292,7 @@ class JobPublisher:
                 job_id=pending.job_id, queue=pending.queue,
             )
 
-    # -- what deferred confirms use (ojs_kombu.amqp.deferred) -------------------
+    # -- what deferred confirms use (ojs_kombu.amqp.publishing.deferred) -------------------
 
     @property
     def settings(self) -> OJSSettings:

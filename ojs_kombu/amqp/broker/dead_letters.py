@@ -22,12 +22,12 @@ from typing import Any, TypeVar
 import amqp
 import kombu
 
-from ..spec.errors import DeadLetterNotFound, JobNackedError, OJSConfigurationError
-from ..spec.failures import reset_for_replay, without_failure_headers
-from ..spec.naming import UNROUTABLE
-from .channel import Channel
-from .drain import drain_until
-from .job_channel import JobConnection
+from ...spec.errors import DeadLetterNotFound, JobNackedError, OJSConfigurationError
+from ...spec.failures import reset_for_replay, without_failure_headers
+from ...spec.naming import UNROUTABLE
+from ..channel import Channel
+from ..job_channel import JobConnection
+from ..wire.drain import drain_until
 
 T = TypeVar("T")
 

@@ -1,7 +1,7 @@
 """The acks a connection's event loop collects, written once per loop iteration.
 
 From the loop's thread a channel's ``Basic.Ack`` is not sent at once: it is
-collected in the channel's :class:`~ojs_kombu.amqp.acks.PendingAcks`, and the
+collected in the channel's :class:`~ojs_kombu.amqp.wire.acks.PendingAcks`, and the
 loop's ``on_tick`` (after the callbacks that ack, before the next poll) writes
 every channel's collected acks, one write each.  Whatever must not overtake
 them (a nack, a blocking wait, the next job of the solo pool) writes them
@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .channel import Channel
+    from ..channel import Channel
 
 logger = logging.getLogger(__name__)
 
@@ -27,7 +27,7 @@ class LoopAcks:
     """The channels of one connection holding acks collected in its event loop's thread.
 
     ``connection`` is the transport's py-amqp connection; each channel has its
-    :class:`~ojs_kombu.amqp.acks.PendingAcks` as ``ojs_acks`` and writes them with
+    :class:`~ojs_kombu.amqp.wire.acks.PendingAcks` as ``ojs_acks`` and writes them with
     ``flush_acks()``.
     """
 

@@ -19,7 +19,7 @@ import amqp
 from amqp import serialization
 from amqp import transport as amqp_transport
 
-from ..spec.seams import Hook, source_uses, verify
+from ...spec.seams import Hook, source_uses, verify
 
 CHECKED = "5.3.1, 5.4.2"
 #: Fallbacks (:func:`fallbacks` holds the ones in force).
@@ -36,7 +36,7 @@ def _hook(owner: Any, member: str, why: str, params: tuple[str, ...] | None = No
 
 TCP = amqp_transport.TCPTransport
 HOOKS: tuple[Hook, ...] = (
-    _hook(TCP, "_read", "reading the socket ahead (amqp/read_ahead.py)",
+    _hook(TCP, "_read", "reading the socket ahead (amqp/wire/read_ahead.py)",
           ("n", "initial", "_errnos"), fallback=NO_READ_AHEAD),
     _hook(TCP, "_read_buffer", "the bytes read ahead and not parsed, which py-amqp restores "
           "when a read times out mid-frame",
@@ -46,7 +46,7 @@ HOOKS: tuple[Hook, ...] = (
           probe=source_uses(TCP, "self._quick_recv = self.sock.recv"),
           fallback=NO_READ_AHEAD),
     _hook(amqp.Channel, "_on_basic_deliver", "knowing every delivery that needs an ack, so "
-          "that collected acks may settle a run with one frame (amqp/loop_acks.py)",
+          "that collected acks may settle a run with one frame (amqp/wire/loop_acks.py)",
           ("consumer_tag", "delivery_tag", "redelivered", "exchange", "routing_key", "msg"),
           fallback=NO_LOOP_ACKS),
     _hook(amqp.Channel, "_do_revive", "resetting a channel's OJS state when kombu revives it",
@@ -58,7 +58,7 @@ HOOKS: tuple[Hook, ...] = (
           probe=source_uses(amqp.Channel, "self._confirm_selected = False",
                              "if not self._confirm_selected")),
     _hook(amqp.Channel, "_on_close", "a confirm channel whose close is reported to its "
-          "publisher instead of raised into the loop (amqp/outcomes.py)",
+          "publisher instead of raised into the loop (amqp/consuming/outcomes.py)",
           ("reply_code", "reply_text", "class_id", "method_id")),
     _hook(serialization.GenericContent, "_serialize_properties",
           "encoding message properties the fast encoder does not handle", ()),

@@ -15,9 +15,9 @@ from typing import Any
 
 from kombu import Exchange, Queue
 
-from ..spec.errors import OJSConfigurationError
-from ..spec.naming import TopologyNames
-from .job_channel import JobConnection
+from ...spec.errors import OJSConfigurationError
+from ...spec.naming import TopologyNames
+from ..job_channel import JobConnection
 from .topology import OWNED_ARGUMENTS, job_queue_arguments
 
 #: Arguments Celery must not see on its queue objects: Celery's native delayed

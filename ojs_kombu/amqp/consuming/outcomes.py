@@ -3,7 +3,7 @@
 A retry republish, a dead letter and an early job's reschedule are published
 with publisher confirms, and the delivery they replace is acked only once the
 broker confirmed the copy (publish, confirm, then ack: the job is never
-nowhere), by :mod:`ojs_kombu.amqp.ledger`.  Waiting for that confirm inside
+nowhere), by :mod:`ojs_kombu.amqp.publishing.ledger`.  Waiting for that confirm inside
 the delivery handler would read the next deliveries inside the wait and
 handle them nested in this one; so outcomes go out on a channel of their
 own, :class:`OutcomeChannel`, and the confirm is handled when the loop reads
@@ -29,12 +29,12 @@ from typing import Any
 import amqp
 from amqp import spec
 
-from .declaring import NoWait
-from .drain import drain_until
-from .ledger import ConfirmLedger, Publish, Replaced
-from .publish_frames import PublishFrames
-from .py_amqp_seam import close_hook
-from .reconnect import DEFAULT_POLICY
+from ..broker.declaring import NoWait
+from ..broker.reconnect import DEFAULT_POLICY
+from ..publishing.ledger import ConfirmLedger, Publish, Replaced
+from ..wire.drain import drain_until
+from ..wire.publish_frames import PublishFrames
+from ..wire.py_amqp_seam import close_hook
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ DEAD_LETTER_LOG_RATE = 10
 CLOSE_POLL_S = 0.2
 
 
-#: ``(channel, names, *args)`` topology declarations of :mod:`ojs_kombu.amqp.topology`.
+#: ``(channel, names, *args)`` topology declarations of :mod:`ojs_kombu.amqp.broker.topology`.
 Declare = Callable[..., None]
 
 
@@ -130,7 +130,7 @@ class DeadLetterLog:
 
 class OutcomePublisher:
     """The outcomes of one connection's deliveries, published on their own channel and
-    numbered by its :class:`~ojs_kombu.amqp.ledger.ConfirmLedger`, which acks each
+    numbered by its :class:`~ojs_kombu.amqp.publishing.ledger.ConfirmLedger`, which acks each
     delivery once the broker confirmed its copy."""
 
     def __init__(self, connection: Any, frame_max: Callable[[], int]) -> None:
@@ -176,7 +176,8 @@ class OutcomePublisher:
         self._ledger.flush()
 
     def declare_nowait(self, declare: Declare, *args: Any) -> None:
-        """Run a :mod:`ojs_kombu.amqp.topology` declaration on the outcome channel, pipelined."""
+        """Run a :mod:`ojs_kombu.amqp.broker.topology` declaration on the outcome channel,
+        pipelined."""
         declare(NoWait(self._open()), self._connection.ojs.names, *args)
 
     def run_due(self) -> None:

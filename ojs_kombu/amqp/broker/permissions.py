@@ -17,8 +17,8 @@ from typing import Any
 
 from amqp.exceptions import AccessRefused
 
-from ..spec.errors import TopologyPermissionError
-from ..spec.naming import TopologyNames
+from ...spec.errors import TopologyPermissionError
+from ...spec.naming import TopologyNames
 
 #: RabbitMQ's text: ``[configure ]access to queue 'ojs.queue.q' in vhost 'v' refused
 #: for user 'u'`` (3.x names no permission for a declaration).

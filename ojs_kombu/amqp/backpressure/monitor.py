@@ -3,11 +3,12 @@
 :class:`BackpressureMonitor` adds what the broker cannot do to a bounded queue
 (whose arguments :mod:`ojs_kombu.spec.backpressure` maps): the ``block``
 strategy (publish again until a timeout), producer retries with backoff, a
-:class:`~ojs_kombu.amqp.circuit_breaker.CircuitBreaker` per queue (section 8.2),
+:class:`~ojs_kombu.amqp.backpressure.circuit_breaker.CircuitBreaker` per queue (section 8.2),
 pressure sampling for the warning threshold, the ``backpressure.*`` events and
 the ``ojs.backpressure.*`` metrics.  Batches go through
-:mod:`ojs_kombu.amqp.batch_admission` (section 9.3).  Sending, reading a queue's depth, the clock
-and sleeping are passed in, so every rule is unit-tested without a broker.
+:mod:`ojs_kombu.amqp.backpressure.admission` (section 9.3).  Sending, reading a
+queue's depth, the clock and sleeping are passed in, so every rule is unit-tested
+without a broker.
 """
 
 from __future__ import annotations
@@ -18,20 +19,20 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
-from ..events.hook import Hook
-from ..spec.backoff import backoff
-from ..spec.backpressure import Bounds, ProducerBackpressure
-from ..spec.errors import (
+from ...events.hook import Hook
+from ...spec.backoff import backoff
+from ...spec.backpressure import Bounds, ProducerBackpressure
+from ...spec.errors import (
     BatchPublishError,
     JobNackedError,
     QueueFullError,
     QueueFullNacked,
     QueueFullRefused,
 )
-from .batch_admission import BatchAdmission, BatchJob, admit, nacked_error
+from .admission import BatchAdmission, BatchJob, admit, nacked_error
 from .circuit_breaker import CircuitBreaker
 
-logger = logging.getLogger("ojs_kombu.amqp.backpressure")
+logger = logging.getLogger("ojs_kombu.amqp.backpressure.monitor")
 
 
 DepthReader = Callable[[str], "int | None"]
@@ -254,7 +255,7 @@ class BackpressureMonitor:
 
     def admit_batch(self, jobs: Sequence[BatchJob], read_depth: DepthReader | None = None
                     ) -> BatchAdmission:
-        """Section 9.3 before a batch is sent: :func:`~ojs_kombu.amqp.batch_admission.admit`;
+        """Section 9.3 before a batch is sent: :func:`~ojs_kombu.amqp.backpressure.admission.admit`;
         report the broker's answer to the returned admission."""
         return admit(self, jobs, read_depth)
 
@@ -262,5 +263,5 @@ class BackpressureMonitor:
                     nacked: Collection[str], read_depth: DepthReader | None = None
                     ) -> BatchPublishError:
         """The exception for a sent batch the broker did not wholly accept:
-        :func:`~ojs_kombu.amqp.batch_admission.nacked_error`."""
+        :func:`~ojs_kombu.amqp.backpressure.admission.nacked_error`."""
         return nacked_error(self, jobs, error, nacked, read_depth)

@@ -9,9 +9,9 @@ from amqp.exceptions import RecoverableConnectionError
 from kombu.exceptions import MessageStateError
 from kombu.transport import pyamqp
 
-from ..events.emitter import JobInfo
-from ..spec.failures import HANDLER_ERROR, Delivered, Happened, JobFailure, Outcome, decide
-from .job_channel import JobChannel
+from ...events.emitter import JobInfo
+from ...spec.failures import HANDLER_ERROR, Delivered, Happened, JobFailure, Outcome, decide
+from ..job_channel import JobChannel
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ class JobMessage(pyamqp.Message):
     ojs_kombu's request class), the job is dead-lettered.  Never an immediate
     requeue: the binding forbids it (section 5.4, it loops), so Celery's requeue
     of ``Reject(requeue=True)`` dead-letters it too.  Nothing here waits for the
-    broker (:mod:`ojs_kombu.amqp.outcomes`).
+    broker (:mod:`ojs_kombu.amqp.consuming.outcomes`).
     """
 
     ojs: JobDelivery

@@ -33,14 +33,14 @@ from typing import Any, Protocol
 
 import amqp
 
-from ..spec.errors import (
+from ...spec.errors import (
     DeferredPublishError,
     JobNackedError,
     JobPublishError,
     PublishConfirmTimeout,
     UnroutableJobError,
 )
-from ..spec.settings import OJSSettings
+from ...spec.settings import OJSSettings
 from .ledger import Publish
 
 logger = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ _exit_registered = False
 
 class DeferringPublisher(Protocol):
     """What :class:`DeferredConfirms` uses of its channel's
-    :class:`~ojs_kombu.amqp.publisher.JobPublisher`."""
+    :class:`~ojs_kombu.amqp.publishing.publisher.JobPublisher`."""
 
     @property
     def settings(self) -> OJSSettings: ...
@@ -74,7 +74,8 @@ class DeferringPublisher(Protocol):
              timeout: float | None, *, job_id: str, queue: str, hold: bool = False,
              item: Any = None, on_settled: Callable[[Publish], None] | None = None
              ) -> Publish:
-        """Publish through the channel's :class:`~ojs_kombu.amqp.ledger.ConfirmLedger`."""
+        """Publish through the channel's
+        :class:`~ojs_kombu.amqp.publishing.ledger.ConfirmLedger`."""
 
     def read_arrived(self, timeout: float) -> None:
         """Read and handle one incoming method; :class:`TimeoutError` when none came in

@@ -17,12 +17,12 @@ from typing import Any
 import amqp
 from kombu import Connection
 
-from ..spec.errors import BrokerBackingOff, ControlError, ControlTimeout
-from ..spec.job_ids import is_task_id, new_job_id
-from .binding import Binding
+from ...spec.errors import BrokerBackingOff, ControlError, ControlTimeout
+from ...spec.job_ids import is_task_id, new_job_id
+from ..binding import Binding
+from ..job_channel import JobChannel, JobConnection
+from ..wire.drain import drain_until
 from .connection import connect_on_demand
-from .drain import drain_until
-from .job_channel import JobChannel, JobConnection
 
 CANCEL = "ojs.control.cancel"
 HEARTBEAT = "ojs.control.heartbeat"

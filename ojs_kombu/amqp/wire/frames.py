@@ -12,7 +12,7 @@ parser: a content header that does not decode is replaced
 (:func:`replacement_frame`), for that delivery only, by one carrying just the
 :data:`UNDECODABLE_HEADER` with the reason; the delivery then completes with
 its own body, and the consumer dead-letters it (see
-:mod:`ojs_kombu.amqp.receiver`).  The parser's state stays
+:mod:`ojs_kombu.amqp.consuming.receiver`).  The parser's state stays
 that of this delivery, so no other delivery's header or body is ever
 attributed to it.
 """

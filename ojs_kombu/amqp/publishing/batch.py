@@ -14,16 +14,16 @@ from typing import Any
 
 from amqp.exceptions import RecoverableConnectionError
 
-from ..spec.encode import OutgoingJob
-from ..spec.errors import BatchPublishError
-from .binding import Binding
+from ...spec.encode import OutgoingJob
+from ...spec.errors import BatchPublishError
+from ..binding import Binding
 from .ledger import Publish
 from .publisher import JobPublisher
 
 #: Publishes of a batch sent before reading confirms (at most twice this in flight).
 BATCH_WINDOW = 500
 #: Publishes of a batch written to the socket in one write (held by the channel's
-#: :class:`~ojs_kombu.amqp.ledger.ConfirmLedger` until then): small enough that the
+#: :class:`~ojs_kombu.amqp.publishing.ledger.ConfirmLedger` until then): small enough that the
 #: broker starts on a batch while the rest is still being framed (a window in one
 #: write left it idle meanwhile, measured about 7 % slower), big enough to spare
 #: a syscall per job.

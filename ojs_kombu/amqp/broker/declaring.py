@@ -1,4 +1,4 @@
-"""Running the declarations of :mod:`ojs_kombu.amqp.topology` on a connection.
+"""Running the declarations of :mod:`ojs_kombu.amqp.broker.topology` on a connection.
 
 A worker that consumes many queues declares each queue's topology (about a dozen
 exchanges, queues and bindings) as it starts: one reply per declaration makes

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from ..spec.backoff import backoff
-from ..spec.backpressure import Bounds
-from ..spec.errors import (
+from ...spec.backoff import backoff
+from ...spec.backpressure import Bounds
+from ...spec.errors import (
     BatchPublishError,
     BatchQueueFullNacked,
     BatchQueueFullRefused,
@@ -22,7 +22,7 @@ from ..spec.errors import (
 )
 
 if TYPE_CHECKING:
-    from .backpressure import BackpressureMonitor, DepthReader
+    from .monitor import BackpressureMonitor, DepthReader
 
 
 class BatchJob(Protocol):

@@ -5,7 +5,7 @@ them: a message that is not a runnable OJS job is dead-lettered into
 ``ojs.queue.dlx.{q}`` with ``x-ojs-error-code``/``x-ojs-error-message`` and
 never reaches Celery; an expired job is dead-lettered and an early one sent
 back to the broker to wait.  What reaches Celery is a
-:class:`~ojs_kombu.amqp.delivery.JobMessage` carrying its decoded payload.
+:class:`~ojs_kombu.amqp.consuming.delivery.JobMessage` carrying its decoded payload.
 """
 
 from __future__ import annotations
@@ -22,20 +22,20 @@ from amqp import spec
 from amqp.exceptions import ConsumerCancelled
 from kombu.utils.encoding import safe_repr
 
-from ..spec.decode import decode_job_message
-from ..spec.envelope import JobEnvelope
-from ..spec.errors import JobRejected, OJSConfigurationError
-from ..spec.failures import EXPIRED, Delivered, Happened, JobFailure, decide
-from ..spec.strict_input import INVALID_ENVELOPE, INVALID_PAYLOAD
-from ..spec.times import format_time
+from ...spec.decode import decode_job_message
+from ...spec.envelope import JobEnvelope
+from ...spec.errors import JobRejected, OJSConfigurationError
+from ...spec.failures import EXPIRED, Delivered, Happened, JobFailure, decide
+from ...spec.strict_input import INVALID_ENVELOPE, INVALID_PAYLOAD
+from ...spec.times import format_time
+from ..broker.reconnect import DEFAULT_POLICY
+from ..wire.frames import UNDECODABLE_HEADER
+from ..wire.kombu_seam import set_decoded
 from .delivery import JobDelivery, JobMessage
-from .frames import UNDECODABLE_HEADER
-from .kombu_seam import set_decoded
-from .reconnect import DEFAULT_POLICY
 from .settle import settle
 
 if TYPE_CHECKING:
-    from .channel import Channel
+    from ..channel import Channel
 
 logger = logging.getLogger(__name__)
 

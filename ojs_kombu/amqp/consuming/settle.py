@@ -11,7 +11,7 @@
   a valid job (its dead letter must say why), a copy with ``x-ojs-error-*``
   headers published to ``ojs.exchange.dlx``, then the ack.
 
-Copies go through the connection's :class:`~ojs_kombu.amqp.outcomes.OutcomePublisher`:
+Copies go through the connection's :class:`~ojs_kombu.amqp.consuming.outcomes.OutcomePublisher`:
 nothing here waits for the broker, except :func:`retry_and_wait`, for callers
 outside a worker's loop.
 """
@@ -25,9 +25,9 @@ from typing import Any
 
 import amqp
 
-from ..spec.delays import MAX_SCHEDULE_DELAY_MS, retry_delay_ms
-from ..spec.errors import PublishConfirmTimeout
-from ..spec.failures import (
+from ...spec.delays import MAX_SCHEDULE_DELAY_MS, retry_delay_ms
+from ...spec.errors import PublishConfirmTimeout
+from ...spec.failures import (
     Action,
     Delivered,
     Happened,
@@ -38,11 +38,11 @@ from ..spec.failures import (
     with_error_headers,
     without_death_headers,
 )
+from ..job_channel import JobChannel
+from ..publishing.ledger import Replaced
+from ..publishing.publisher import schedule_route
 from .delivery import JobDelivery
-from .job_channel import JobChannel
-from .ledger import Replaced
 from .outcomes import PendingOutcome
-from .publisher import schedule_route
 
 logger = logging.getLogger(__name__)
 #: A retry's ``scheduled_at`` is at most this far ahead (about 95 years: a datetime

@@ -1,0 +1,3 @@
+"""Producer backpressure (``ojs-backpressure.md``): bounded-queue admission, queue-full nacks and a
+circuit breaker per queue.
+"""

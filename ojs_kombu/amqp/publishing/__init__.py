@@ -1,0 +1,3 @@
+"""Publishing jobs: the confirm ledger, where every confirm-mode publish is numbered, and the
+publish modes (waiting, deferred, batch).
+"""

@@ -11,8 +11,7 @@ import amqp
 import pytest
 from celery import Celery
 
-from ojs_kombu.amqp.consuming.delivery import JobDelivery
-from ojs_kombu.amqp.job_channel import JobChannel, JobConnection
+from ojs_kombu.amqp.job_channel import JobChannel, JobConnection, JobDelivery
 from ojs_kombu.spec.failures import JobFailure
 
 from .apps import make_app

@@ -259,6 +259,16 @@ class BrokerConnection:
     connection_errors: tuple[type[BaseException], ...] = (ConnectionError,)
     ojs_outcomes: Any = None
     ojs_jobs_run_in_loop = False
+    ojs_confirm_all = False
+    ojs_loop_acks: Any = None
+    transport: Any = None
+    frame_max = 131072
+
+    def write_frames(self, data: bytes) -> None:
+        raise NotImplementedError("the in-memory broker takes publishes, not frames")
+
+    def flush_acks_in_loop(self) -> None:
+        """Acks are never collected here."""
 
     def __init__(self, broker: Broker, binding: Binding) -> None:
         self.broker = broker

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
-from ojs_kombu.amqp import dead_letters
+from ojs_kombu.amqp.broker import dead_letters
 from ojs_kombu.cli import cli
 
 from .dead_jobs import DLQ, JOB_QUEUE, ids_in, job_id, put_dead_job

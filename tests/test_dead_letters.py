@@ -10,7 +10,7 @@ import amqp
 import kombu
 import pytest
 
-from ojs_kombu.amqp import dead_letters as dead_letters_module
+from ojs_kombu.amqp.broker import dead_letters as dead_letters_module
 from ojs_kombu.amqp.broker.dead_letters import DeadLetter, DeadLetterQueue, open_dead_letter_queue
 from ojs_kombu.spec.errors import DeadLetterNotFound, JobNackedError, OJSConfigurationError
 

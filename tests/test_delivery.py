@@ -11,7 +11,8 @@ import pytest
 from amqp.exceptions import RecoverableConnectionError
 from kombu.exceptions import MessageStateError
 
-from ojs_kombu.amqp.consuming.delivery import JobDelivery, JobMessage
+from ojs_kombu.amqp.consuming.delivery import JobMessage
+from ojs_kombu.amqp.job_channel import JobDelivery
 from ojs_kombu.spec.failures import HANDLER_ERROR, Action, JobFailure, Outcome
 
 JOB_ID = "0190b5a8-1234-7abc-8def-0123456789ab"

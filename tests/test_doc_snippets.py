@@ -150,7 +150,7 @@ def test_subscribers_and_observers_hear_the_process_events(
     assert subscription is not None
     observer = observing.add_observer(app)
     assert isinstance(observer, ojs_kombu.Observer)
-    from ojs_kombu.events.emitter import JobInfo
+    from ojs_kombu.events.job_info import JobInfo
 
     job = JobInfo("019461a8-1a2b-7c3d-8e4f-5a6b7c8d9e0f", "email.send", "email", 1)
     app.amqp.binding.hook.job_completed(job, 0.01, None)

@@ -9,8 +9,8 @@ import pytest
 from celery import Celery
 
 import ojs_kombu
-from ojs_kombu.events.emitter import JobInfo
 from ojs_kombu.events.hook import Hook
+from ojs_kombu.events.job_info import JobInfo
 from ojs_kombu.events.observer import MOMENTS, Observer
 
 JOB = JobInfo("019461a8-1a2b-7c3d-8e4f-5a6b7c8d9e0f", "email.send", "email", 1)

@@ -20,8 +20,9 @@ from celery import Celery
 import ojs_kombu
 from ojs_kombu.celery.events import sink_from_spec
 from ojs_kombu.events import Event, EventBus, EventFilter, make_event
-from ojs_kombu.events.emitter import JobEvents, JobInfo, json_result
+from ojs_kombu.events.emitter import JobEvents, json_result
 from ojs_kombu.events.hook import Hook
+from ojs_kombu.events.job_info import JobInfo
 from ojs_kombu.events.metric_observer import MetricsObserver
 from ojs_kombu.events.sinks import AMQPSink, BackgroundSink, FileSink, WebhookSink
 from ojs_kombu.events.wire import decode_events, split_batches

@@ -17,8 +17,9 @@ from prometheus_client import generate_latest
 
 from ojs_kombu.amqp.binding import Binding
 from ojs_kombu.events.bus import EventBus
-from ojs_kombu.events.emitter import JobEvents, JobInfo
+from ojs_kombu.events.emitter import JobEvents
 from ojs_kombu.events.hook import Hook
+from ojs_kombu.events.job_info import JobInfo
 from ojs_kombu.events.metric_observer import MetricsObserver
 from ojs_kombu.events.metrics import OJSMetrics, track_connection
 from ojs_kombu.spec.settings import OJSSettings
@@ -61,7 +62,7 @@ def test_the_global_provider_set_after_the_app_gets_every_metric() -> None:
         from opentelemetry.sdk.metrics import MeterProvider
         from opentelemetry.sdk.metrics.export import InMemoryMetricReader
         import ojs_kombu
-        from ojs_kombu.events.emitter import JobInfo
+        from ojs_kombu.events.job_info import JobInfo
 
         app = ojs_kombu.install(Celery("recipe", broker="ojs://localhost//"))
         hook = app.amqp.binding.hook

@@ -21,7 +21,8 @@ from celery import Celery
 from celery.app.trace import build_tracer
 
 import ojs_kombu
-from ojs_kombu.amqp.consuming.delivery import JobDelivery, JobMessage
+from ojs_kombu.amqp.consuming.delivery import JobMessage
+from ojs_kombu.amqp.job_channel import JobDelivery
 from ojs_kombu.celery.request import JobRequest
 from ojs_kombu.spec.decode import CELERY_JOB_HEADER
 from ojs_kombu.spec.failures import HANDLER_ERROR, NON_RETRYABLE_ERROR, Action

@@ -17,7 +17,7 @@ import pytest
 from amqp import spec
 from amqp.serialization import dumps
 
-from ojs_kombu.amqp import outcomes as outcomes_module
+from ojs_kombu.amqp.consuming import outcomes as outcomes_module
 from ojs_kombu.amqp.consuming.outcomes import DeadLetterLog, OutcomePublisher, PendingOutcome
 from ojs_kombu.amqp.publishing.ledger import Replaced
 from ojs_kombu.spec.naming import TopologyNames

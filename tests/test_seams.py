@@ -19,7 +19,7 @@ import textwrap
 import pytest
 
 import ojs_kombu
-from ojs_kombu.amqp import kombu_seam, py_amqp_seam
+from ojs_kombu.amqp.wire import kombu_seam, py_amqp_seam
 from ojs_kombu.celery import celery_seam
 from ojs_kombu.events import otel_seam
 from ojs_kombu.spec.seams import Hook

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from contextlib import suppress
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import amqp
 from amqp import spec
@@ -30,23 +30,20 @@ from ..spec.encode import OutgoingJob
 from ..spec.errors import QueueNameError
 from ..spec.failures import JobFailure, Outcome
 from .binding import Binding
-from .consuming.delivery import JobDelivery
 from .consuming.receiver import JobReceiver
 from .consuming.settle import retry_and_wait, settle
+from .job_channel import JobConnection, JobDelivery
 from .publishing.batch import BATCH_WINDOW, publish_batch
 from .publishing.publisher import JobPublisher
 from .wire.acks import PendingAcks, ack_frames
 from .wire.py_amqp_seam import channel_hooks, confirms_selected, publish_unconfirmed
-
-if TYPE_CHECKING:
-    from .transport import Connection
 
 
 @channel_hooks
 class Channel(pyamqp.Channel):
     """pyamqp channel that maps Celery task messages onto OJS jobs."""
 
-    connection: Connection
+    connection: JobConnection
 
     #: Bumped whenever the channel is reset: a delivery tag from an earlier
     #: generation must not be settled on it.

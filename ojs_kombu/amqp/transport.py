@@ -21,9 +21,10 @@ from kombu.transport import pyamqp
 from ..events.metrics import track_connection
 from ..spec.errors import BrokerCertificateError
 from .binding import Binding
-from .broker.topology import DeclaredTopology, Declarer
+from .broker.topology import DeclaredTopology
 from .channel import Channel
 from .consuming.outcomes import OutcomePublisher
+from .job_channel import Declarer
 from .wire.drain import drain_until
 from .wire.frames import DECODE_ERRORS, locked_frame_writer, replacement_frame
 from .wire.kombu_seam import fallbacks as kombu_fallbacks

@@ -16,7 +16,7 @@ from celery import Celery
 from celery.backends.base import DisabledBackend
 from celery.backends.rpc import RPCBackend
 
-from ..events.emitter import JobInfo
+from ..events.job_info import JobInfo
 from ..events.observer import Observer
 
 logger = logging.getLogger(__name__)

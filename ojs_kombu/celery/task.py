@@ -30,7 +30,7 @@ from celery.exceptions import Ignore, Reject, Retry
 from celery.utils.serialization import raise_with_context
 from celery.worker import state as worker_state
 
-from ..events.emitter import JobInfo
+from ..events.job_info import JobInfo
 from ..spec.envelope import RetryPolicy
 from ..spec.failures import HANDLER_ERROR, NON_RETRYABLE_ERROR
 from ..spec.job_ids import JOB_ID_HEADER

@@ -19,7 +19,7 @@ from typing import Any
 import amqp
 
 from ..amqp.binding import Binding
-from ..amqp.consuming.delivery import JobDelivery
+from ..amqp.job_channel import JobDelivery
 from ..spec.envelope import CONTENT_TYPE, JobEnvelope
 from ..spec.errors import JobNackedError, OJSConfigurationError, UnroutableJobError
 from ..spec.failures import JobFailure

@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from .emitter import JobInfo
+from .job_info import JobInfo
 from .metrics import OJSMetrics
 from .observer import Data, Observer
 

@@ -18,10 +18,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from .emitter import JobInfo
+from .job_info import JobInfo
 
 #: ``data`` of the moments that carry a free-form payload: the fields of the
 #: event they become (``None`` values left out).

@@ -10,7 +10,7 @@ no transaction that spans confirms, so these two are all a producer can do.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from ...spec.backoff import backoff
 from ...spec.backpressure import Bounds
@@ -20,9 +20,7 @@ from ...spec.errors import (
     BatchQueueFullRefused,
     QueueFullNacked,
 )
-
-if TYPE_CHECKING:
-    from .monitor import BackpressureMonitor, DepthReader
+from .state import DepthReader, Monitor
 
 
 class BatchJob(Protocol):
@@ -46,7 +44,7 @@ class BatchAdmission:
     or :meth:`release` when it never got an answer (a lost connection).
     """
 
-    def __init__(self, monitor: BackpressureMonitor, queues: Mapping[str, list[BatchJob]]
+    def __init__(self, monitor: Monitor, queues: Mapping[str, list[BatchJob]]
                  ) -> None:
         self.monitor = monitor
         self.queues = queues
@@ -77,7 +75,7 @@ class BatchAdmission:
         self.trials.clear()
 
 
-def admit(monitor: BackpressureMonitor, jobs: Sequence[BatchJob],
+def admit(monitor: Monitor, jobs: Sequence[BatchJob],
           read_depth: DepthReader | None = None) -> BatchAdmission:
     """Section 9.3 before a batch is sent, for each ``reject``/``block`` queue it
     publishes into: refuse the whole batch (:class:`BatchQueueFullRefused`, nothing
@@ -112,7 +110,7 @@ def admit(monitor: BackpressureMonitor, jobs: Sequence[BatchJob],
     return admission
 
 
-def _wait_for_room(monitor: BackpressureMonitor, jobs: Sequence[BatchJob], queue: str,
+def _wait_for_room(monitor: Monitor, jobs: Sequence[BatchJob], queue: str,
                    queued: list[BatchJob], read_depth: DepthReader | None) -> None:
     bounds = monitor.bounds_for(queue)
     count = len(queued)
@@ -140,7 +138,7 @@ def _wait_for_room(monitor: BackpressureMonitor, jobs: Sequence[BatchJob], queue
         monitor.sleep(pause)
 
 
-def _refuse(monitor: BackpressureMonitor, jobs: Sequence[BatchJob], queue: str,
+def _refuse(monitor: Monitor, jobs: Sequence[BatchJob], queue: str,
             queued: list[BatchJob], depth: int | None, *, circuit_open: bool = False,
             retry_after: float | None = None) -> BatchQueueFullRefused:
     """The error of a batch refused before sending: every job of it is rejected."""
@@ -167,7 +165,7 @@ def _refuse(monitor: BackpressureMonitor, jobs: Sequence[BatchJob], queue: str,
         retry_after=retry_after, circuit_open=circuit_open, rejected=rejected)
 
 
-def _emit_rejected(monitor: BackpressureMonitor, queue: str, queued: Sequence[BatchJob],
+def _emit_rejected(monitor: Monitor, queue: str, queued: Sequence[BatchJob],
                    bounds: Bounds, depth: int | None, retry_after: float,
                    circuit_open: bool) -> None:
     """One ``backpressure.rejected`` per queue and batch (``count`` jobs); ``job_type``
@@ -179,7 +177,7 @@ def _emit_rejected(monitor: BackpressureMonitor, queue: str, queued: Sequence[Ba
                  circuit_open=circuit_open or None)
 
 
-def nacked_error(monitor: BackpressureMonitor, jobs: Sequence[BatchJob],
+def nacked_error(monitor: Monitor, jobs: Sequence[BatchJob],
                  error: BatchPublishError, nacked: Collection[str],
                  read_depth: DepthReader | None = None) -> BatchPublishError:
     """The exception for a sent batch the broker did not wholly accept: ``error``

@@ -31,25 +31,9 @@ from ...spec.errors import (
 )
 from .admission import BatchAdmission, BatchJob, admit, nacked_error
 from .circuit_breaker import CircuitBreaker
+from .state import DepthReader, QueueState
 
 logger = logging.getLogger("ojs_kombu.amqp.backpressure.monitor")
-
-
-DepthReader = Callable[[str], "int | None"]
-
-
-class QueueState:
-    """What a producer knows of one bounded queue: its breaker, the rejections in a
-    row (they set ``retry_after``), and the last pressure sampled."""
-
-    __slots__ = ("breaker", "consecutive", "last_sample", "pressure", "warned")
-
-    def __init__(self, breaker: CircuitBreaker | None) -> None:
-        self.breaker = breaker
-        self.consecutive = 0
-        self.last_sample = float("-inf")
-        self.pressure: float | None = None
-        self.warned = False
 
 
 class BackpressureMonitor:

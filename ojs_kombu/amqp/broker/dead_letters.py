@@ -25,8 +25,7 @@ import kombu
 from ...spec.errors import DeadLetterNotFound, JobNackedError, OJSConfigurationError
 from ...spec.failures import reset_for_replay, without_failure_headers
 from ...spec.naming import UNROUTABLE
-from ..channel import Channel
-from ..job_channel import JobConnection
+from ..job_channel import JobChannel, JobConnection
 from ..wire.drain import drain_until
 
 T = TypeVar("T")
@@ -146,7 +145,7 @@ class DeadLetterQueue:
 
     def list(self, limit: int | None = None) -> list[DeadLetter]:
         """Up to ``limit`` dead letters, oldest first; none is removed."""
-        def browse(channel: Channel) -> list[DeadLetter]:
+        def browse(channel: JobChannel) -> list[DeadLetter]:
             found = []
             for message in self._browse(channel):
                 found.append(self._dead_letter(message))
@@ -157,7 +156,7 @@ class DeadLetterQueue:
 
     def get(self, job_id: str) -> DeadLetter:
         """The dead letter of ``job_id``; raises :class:`DeadLetterNotFound`."""
-        def find(channel: Channel) -> DeadLetter:
+        def find(channel: JobChannel) -> DeadLetter:
             for message in self._browse(channel):
                 if message.properties.get("message_id") == job_id:
                     return self._dead_letter(message)
@@ -166,7 +165,7 @@ class DeadLetterQueue:
 
     def replay(self, job_id: str) -> None:
         """Put ``job_id`` back on its queue; raises :class:`DeadLetterNotFound`."""
-        def replay_one(channel: Channel) -> None:
+        def replay_one(channel: JobChannel) -> None:
             for message in self._browse(channel):
                 if message.properties.get("message_id") == job_id:
                     self._replay(channel, message)
@@ -200,7 +199,7 @@ class DeadLetterQueue:
         replayed; ``stop()`` true ends the replay between windows.  A job the broker
         refuses or returns stops the replay with its dead letter (and those after
         it) left in the DLQ (:class:`JobNackedError`)."""
-        def replay_every(channel: Channel) -> int:
+        def replay_every(channel: JobChannel) -> int:
             present = channel.queue_declare(self.dlq, passive=True).message_count
             done = 0
             if not present:
@@ -229,7 +228,7 @@ class DeadLetterQueue:
             return done
         return self._with_channel(replay_every)
 
-    def _replay_batch(self, channel: Channel, batch: builtins.list[amqp.Message]
+    def _replay_batch(self, channel: JobChannel, batch: builtins.list[amqp.Message]
                       ) -> builtins.list[str]:
         """Republish ``batch`` pipelined, then ack the dead letters the broker took."""
         messages, job_ids = [], []
@@ -257,7 +256,7 @@ class DeadLetterQueue:
     def delete(self, job_id: str) -> DeadLetter:
         """Remove the dead letter of ``job_id`` for good and return it; raises
         :class:`DeadLetterNotFound`.  The others stay where they were."""
-        def delete_one(channel: Channel) -> DeadLetter:
+        def delete_one(channel: JobChannel) -> DeadLetter:
             for message in self._browse(channel):
                 if message.properties.get("message_id") == job_id:
                     channel.basic_ack(message.delivery_tag)
@@ -275,7 +274,7 @@ class DeadLetterQueue:
             queue = self.names.ojs_queue(own_queue(message) or "")
         return DeadLetter.from_message(queue, message)
 
-    def _replay(self, channel: Channel, message: amqp.Message) -> str:
+    def _replay(self, channel: JobChannel, message: amqp.Message) -> str:
         job_id, queue, replayed = self._replayed_copy(message)
         self._amqp.ensure_topology(queue)
         channel.publish_confirmed(replayed, self.names.direct_exchange, queue,
@@ -295,7 +294,7 @@ class DeadLetterQueue:
         properties["application_headers"] = headers
         return dead.job_id, dead.queue, amqp.Message(body, **properties)
 
-    def _browse(self, channel: Channel) -> Iterator[amqp.Message]:
+    def _browse(self, channel: JobChannel) -> Iterator[amqp.Message]:
         """Every message present now, unacknowledged (closing the channel requeues them).
 
         Streamed a window at a time: a consumer with a prefetch of one window takes it
@@ -321,7 +320,7 @@ class DeadLetterQueue:
                 if channel.is_open:
                     channel.basic_cancel(consumer)
 
-    def _with_channel(self, work: Callable[[Channel], T]) -> T:
+    def _with_channel(self, work: Callable[[JobChannel], T]) -> T:
         channel = self._amqp.channel()
         try:
             return work(channel)

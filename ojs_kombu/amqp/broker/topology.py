@@ -24,6 +24,7 @@ from ...spec.backpressure import drops_head, rejects_when_full
 from ...spec.delays import SCHEDULE_LEVELS, delivery_binding_key, level_binding_keys
 from ...spec.errors import OJSConfigurationError, TopologyConflictError
 from ...spec.naming import TopologyNames
+from ..job_channel import Declarer
 from .declaring import declare_on, declare_spread
 from .permissions import permission_error, topology_exists
 
@@ -43,8 +44,6 @@ DROPPED_QUEUE_ARGUMENTS: Mapping[str, Any] = {
 #: Idle retry queues expire this long after their TTL (``x-expires``); ojs_kombu
 #: re-declares a retry queue it keeps using well before that.
 RETRY_QUEUE_IDLE_MS = 3_600_000
-#: Runs a declaration of this module: ``(declare, *args)``.
-Declarer = Callable[..., None]
 
 
 class DeclaringChannel(Protocol):

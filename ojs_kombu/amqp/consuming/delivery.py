@@ -1,48 +1,17 @@
-"""A consumed OJS job, and how Celery's settlement of it becomes an OJS outcome."""
+"""How Celery's settlement of a consumed OJS job becomes an OJS outcome."""
 
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from amqp.exceptions import RecoverableConnectionError
 from kombu.exceptions import MessageStateError
 from kombu.transport import pyamqp
 
-from ...events.emitter import JobInfo
 from ...spec.failures import HANDLER_ERROR, Delivered, Happened, JobFailure, Outcome, decide
-from ..job_channel import JobChannel
+from ..job_channel import JobChannel, JobDelivery
 
 logger = logging.getLogger(__name__)
-
-
-class JobDelivery:
-    """A consumed job as it came off the wire, kept for retries and dead-lettering."""
-
-    __slots__ = ("_info", "attempt", "body", "job_id", "job_type", "properties", "queue")
-
-    def __init__(self, queue: str, job_id: str, body: bytes, properties: dict[str, Any],
-                 job_type: str = "") -> None:
-        self.queue = queue
-        self.job_id = job_id
-        self.job_type = job_type or str(properties.get("type") or "")
-        self._info: JobInfo | None = None
-        self.body = body
-        self.properties = properties  # the original AMQP properties, headers included
-        attempt = (properties.get("application_headers") or {}).get("x-ojs-attempt")
-        self.attempt = attempt if isinstance(attempt, int) and attempt > 0 else 1
-
-    @property
-    def headers(self) -> dict[str, Any]:
-        return dict(self.properties.get("application_headers") or {})
-
-    def info(self) -> JobInfo:
-        """The job as its lifecycle events describe it (parsed once per delivery)."""
-        if self._info is None:
-            self._info = JobInfo.from_headers(  # reads the headers, no copy needed
-                self.job_id, self.job_type, self.queue,
-                self.properties.get("application_headers") or {})
-        return self._info
 
 
 class JobMessage(pyamqp.Message):

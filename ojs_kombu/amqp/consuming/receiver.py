@@ -15,7 +15,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from functools import partial
 from time import sleep
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import amqp
 from amqp import spec
@@ -29,13 +29,11 @@ from ...spec.failures import EXPIRED, Delivered, Happened, JobFailure, decide
 from ...spec.strict_input import INVALID_ENVELOPE, INVALID_PAYLOAD
 from ...spec.times import format_time
 from ..broker.reconnect import DEFAULT_POLICY
+from ..job_channel import JobChannel, JobDelivery
 from ..wire.frames import UNDECODABLE_HEADER
 from ..wire.kombu_seam import set_decoded
-from .delivery import JobDelivery, JobMessage
+from .delivery import JobMessage
 from .settle import settle
-
-if TYPE_CHECKING:
-    from ..channel import Channel
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +56,7 @@ class JobReceiver:
     """The job consumers of one channel of the ``ojs`` transport, and their deliveries
     not yet settled (the consumer readings of :mod:`ojs_kombu.events.metrics`)."""
 
-    def __init__(self, channel: Channel) -> None:
+    def __init__(self, channel: JobChannel) -> None:
         self._channel = channel
         self.reset()
 

@@ -38,10 +38,9 @@ from ...spec.failures import (
     with_error_headers,
     without_death_headers,
 )
-from ..job_channel import JobChannel
+from ..job_channel import JobChannel, JobDelivery
 from ..publishing.ledger import Replaced
 from ..publishing.publisher import schedule_route
-from .delivery import JobDelivery
 from .outcomes import PendingOutcome
 
 logger = logging.getLogger(__name__)

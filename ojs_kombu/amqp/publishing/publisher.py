@@ -15,12 +15,12 @@ import logging
 from collections.abc import Callable, Mapping
 from contextlib import nullcontext
 from time import monotonic
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import amqp
 from amqp.exceptions import MessageNacked, RecoverableConnectionError
 
-from ...events.emitter import JobInfo
+from ...events.job_info import JobInfo
 from ...events.tracing import with_current_trace
 from ...spec.delays import check_schedule_delay, schedule_levels, schedule_routing_key
 from ...spec.encode import OutgoingJob, encode_task_message
@@ -36,13 +36,10 @@ from ...spec.naming import TopologyNames
 from ...spec.settings import OJSSettings
 from ...spec.trace_context import trace_id_of
 from ..binding import Binding
-from ..job_channel import JobConnection
+from ..job_channel import JobChannel, JobConnection
 from ..wire.publish_frames import PublishFrames
 from .deferred import DeferredConfirms
 from .ledger import ConfirmLedger, Publish
-
-if TYPE_CHECKING:
-    from ..channel import Channel
 
 logger = logging.getLogger(__name__)
 
@@ -113,7 +110,7 @@ class JobPublisher:
     counts also the publishes nobody waits for (:meth:`count_unconfirmed`).
     """
 
-    def __init__(self, channel: Channel) -> None:
+    def __init__(self, channel: JobChannel) -> None:
         self._channel = channel
         #: Jobs published without waiting (``ojs_publish_confirms="deferred"``).
         self.deferred = DeferredConfirms(self)

@@ -15,12 +15,20 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from ..channel import Channel
+from .acks import PendingAcks
 
 logger = logging.getLogger(__name__)
+
+
+class AckingChannel(Protocol):
+    """What the collector uses of a channel (the transport's channel is one)."""
+
+    ojs_acks: PendingAcks
+    is_open: bool
+
+    def flush_acks(self) -> None: ...
 
 
 class LoopAcks:
@@ -37,7 +45,7 @@ class LoopAcks:
         self.thread: int | None = None
         self._loop: Any = None
         self._on_tick: Callable[[], None] | None = None
-        self._channels: list[Channel] = []
+        self._channels: list[AckingChannel] = []
 
     def register(self, loop: Any, on_tick: Callable[[], None]) -> None:
         """Collect acks made in the calling thread, ``loop``'s (Celery registers its
@@ -58,7 +66,7 @@ class LoopAcks:
                 loop.on_close.discard(self._on_loop_closed)
         self.thread = None
 
-    def collect(self, channel: Channel, delivery_tag: int, multiple: bool) -> bool:
+    def collect(self, channel: AckingChannel, delivery_tag: int, multiple: bool) -> bool:
         """Collect ``channel``'s ack when made in the loop's thread; ``False``: send it
         now (a ``multiple`` ack first writes what the channel collected)."""
         if self.thread != threading.get_ident():

@@ -124,7 +124,7 @@ class JobPublisher:
             ledger.close()  # lost with the channel: whoever waits sees it
         self._confirming = False
         connection = self._channel.connection
-        self.ledger = ConfirmLedger(self._write_frames,
+        self.ledger = ConfirmLedger(connection.write_frames,
                                     getattr(connection, "ojs_write_lock", None))
         self._frames: PublishFrames | None = None
 
@@ -342,9 +342,6 @@ class JobPublisher:
                     properties=properties, hold=hold, item=item, on_settled=on_settled)
         except TimeoutError:
             raise RecoverableConnectionError("basic_publish: timed out") from None
-
-    def _write_frames(self, data: bytes) -> None:
-        self._channel.connection.write_frames(data)
 
     def frames(self) -> PublishFrames:
         """The channel's publish encoder, shared by single and batch publishes (its

@@ -17,11 +17,12 @@ import amqp
 import pytest
 from celery import Celery
 
+from ojs_kombu import JobNackedError
 from ojs_kombu.celery.dead_letters import dead_letter_queue
 from ojs_kombu.spec.job_ids import new_job_id
 
 from .apps import make_app
-from .conftest import HOST, PORT, wait_until
+from .conftest import HOST, PORT, private_vhost, wait_until
 from .test_cli import run_json
 from .workers import in_process_worker
 
@@ -121,3 +122,50 @@ def test_dead_letters_survive_the_deletion_of_their_dlq(
     assert published[0] in wait_until(lambda: browse(vhost, f"ojs.queue.dlx.{queue}"), 30,
                                       "the replayed job's second dead letter")
     assert published[0] not in browse(vhost, UNROUTABLE)
+
+
+def test_a_replay_acks_each_dead_letter_whose_copy_was_confirmed_and_keeps_the_refused(
+        ) -> None:
+    """``dlq replay --all`` of ``unroutable``, whose dead letters go back to their own
+    queues: one copy the broker refuses (its queue is full) keeps its dead letter, the
+    copy after it that the broker took removes its own, even though it came later in
+    the same window: nothing stays to be replayed twice."""
+    with private_vhost("ojs-kombu-replay") as vhost:
+        app = make_app("replay-acks", f"ojs://guest:guest@{HOST}:{PORT}/{vhost}",
+                       ojs_queues={"replay-full": {"max_depth": 1}})
+        app.tasks["math.add"].apply_async((1, 1), queue="replay-full")  # the queue is full
+        app.tasks["math.add"].apply_async((2, 2), queue="replay-open")
+        connection = amqp.Connection(f"{HOST}:{PORT}", virtual_host=vhost)
+        connection.connect()
+        try:
+            channel = connection.channel()
+            channel.queue_purge("ojs.queue.replay-open")
+            with dead_letter_queue(app, "unroutable"):
+                pass  # declares ojs.queue.dlx.unroutable
+            full, taken = new_job_id(), new_job_id()
+            channel.confirm_select()
+            for job_id, queue in ((full, "replay-full"), (taken, "replay-open")):
+                job = {"specversion": "1.0", "id": job_id, "type": "math.add",
+                       "queue": queue, "args": [1, 2]}
+                channel.basic_publish_confirm(
+                    amqp.Message(json.dumps(job), message_id=job_id, type="math.add",
+                                 content_type="application/openjobspec+json",
+                                 application_headers={"x-ojs-queue": queue}),
+                    exchange="", routing_key=UNROUTABLE, mandatory=True)
+            with dead_letter_queue(app, "unroutable") as dlq, \
+                    pytest.raises(JobNackedError, match=f"job {full} .* stays in"):
+                dlq.replay_all()
+
+            def look(queue: str) -> list[str]:  # a channel each: its close requeues
+                browsing = connection.channel()
+                try:
+                    return ids_in(browsing, queue)
+                finally:
+                    browsing.close()
+            # the replay's channel closed: its unacked dead letter is back in the DLQ
+            wait_until(lambda: look(UNROUTABLE) == [full], timeout=10,
+                       what="only the refused dead letter left")
+            assert look("ojs.queue.replay-open") == [taken]
+            assert len(look("ojs.queue.replay-full")) == 1  # the job that filled it
+        finally:
+            connection.close()

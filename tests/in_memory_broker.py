@@ -176,11 +176,14 @@ class BrokerChannel:
 
     def publish_many_confirmed(self, messages: list[tuple[amqp.Message, str, str]],
                                confirm_timeout: float | None = None, *,
-                               mandatory: bool = False) -> list[bool]:
+                               mandatory: bool = False,
+                               replaces: Any = None) -> list[bool]:
         if self.broker.nack_publishes:
             return [False] * len(messages)
         for message, exchange, routing_key in messages:
             self.broker.route(message, exchange, routing_key)
+        for delivery_tag in replaces or ():  # acked once its copy is confirmed
+            self.basic_ack(delivery_tag)
         return [True] * len(messages)
 
     def basic_publish(self, msg: amqp.Message, exchange: str = "", routing_key: str = "",
@@ -202,10 +205,13 @@ class BrokerChannel:
                                queue=job.queue)
 
     def publish_confirmed(self, message: amqp.Message, exchange: str, routing_key: str, *,
-                          job_id: str, queue: str, **_: Any) -> None:
+                          job_id: str, queue: str, replaces: int | None = None,
+                          **_: Any) -> None:
         if self.broker.nack_publishes:
             raise MessageNacked(f"job {job_id} for queue {queue!r} was nacked")
         self.broker.route(message, exchange, routing_key)
+        if replaces is not None:  # acked once its copy is confirmed
+            self.basic_ack(replaces)
 
     def queue_purge(self, queue: str = "") -> int:
         count = len(self.broker.queues[queue])

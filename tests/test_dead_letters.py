@@ -118,7 +118,7 @@ def test_a_replay_the_broker_refuses_leaves_the_dead_letter_in_place(
     broker.nack_publishes = True
     with pytest.raises(amqp.exceptions.MessageNacked):
         dead_letters.replay(ids[1])
-    with pytest.raises(JobNackedError, match=f"job {ids[0]} .* stay in"):
+    with pytest.raises(JobNackedError, match=f"job {ids[0]} .* stays in"):
         dead_letters.replay_all()
     assert ids_in(broker, DLQ) == ids and ids_in(broker, JOB_QUEUE) == []
 

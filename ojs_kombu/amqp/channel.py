@@ -122,18 +122,20 @@ class Channel(pyamqp.Channel):
     def publish_confirmed(self, message: amqp.Message, exchange: str, routing_key: str, *,
                           job_id: str, queue: str, mandatory: bool = True,
                           timeout: float | None = None, confirm_timeout: float | None = None,
-                          measure: bool = True) -> None:
+                          measure: bool = True, replaces: int | None = None) -> None:
         """Publish with ``mandatory=True`` and wait for the broker's confirm (AMQP-014..016)."""
         self.ojs_publisher.publish_confirmed(
             message, exchange, routing_key, job_id=job_id, queue=queue, mandatory=mandatory,
-            timeout=timeout, confirm_timeout=confirm_timeout, measure=measure)
+            timeout=timeout, confirm_timeout=confirm_timeout, measure=measure,
+            replaces=replaces)
 
     def publish_many_confirmed(self, messages: list[tuple[amqp.Message, str, str]],
                                confirm_timeout: float | None = None, *,
-                               mandatory: bool = False) -> list[bool]:
+                               mandatory: bool = False,
+                               replaces: Sequence[int] | None = None) -> list[bool]:
         """Pipelined publishes and one wait for all their confirms."""
         return self.ojs_publisher.publish_many_confirmed(messages, confirm_timeout,
-                                                         mandatory=mandatory)
+                                                         mandatory=mandatory, replaces=replaces)
 
     # -- consume (ojs_kombu.amqp.consuming.receiver) --------------------------------------
 

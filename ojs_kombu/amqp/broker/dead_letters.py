@@ -192,13 +192,14 @@ class DeadLetterQueue:
         job id; returns how many were replayed.
 
         Streams: :data:`REPLAY_WINDOW` dead letters at a time are consumed,
-        republished pipelined (mandatory, confirmed) and then acked together, while
+        republished pipelined (mandatory, confirmed), while
         the broker already delivers the next window (a prefetch of two), so memory
         does not grow with the queue and the rate is a batch's, not one round trip
         per job.  ``progress`` is called once a job's window is
-        replayed; ``stop()`` true ends the replay between windows.  A job the broker
-        refuses or returns stops the replay with its dead letter (and those after
-        it) left in the DLQ (:class:`JobNackedError`)."""
+        replayed; ``stop()`` true ends the replay between windows.  Each dead letter
+        is acked by the channel's confirm ledger once the broker confirmed its copy:
+        a job the broker refuses or returns keeps its dead letter and stops the
+        replay after its window (:class:`JobNackedError`)."""
         def replay_every(channel: JobChannel) -> int:
             present = channel.queue_declare(self.dlq, passive=True).message_count
             done = 0
@@ -230,7 +231,8 @@ class DeadLetterQueue:
 
     def _replay_batch(self, channel: JobChannel, batch: builtins.list[amqp.Message]
                       ) -> builtins.list[str]:
-        """Republish ``batch`` pipelined, then ack the dead letters the broker took."""
+        """Republish ``batch`` pipelined; the confirm ledger acks each dead letter once
+        the broker confirmed its copy, so a refused one stays and none is doubled."""
         messages, job_ids = [], []
         for message in batch:
             job_id, queue, replayed = self._replayed_copy(message)
@@ -238,19 +240,17 @@ class DeadLetterQueue:
                 self._amqp.ensure_topology(queue)
             job_ids.append(job_id)
             messages.append((replayed, self.names.direct_exchange, queue))
-        accepted = channel.publish_many_confirmed(messages, mandatory=True)
-        taken = 0
-        while taken < len(batch) and accepted[taken]:
-            taken += 1
-        if taken:
-            channel.basic_ack(batch[taken - 1].delivery_tag, multiple=True)
-        if taken < len(batch):
+        accepted = channel.publish_many_confirmed(
+            messages, mandatory=True, replaces=[message.delivery_tag for message in batch])
+        refused = [job_id for job_id, ok in zip(job_ids, accepted, strict=True) if not ok]
+        if refused:
             self._amqp.forget_topology(self.queue)
             raise JobNackedError(
-                f"the broker refused or returned job {job_ids[taken]} replayed to "
-                f"{self.names.job_queue(self.queue)!r}; it and the {len(batch) - taken - 1} "
-                f"after it stay in {self.dlq!r} ({taken} of this batch were replayed)",
-                job_id=job_ids[taken], queue=self.queue)
+                f"the broker refused or returned job {refused[0]} replayed to "
+                f"{self.names.job_queue(self.queue)!r}; it stays in {self.dlq!r} with the "
+                f"{len(refused) - 1} other(s) of this batch it refused "
+                f"({len(batch) - len(refused)} of this batch were replayed)",
+                job_id=refused[0], queue=self.queue)
         return job_ids
 
     def delete(self, job_id: str) -> DeadLetter:
@@ -278,8 +278,7 @@ class DeadLetterQueue:
         job_id, queue, replayed = self._replayed_copy(message)
         self._amqp.ensure_topology(queue)
         channel.publish_confirmed(replayed, self.names.direct_exchange, queue,
-                                  job_id=job_id, queue=queue)
-        channel.basic_ack(message.delivery_tag)
+                                  job_id=job_id, queue=queue, replaces=message.delivery_tag)
         return job_id
 
     def _replayed_copy(self, message: amqp.Message) -> tuple[str, str, amqp.Message]:

@@ -12,7 +12,7 @@ typed exception naming job and queue.  Frames are encoded by
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
 from time import monotonic
 from typing import Any
@@ -39,7 +39,7 @@ from ..binding import Binding
 from ..job_channel import JobChannel, JobConnection
 from ..wire.publish_frames import PublishFrames
 from .deferred import DeferredConfirms
-from .ledger import ConfirmLedger, Publish
+from .ledger import ConfirmLedger, Publish, Replaced
 
 logger = logging.getLogger(__name__)
 
@@ -196,13 +196,17 @@ class JobPublisher:
     def publish_confirmed(self, message: amqp.Message, exchange: str, routing_key: str, *,
                           job_id: str, queue: str, mandatory: bool = True,
                           timeout: float | None = None, confirm_timeout: float | None = None,
-                          measure: bool = True) -> None:
-        """Publish and wait for the broker's confirm; a return or nack raises."""
+                          measure: bool = True, replaces: int | None = None) -> None:
+        """Publish and wait for the broker's confirm; a return or nack raises.
+        ``replaces``: the delivery tag, on this channel, of the delivery the message
+        replaces, acked by the ledger once the broker confirmed it (``dlq replay``)."""
         channel = self._channel
         ojs = channel.ojs
         started = monotonic()
-        pending = self.publish_tracked(message, exchange, routing_key, mandatory, timeout,
-                                       confirm_timeout, job_id=job_id, queue=queue)
+        pending = self.publish_tracked(
+            message, exchange, routing_key, mandatory, timeout, confirm_timeout,
+            job_id=job_id, queue=queue,
+            replaces=None if replaces is None else Replaced(channel, replaces))
         if measure:
             ojs.hook.message_confirmed(monotonic() - started)
         if pending.lost:
@@ -227,11 +231,12 @@ class JobPublisher:
 
     def publish_tracked(self, message: amqp.Message, exchange: str, routing_key: str,
                         mandatory: bool, timeout: float | None, confirm_timeout: float | None,
-                        *, job_id: str, queue: str) -> Publish:
+                        *, job_id: str, queue: str, replaces: Replaced | None = None
+                        ) -> Publish:
         """Publish in confirm mode and block until the broker settled the publish."""
         self.confirm_mode()
         entry = self.send(message, exchange, routing_key, mandatory, timeout,
-                          job_id=job_id, queue=queue)
+                          job_id=job_id, queue=queue, replaces=replaces)
         try:
             self._wait_settled(entry, confirm_timeout)
         finally:
@@ -240,17 +245,22 @@ class JobPublisher:
 
     def publish_many_confirmed(self, messages: list[tuple[amqp.Message, str, str]],
                                confirm_timeout: float | None = None, *,
-                               mandatory: bool = False) -> list[bool]:
+                               mandatory: bool = False,
+                               replaces: Sequence[int] | None = None) -> list[bool]:
         """Pipelined publishes and one wait for all their confirms; ``True`` for each
-        message the broker accepted (``mandatory``: and routed)."""
+        message the broker accepted (``mandatory``: and routed).  ``replaces[i]``: the
+        delivery tag, on this channel, of the delivery message ``i`` replaces, acked by
+        the ledger once the broker confirmed that copy (``dlq replay``)."""
         self.confirm_mode()
         ledger = self.ledger
         tracked: list[Publish] = []
+        channel = self._channel
         try:
-            for message, exchange, routing_key in messages:
+            for i, (message, exchange, routing_key) in enumerate(messages):
                 tracked.append(self.send(
                     message, exchange, routing_key, mandatory, None, hold=True,
-                    job_id=message.properties.get("message_id") or "", queue=exchange))
+                    job_id=message.properties.get("message_id") or "", queue=exchange,
+                    replaces=None if replaces is None else Replaced(channel, replaces[i])))
             ledger.flush()
             for entry in tracked:
                 self._wait_settled(entry, confirm_timeout)
@@ -309,17 +319,18 @@ class JobPublisher:
 
     def send(self, message: amqp.Message, exchange: str, routing_key: str, mandatory: bool,
              timeout: float | None, *, job_id: str, queue: str, hold: bool = False,
-             item: Any = None, on_settled: Callable[[Publish], None] | None = None
-             ) -> Publish:
+             item: Any = None, on_settled: Callable[[Publish], None] | None = None,
+             replaces: Replaced | None = None) -> Publish:
         """``Basic.Publish`` of ``message``: :meth:`write`."""
         return self.write(message.body, message.properties, exchange, routing_key, mandatory,
                           timeout, job_id=job_id, queue=queue, hold=hold, item=item,
-                          on_settled=on_settled)
+                          on_settled=on_settled, replaces=replaces)
 
     def write(self, body: bytes | str, properties: dict[str, Any], exchange: str,
               routing_key: str, mandatory: bool, timeout: float | None, *, job_id: str,
               queue: str, hold: bool = False, item: Any = None,
-              on_settled: Callable[[Publish], None] | None = None) -> Publish:
+              on_settled: Callable[[Publish], None] | None = None,
+              replaces: Replaced | None = None) -> Publish:
         """``Basic.Publish`` numbered by the channel's ledger, in one write (``hold``: with
         the next unheld publish or :meth:`ConfirmLedger.flush`).
 
@@ -339,7 +350,8 @@ class JobPublisher:
                 return self.ledger.publish(
                     data, job_id=job_id, queue=queue, exchange=exchange,
                     routing_key=routing_key, mandatory=mandatory, body=body,
-                    properties=properties, hold=hold, item=item, on_settled=on_settled)
+                    properties=properties, hold=hold, item=item, on_settled=on_settled,
+                    replaces=replaces)
         except TimeoutError:
             raise RecoverableConnectionError("basic_publish: timed out") from None
 

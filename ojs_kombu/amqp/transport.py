@@ -2,7 +2,7 @@
 
 A thin subclass of kombu's pyamqp transport.  Its :class:`Connection` holds
 py-amqp's connection hooks and the connection's OJS state: the binding, the
-topology it declared (:class:`~ojs_kombu.amqp.broker.topology.DeclaredTopology`), the
+topology it declared (:class:`~ojs_kombu.amqp.broker.declared.DeclaredTopology`), the
 acks its event loop collects (:class:`~ojs_kombu.amqp.wire.loop_acks.LoopAcks`) and
 the outcomes of its deliveries (:class:`~ojs_kombu.amqp.consuming.outcomes.OutcomePublisher`);
 its channels are :class:`ojs_kombu.amqp.channel.Channel`.  What the rest of
@@ -21,7 +21,7 @@ from kombu.transport import pyamqp
 from ..events.metrics import track_connection
 from ..spec.errors import BrokerCertificateError
 from .binding import Binding
-from .broker.topology import DeclaredTopology
+from .broker.declared import DeclaredTopology
 from .channel import Channel
 from .consuming.outcomes import OutcomePublisher
 from .job_channel import Declarer
@@ -200,7 +200,7 @@ class Connection(pyamqp.Connection):
         self._close_loop_wake()
         super().collect()
 
-    # -- topology (ojs_kombu.amqp.broker.topology.DeclaredTopology) ------------------------
+    # -- topology (ojs_kombu.amqp.broker.declared.DeclaredTopology) ------------------------
 
     def ensure_topology(self, queue: str, via: Declarer | None = None) -> None:
         """Declare the OJS topology of ``queue`` once per connection (lazy and eager paths)."""

@@ -15,6 +15,8 @@ from kombu import Connection, Exchange, Queue
 import ojs_kombu
 from ojs_kombu.amqp.binding import Binding
 from ojs_kombu.amqp.broker.entities import JobQueue
+from ojs_kombu.amqp.job_channel import JobConnection
+from ojs_kombu.amqp.transport import Connection as OJSConnection
 from ojs_kombu.amqp.transport import SSLTransport, Transport
 from ojs_kombu.celery.app_amqp import OJSAMQP
 from ojs_kombu.celery.control import cancel_requested
@@ -52,6 +54,18 @@ def test_ojs_url_selects_the_ojs_transport() -> None:
     by_path = Connection("localhost//", transport="ojs_kombu.transport:Transport")
     assert isinstance(by_path.transport, Transport)
     assert Connection("ojs://localhost//", ssl=True).transport.default_ssl_port == 5671
+
+
+def test_telling_an_ojs_connection_from_another_opens_no_socket() -> None:
+    """``isinstance(x, JobConnection)`` is how the DLQ, control and topology tools
+    refuse a non-``ojs://`` broker: it must not connect a connection that is not
+    connected (port 1 refuses, so a connect would raise)."""
+    connection = OJSConnection(host="127.0.0.1:1")
+    assert isinstance(connection, JobConnection)
+    assert not connection.connected
+    connection.collect()  # as after a lost connection
+    assert isinstance(connection, JobConnection)
+    assert not isinstance(Connection("memory://").connection, JobConnection)
 
 
 def test_default_queue_is_the_ojs_default_queue() -> None:

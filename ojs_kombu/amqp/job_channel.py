@@ -78,9 +78,13 @@ class JobConnection(Protocol):
     ojs_confirm_all: bool
     #: The acks collected in the event loop's thread, written once per loop turn.
     ojs_loop_acks: LoopAcks
-    #: py-amqp's socket transport, and the largest frame the broker takes.
-    transport: Any
+    #: The largest frame the broker takes.
     frame_max: int
+    if TYPE_CHECKING:
+        #: py-amqp's socket transport.  For the type checker only: on Python 3.11
+        #: ``isinstance`` reads every member of a protocol, and py-amqp's ``transport``
+        #: property connects a connection that is not (or no longer) connected.
+        transport: Any
 
     @property
     def ojs(self) -> Binding:

@@ -55,6 +55,8 @@ from .spec.naming import TopologyNames
 register_transport()
 register_serializer()
 
+from .amqp.broker.connection import BrokerConnection  # noqa: E402
+from .amqp.broker.control import ControlClient  # noqa: E402
 from .amqp.broker.dead_letters import DeadLetter, DeadLetterQueue  # noqa: E402
 from .amqp.publishing.deferred import flush_confirms  # noqa: E402
 from .celery.app import install  # noqa: E402  (needs the registrations)
@@ -75,6 +77,8 @@ __all__ = [
     "BatchQueueFullNacked",
     "BatchQueueFullRefused",
     "BrokerCertificateError",
+    "BrokerConnection",
+    "ControlClient",
     "DeadLetter",
     "DeadLetterNotFound",
     "DeadLetterQueue",

@@ -11,7 +11,7 @@ import ojs_kombu
 
 def control(broker_url: str, job_id: str, id1: str, id2: str) -> list[Any]:
     # [control]
-    from ojs_kombu.amqp.broker.control import ControlClient
+    from ojs_kombu import ControlClient
 
     with ControlClient(broker_url) as ojs:   # or ControlClient(app)
         ojs.cancel(job_id, "email", reason="superseded", cancelled_by="user:ops")

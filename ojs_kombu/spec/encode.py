@@ -20,13 +20,13 @@ An option or argument no envelope can carry raises a
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from .celery_json import dumps_envelope, read_celery_json
 from .envelope import CONTENT_TYPE, SPEC_VERSION, RetryPolicy, UniquePolicy
 from .errors import (
     InvalidJobIdError,
@@ -54,7 +54,6 @@ from .typed_values import (
     natural,
     parse_pointer,
     python_path,
-    registered_decoder,
 )
 from .unique import IDEMPOTENCY_OPTION, UNIQUE_OPTION, idempotency_key, unique_policy
 from .x_celery import X_CELERY, x_celery_of
@@ -66,48 +65,6 @@ CELERY_CALL = "application/x-ojs-celery-call"
 DEFAULT_MAX_ATTEMPTS = 3
 
 _DEFAULT_POLICY = RetryPolicy()
-
-
-class _NotNative(TypeError):
-    """A value the fast encoder leaves to :func:`~ojs_kombu.spec.typed_values.natural`."""
-
-
-def _json_value(obj: Any) -> Any:
-    """What kombu's JSON encoder writes for ``obj`` when it is JSON (a ``__json__``
-    reducer, as Celery's signatures have); anything else takes the typed path."""
-    reducer = getattr(obj, "__json__", None)
-    if reducer is not None:
-        return reducer()
-    raise _NotNative
-
-
-def _kombu_value(obj: dict[str, Any]) -> Any:
-    """A tagged object of a body kombu serialised, read back as its Python value (it
-    then travels in its natural JSON form, typed in ``meta``)."""
-    if "__type__" in obj and "__value__" in obj and len(obj) == 2:
-        tag = obj["__type__"]
-        read = registered_decoder(tag) if isinstance(tag, str) else None
-        if read is None:
-            raise NonJSONArgumentError(
-                f"a task argument is kombu's tagged type {tag!r}, which no type registered "
-                "with kombu.utils.json.register_type reads")
-        return read(obj["__value__"])
-    return obj
-
-
-def _constant(name: str) -> float:
-    # kombu's JSON writes NaN and the infinities; they travel as typed strings
-    return {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}[name]
-
-
-_DECODER = json.JSONDecoder(parse_constant=_constant)
-_TAGGED_DECODER = json.JSONDecoder(object_hook=_kombu_value, parse_constant=_constant)
-_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False,
-                            default=_json_value)
-
-
-def _dumps(value: Any) -> bytes:
-    return _ENCODER.encode(value).encode()
 
 
 @dataclass(slots=True)
@@ -171,11 +128,7 @@ def encode_task_message(
         if content_type == CELERY_CALL:
             args, kwargs, embed = body
         else:
-            # kombu tags non-JSON values as {"__type__": ..., "__value__": ...}; only a
-            # body that mentions the tag needs the (slower) per-object check.
-            text = body.decode() if isinstance(body, bytes) else body
-            payload = (_TAGGED_DECODER if '"__type__"' in text else _DECODER).decode(text)
-            args, kwargs, embed = payload
+            args, kwargs, embed = read_celery_json(body)
     except NonJSONArgumentError as exc:
         exc.job_id, exc.queue = job_id, queue
         exc.args = (f"task {task_name!r}: {exc}",)
@@ -303,9 +256,10 @@ def build_job(
         job[X_CELERY] = x_celery
 
     try:
-        encoded = _dumps(job)
+        encoded = dumps_envelope(job)
     except (TypeError, ValueError, RecursionError):  # typed values: their natural forms
-        encoded = _dumps(_typed_job(job, meta, task_name=task_name, job_id=job_id, queue=queue))
+        encoded = dumps_envelope(_typed_job(job, meta, task_name=task_name, job_id=job_id,
+                                            queue=queue))
     if max_job_bytes is not None and len(encoded) > max_job_bytes:
         raise JobTooLargeError(
             f"job {job_id} (task {task_name!r}, queue {queue!r}) is {len(encoded)} bytes as "

@@ -144,6 +144,35 @@ def test_deleted_queue_cancels_the_consumer_which_comes_back(
         app.calls.wait_for(second.id)
 
 
+def test_a_deleted_quorum_control_queue_is_consumed_again(
+        own_vhost: str, connection_events: ConnectionEvents) -> None:
+    """RabbitMQ 4.0 cancels the consumers of a quorum queue before the queue is gone: the
+    worker declares it again after the schedule's first step (not at once, which found
+    the dying queue and then no queue), and INFO is answered through it again; the
+    control queue of its other OJS queue is consumed too."""
+    from ojs_kombu.amqp.control import ControlClient
+    from ojs_kombu.spec.job_ids import new_job_id
+
+    app = make_app("cancel-control", f"ojs://guest:guest@{HOST}:{PORT}/{own_vhost}",
+                   "cache+memory://", ojs_queue_defaults={"type": "quorum"})
+    events = connection_events(app)
+    controls = ["ojs.queue.control.qa", "ojs.queue.control.qb"]
+    with in_process_worker(app, ["qa", "qb"], pool="threads", concurrency=2):
+        wait_until(lambda: all(consumers_of(own_vhost, c) == [16] for c in controls), 30,
+                   "the worker consuming both control queues")
+        rabbitmqctl("delete_queue", "-p", own_vhost, controls[0])
+        wait_until(lambda: any(e["type"] == "consumer.cancelled" for e in events), 30,
+                   "consumer.cancelled")
+        cancelled = next(e for e in events if e["type"] == "consumer.cancelled")
+        assert cancelled["data"]["queue"] == controls[0]
+        assert 750 <= cancelled["data"]["retry_in_ms"] <= 1250  # first step of the schedule
+        wait_until(lambda: all(consumers_of(own_vhost, c) == [16] for c in controls), 30,
+                   "both control queues consumed again with the same prefetch")
+        with ControlClient(app) as client:
+            for queue in ("qa", "qb"):
+                assert client.info(new_job_id(), queue, timeout=10)["state"] == "not_found"
+
+
 def _closed_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -20,6 +20,7 @@ import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import suppress
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -33,6 +34,7 @@ from celery.worker.control import control_command
 from ..amqp.broker.control import CANCEL, HEARTBEAT, INFO, control_message, parse_control
 from ..amqp.consuming.delivery import JobMessage
 from ..amqp.job_channel import JobChannel, JobConnection
+from ..amqp.reconnect import DEFAULT_POLICY
 from ..spec.times import format_time
 from .events import consumed_queues
 from .scheduled import recorded_scheduled_at
@@ -247,6 +249,8 @@ def job_info(app: Celery, job_id: str, timeout: float = 1.0) -> dict[str, Any]:
     return {"job_id": job_id, "state": "not_found"}
 
 
+#: Control messages a worker holds unacknowledged on its control channel.
+CONTROL_PREFETCH = 16
 #: INFO requests a worker answers at the same time (each waits for the other workers).
 INFO_THREADS = 4
 #: INFO requests a worker holds (answering or waiting); more are dropped with a warning.
@@ -272,7 +276,7 @@ class ControlQueues(bootsteps.StartStopStep):
         binding = parent.app.amqp.binding
         channel = parent.connection.channel()
         if binding.settings.control_queues:
-            channel.basic_qos(0, 16, False)
+            channel.basic_qos(0, CONTROL_PREFETCH, False)
             amqp_connection: JobConnection = parent.connection.connection
             self._channel = channel
             for queue in consumed_queues(parent.app):
@@ -294,28 +298,62 @@ class ControlQueues(bootsteps.StartStopStep):
         """The broker cancelled the consumer of ``queue``'s control queue (deleted by an
         operator or ``ojs-kombu conformance --recovery``): declare it again and consume
         it, on this channel, from the event loop (AMQP-026/027), instead of the
-        connection loss an unhandled ``Basic.Cancel`` would be."""
+        connection loss an unhandled ``Basic.Cancel`` would be.
+
+        After the first delay of the reconnection schedule, as for a job queue: RabbitMQ
+        4.0 cancels the consumers of a quorum queue when it stops the queue's Raft
+        members, before it removes the queue itself, so a declaration made at once finds
+        the dying queue (``Declare-Ok``) and the consume then fails with 404, or with a
+        541 that closes the whole connection (:meth:`_resume_later`)."""
+        delay = DEFAULT_POLICY.delay(1)
         logger.warning("the broker cancelled consumer %s of the control queue of OJS queue "
-                       "%r (was it deleted?); declaring it again and consuming it",
-                       consumer_tag, queue)
+                       "%r (was it deleted?); declaring it again and consuming it in %.1fs",
+                       consumer_tag, queue, delay)
         binding = parent.app.amqp.binding
         binding.hook.consumer_cancelled(binding.names.control_queue(queue),
-                                        {"consumer_tag": consumer_tag, "retry_in_ms": 0})
+                                        {"consumer_tag": consumer_tag,
+                                         "retry_in_ms": round(delay * 1000)})
+        self._resume_later(parent, [queue], 1, delay)
+
+    def _resume_later(self, parent: Any, queues: list[str], attempt: int, delay: float
+                      ) -> None:
+        """Declare and consume the control queues of ``queues`` again in ``delay`` seconds.
+
+        A channel error (404: the queue was still being deleted when it was declared)
+        closes the channel and every control consumer on it: all of them are consumed
+        again on a new channel at the schedule's next delay.  A connection error (541)
+        is left to the event loop, which hands it to Celery's reconnection (its restart
+        of this step consumes them all again); any other error is logged."""
+        channel = self._channel
 
         def resume() -> None:
-            channel = self._channel
-            if channel is None or not channel.is_open:
-                return  # stopped, or a reconnect already consumes it again
+            if channel is None or self._channel is not channel or not channel.is_open:
+                return  # stopped, or a reconnect or a later try consumes them again
+            connection: JobConnection = parent.connection.connection
             try:
-                connection: JobConnection = parent.connection.connection
-                connection.forget_topology(queue)
-                connection.ensure_topology(queue)
-                self._consume(parent, channel, queue)
+                for queue in queues:
+                    connection.forget_topology(queue)
+                    connection.ensure_topology(queue)
+                    self._consume(parent, channel, queue)
+            except amqp.exceptions.ChannelError as exc:
+                again = DEFAULT_POLICY.delay(attempt + 1)
+                logger.warning("could not consume the control queues of %s again (%s); "
+                               "on a new channel in %.1fs", ", ".join(map(repr, queues)), exc,
+                               again)
+                with suppress(Exception):
+                    channel.close()  # py-amqp reopened it, without its consumers
+                fresh = parent.connection.channel()
+                fresh.basic_qos(0, CONTROL_PREFETCH, False)
+                self._channel = fresh
+                self._resume_later(parent, consumed_queues(parent.app), attempt + 1, again)
+            except connection.connection_errors:
+                raise
             except Exception:
-                logger.exception("could not consume the control queue of %r again", queue)
+                logger.exception("could not consume the control queues of %s again",
+                                 ", ".join(map(repr, queues)))
 
         if parent.timer is not None:
-            parent.timer.call_after(0, resume)
+            parent.timer.call_after(delay, resume)
         else:
             resume()
 

@@ -150,7 +150,7 @@ def test_a_deleted_quorum_control_queue_is_consumed_again(
     worker declares it again after the schedule's first step (not at once, which found
     the dying queue and then no queue), and INFO is answered through it again; the
     control queue of its other OJS queue is consumed too."""
-    from ojs_kombu.amqp.control import ControlClient
+    from ojs_kombu import ControlClient
     from ojs_kombu.spec.job_ids import new_job_id
 
     app = make_app("cancel-control", f"ojs://guest:guest@{HOST}:{PORT}/{own_vhost}",

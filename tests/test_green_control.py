@@ -12,7 +12,7 @@ import pytest
 from celery.concurrency.prefork import TaskPool as PreforkPool
 
 from ojs_kombu.celery import control as celery_control
-from ojs_kombu.celery.control import ControlQueues
+from ojs_kombu.celery.control_queues import ControlQueues
 
 
 def _kills(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:

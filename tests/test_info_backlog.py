@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from ojs_kombu.celery import control as celery_control
-from ojs_kombu.celery.control import INFO_BACKLOG, INFO_THREADS, ControlQueues
+from ojs_kombu.celery import control_queues as celery_control
+from ojs_kombu.celery.control_queues import INFO_BACKLOG, INFO_THREADS, ControlQueues
 
 
 def test_a_burst_of_info_requests_uses_a_few_threads_and_drops_beyond_the_backlog(
@@ -34,7 +34,7 @@ def test_a_burst_of_info_requests_uses_a_few_threads_and_drops_beyond_the_backlo
     step._info_slots = threading.BoundedSemaphore(INFO_BACKLOG)
     app = Celery("info", set_as_current=False)
     before = threading.active_count()
-    with caplog.at_level(logging.WARNING, logger="ojs_kombu.celery.control"):
+    with caplog.at_level(logging.WARNING, logger="ojs_kombu.celery.control_queues"):
         taken = [step.answer_later(app, f"job-{n}", "reply", None)
                  for n in range(INFO_BACKLOG + 10)]
     assert taken.count(True) == INFO_BACKLOG and taken[-10:] == [False] * 10

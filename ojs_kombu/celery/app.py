@@ -35,7 +35,7 @@ from ..spec.errors import OJSConfigurationError
 from .app_amqp import OJSAMQP
 from .celery_seam import verify_celery
 from .conf import configure_when_loaded
-from .control import ControlQueues
+from .control_queues import ControlQueues
 from .dropped import DroppedJobs
 from .events import WorkerEvents
 from .inline_acks import InlineJobAcks

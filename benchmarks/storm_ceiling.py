@@ -31,6 +31,7 @@ from storm_app import make_app
 from storm_messages import PipelinedPublisher, ojs_poison
 
 import ojs_kombu
+from ojs_kombu.spec.naming import UNROUTABLE
 
 MODES = ("reject", "copy")
 
@@ -119,8 +120,10 @@ def measure(admin: Admin, connect: Callable[[], amqp.Connection], ojs_url: str, 
         for connection in (publisher, consumer):
             with suppress(Exception):
                 connection.close()
-        admin.delete([job_queue, dead_queue, names.control_queue(ojs_queue)],
-                     [names.direct_exchange, names.dlx_exchange])
+        # every exchange of the prefix (those never declared are skipped) and the
+        # unroutable dead letters' queue the guard exchange routes to
+        admin.delete([job_queue, dead_queue, names.control_queue(ojs_queue),
+                      names.dead_letter_queue(UNROUTABLE)], names.exchanges())
         app.close()
     span = last[0] - first[0] if first else 0.0
     return {"mode": mode, "prefetch": prefetch, "published": len(poison),

@@ -156,9 +156,6 @@ class JobPublisher:
                 message.properties, job.job_id, queue, job.delay_ms)
             publish(message, exchange, routing_key, job_id=job.job_id, queue=queue,
                     mandatory=mandatory, timeout=timeout, confirm_timeout=confirm_timeout)
-        elif not ojs.bounds(queue).bounded:  # no strategy to run it under
-            publish(message, ojs.names.direct_exchange, queue, job_id=job.job_id, queue=queue,
-                    timeout=timeout, confirm_timeout=confirm_timeout)
         else:  # under the queue's backpressure strategy (ojs_kombu.spec.backpressure)
             ojs.backpressure.publish(
                 queue, job.job_id, job.job_type, lambda: publish(

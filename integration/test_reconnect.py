@@ -14,7 +14,9 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import kombu
 import pytest
+from amqp.exceptions import ConsumerCancelled
 from celery import Celery
 
 import ojs_kombu
@@ -127,21 +129,52 @@ def test_producer_with_the_rpc_backend_publishes_after_its_connection_was_closed
 
 def test_deleted_queue_cancels_the_consumer_which_comes_back(
         own_vhost: str, connection_events: ConnectionEvents) -> None:
+    """Each time: the consumer comes back with its prefetch, jobs run, and the worker's
+    remote control answers (the connection it leaves is closed, not dropped: on
+    RabbitMQ 4.x a dropped one kept Celery's exclusive pidbox queue locked, and the
+    worker stopped on ``RESOURCE_LOCKED``)."""
     app = make_app("cancel", f"ojs://guest:guest@{HOST}:{PORT}/{own_vhost}", "cache+memory://")
     events = connection_events(app)
-    with in_process_worker(app, ["cq"], pool="threads", concurrency=2):
+    with in_process_worker(app, ["cq"], pool="threads", concurrency=2) as worker:
         first = app.tasks["math.add"].apply_async((1, 1), queue="cq")
         app.calls.wait_for(first.id)
-        rabbitmqctl("delete_queue", "-p", own_vhost, "ojs.queue.cq")
-        wait_until(lambda: any(e["type"] == "consumer.cancelled" for e in events), 30,
-                   "consumer.cancelled")
-        cancelled = next(e for e in events if e["type"] == "consumer.cancelled")
-        assert cancelled["data"]["queue"] == "cq"
-        assert 750 <= cancelled["data"]["retry_in_ms"] <= 1250  # first step of the schedule
-        wait_until(lambda: consumers_of(own_vhost, "ojs.queue.cq") == [8], 30,
-                   "the consumer re-registered with the same prefetch")
-        second = app.tasks["math.add"].apply_async((2, 2), queue="cq")
-        app.calls.wait_for(second.id)
+        for cycle in range(1, 4):
+            rabbitmqctl("delete_queue", "-p", own_vhost, "ojs.queue.cq")
+            wait_until(lambda n=cycle: sum(e["type"] == "consumer.cancelled"
+                                           for e in events) == n, 30, "consumer.cancelled")
+            cancelled = [e for e in events if e["type"] == "consumer.cancelled"][-1]
+            assert cancelled["data"]["queue"] == "cq"
+            assert 750 <= cancelled["data"]["retry_in_ms"] <= 1250  # the schedule's first step
+            wait_until(lambda: consumers_of(own_vhost, "ojs.queue.cq") == [8], 30,
+                       "the consumer re-registered with the same prefetch")
+            again = app.tasks["math.add"].apply_async((cycle, 2), queue="cq")
+            app.calls.wait_for(again.id)
+            assert wait_until(lambda: app.control.ping([worker.hostname], timeout=1.0), 10,
+                              "the worker's remote control answering")
+
+
+def test_a_cancelled_consumer_closes_its_connection_before_the_reconnect(
+        own_vhost: str) -> None:
+    """The reconnection path a deleted queue hands over to starts from a closed
+    connection: its exclusive queues (Celery's pidbox queue) are free for the next
+    connection at once.  A connection left open kept them, and Celery's worker stopped
+    on 405 ``RESOURCE_LOCKED`` declaring its pidbox queue again."""
+    url = f"ojs://guest:guest@{HOST}:{PORT}/{own_vhost}"
+    connection = kombu.Connection(url)
+    channel = connection.channel()
+    kombu.Queue("node.pidbox", exclusive=True, channel=channel).declare()
+    consumer = kombu.Consumer(channel, [kombu.Queue("ojs.queue.cx", channel=channel)],
+                              callbacks=[lambda body, message: message.ack()])
+    consumer.consume()
+    rabbitmqctl("delete_queue", "-p", own_vhost, "ojs.queue.cx")
+    with pytest.raises(ConsumerCancelled):
+        connection.drain_events(timeout=10)
+    try:
+        with kombu.Connection(url) as next_connection:
+            kombu.Queue("node.pidbox", exclusive=True,
+                        channel=next_connection.channel()).declare()
+    finally:
+        connection.release()
 
 
 def test_a_deleted_quorum_control_queue_is_consumed_again(

@@ -11,11 +11,13 @@ ojs_kombu uses of it is :class:`ojs_kombu.amqp.job_channel.JobConnection`.
 
 from __future__ import annotations
 
+import logging
 import ssl
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from amqp.exceptions import AMQPError, ConsumerCancelled
 from kombu.transport import pyamqp
 
 from ..events.metrics import track_connection
@@ -33,6 +35,8 @@ from .wire.loop_acks import LoopAcks
 from .wire.py_amqp_seam import NO_LOOP_ACKS, NO_READ_AHEAD
 from .wire.py_amqp_seam import fallbacks as py_amqp_fallbacks
 from .wire.read_ahead import LoopReads, LoopWake, ReadAheadTCPTransport
+
+logger = logging.getLogger(__name__)
 
 #: Longest wait at close for the confirms of retries and dead letters in flight.
 OUTCOME_CLOSE_WAIT_S = 5.0
@@ -161,6 +165,9 @@ class Connection(pyamqp.Connection):
         on_frame = self.on_inbound_frame  # py-amqp's frame handler (set by connect)
         try:
             return on_frame(frame)
+        except ConsumerCancelled:
+            self._close_before_reconnect()
+            raise
         except DECODE_ERRORS as exc:
             replacement = replacement_frame(frame, exc)
             if replacement is None:
@@ -175,6 +182,20 @@ class Connection(pyamqp.Connection):
         if self.ojs_loop_acks.thread is None:
             self.ojs_outcomes.run_due()
         return super().drain_events(timeout=timeout)
+
+    def _close_before_reconnect(self) -> None:
+        """A cancelled consumer hands over to the reconnection path on a connection that
+        still works: closed here with ``Connection.Close``, because Celery's consumer
+        drops it without closing, and RabbitMQ 4.x keeps an exclusive queue of a
+        dropped socket (Celery's ``celery.pidbox`` queue) locked for a moment: the new
+        connection's declare of it failed with 405 ``RESOURCE_LOCKED`` and stopped
+        the worker."""
+        if not self.connected or self.is_closing:
+            return
+        try:
+            self.close()
+        except (AMQPError, OSError) as exc:
+            logger.debug("closing the connection of a cancelled consumer: %r", exc)
 
     def wait_until(self, done: Callable[[], bool], limit: float) -> bool:
         """Read incoming frames until ``done()``; ``False`` when ``limit`` seconds passed

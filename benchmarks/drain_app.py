@@ -55,7 +55,7 @@ def common_conf(app: Celery, queue: str, max_priority: int | None = None,
 
 def make_app(broker: str, queue: str, record_path: str, ojs_prefix: str | None,
              max_priority: int | None = None, ojs_acks: str | None = None,
-             quorum: bool = False) -> Celery:
+             quorum: bool = False, acks_early: bool = False) -> Celery:
     app = Celery("bench_drain", broker=broker, set_as_current=True)
     if ojs_prefix:
         ojs_kombu.install(app)
@@ -65,11 +65,17 @@ def make_app(broker: str, queue: str, record_path: str, ojs_prefix: str | None,
         if quorum:
             app.conf.ojs_queue_defaults = {"type": "quorum"}
     common_conf(app, queue, max_priority, quorum=quorum and not ojs_prefix)
+    if acks_early and not ojs_prefix:  # plain Celery on its own default: ack on receipt
+        app.conf.task_acks_late = False
     record = os.open(record_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    # BENCH_DRAIN_WORK_MS: each job waits that long (a call to another service), not a no-op
+    work_s = float(os.environ.get("BENCH_DRAIN_WORK_MS") or 0) / 1000
 
     @app.task(name=TASK_NAME, ignore_result=True, shared=False)
     def noop(*args: Any) -> None:
         started = time.time()
+        if work_s:
+            time.sleep(work_s)
         # A float first argument is its publish time (latency_memory.py): a third field.
         sent = f" {args[0]:.6f}" if args and isinstance(args[0], float) else ""
         os.write(record, f"{started:.6f} {time.time():.6f}{sent}\n".encode())
@@ -81,5 +87,6 @@ app = (make_app(os.environ["BENCH_DRAIN_BROKER"], os.environ["BENCH_DRAIN_QUEUE"
                 os.environ["BENCH_DRAIN_RECORD"], os.environ.get("BENCH_DRAIN_OJS_PREFIX"),
                 int(os.environ.get("BENCH_DRAIN_MAX_PRIORITY") or 0) or None,
                 os.environ.get("BENCH_DRAIN_OJS_ACKS") or None,
-                os.environ.get("BENCH_DRAIN_QUORUM") == "1")
+                os.environ.get("BENCH_DRAIN_QUORUM") == "1",
+                os.environ.get("BENCH_DRAIN_ACKS_EARLY") == "1")
        if "BENCH_DRAIN_BROKER" in os.environ else None)

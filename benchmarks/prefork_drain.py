@@ -126,12 +126,13 @@ def elapsed(spans: list[tuple[float, float]]) -> float:
 
 def drain(*, label: str, broker_url: str, queue: str, ojs_prefix: str | None, n: int,
           timeout: float, workdir: Path, name: str, max_priority: int | None = None,
-          ojs_acks: str | None = None, quorum: bool = False,
-          started: Callable[[int], None] | None = None,
+          ojs_acks: str | None = None, quorum: bool = False, acks_early: bool = False,
+          work_ms: float = 0.0, started: Callable[[int], None] | None = None,
           when_done: Callable[[], None] | None = None) -> float:
     """Seconds from the first task start to the last task end of ``n`` queued jobs.
 
-    ``quorum``: the worker's queue is a quorum queue (plain Celery's
+    ``acks_early``: plain Celery on its default (acks on receipt); ``work_ms``: each
+    job sleeps that long.  ``quorum``: the worker's queue is a quorum queue (plain Celery's
     ``x-queue-type``, ojs_kombu's ``ojs_queue_defaults``).  ``started`` gets the
     worker's pid once it runs, ``when_done`` is called after the last job, the
     worker still running (the cluster drain reads CPU and QoS there).
@@ -143,6 +144,8 @@ def drain(*, label: str, broker_url: str, queue: str, ojs_prefix: str | None, n:
         "BENCH_DRAIN_MAX_PRIORITY": str(max_priority or ""),
         "BENCH_DRAIN_OJS_ACKS": ojs_acks or "",
         "BENCH_DRAIN_QUORUM": "1" if quorum else "",
+        "BENCH_DRAIN_ACKS_EARLY": "1" if acks_early else "",
+        "BENCH_DRAIN_WORK_MS": str(work_ms or ""),
     }
     with WorkerProcess(app_module="drain_app", pool=POOL, concurrency=CONCURRENCY,
                        queue=queue, workdir=workdir, name=name,

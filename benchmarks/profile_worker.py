@@ -31,8 +31,12 @@ import pstats
 import sys
 import tempfile
 import time
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
+
+import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import prefork_drain
@@ -49,6 +53,48 @@ def process_cpu(pid: int) -> float:
     """User + system CPU seconds of one process (not its children)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+def children_cpu(pid: int) -> float:
+    """CPU seconds of the running children of ``pid`` (the pool processes)."""
+    total = 0.0
+    for child in psutil.Process(pid).children():
+        with suppress(psutil.Error):
+            times = child.cpu_times()
+            total += times.user + times.system
+    return total
+
+
+def broker_pid(port: int) -> int | None:
+    """The pid of the process listening on ``port`` (the RabbitMQ node), if readable."""
+    with suppress(psutil.Error):
+        for conn in psutil.net_connections("tcp"):
+            if conn.status == psutil.CONN_LISTEN and conn.laddr.port == port and conn.pid:
+                return int(conn.pid)
+    return None
+
+
+class CpuMeter:
+    """CPU seconds of the worker's main process, its pool processes and the broker, read
+    at the first job and after the last: where each job's CPU goes, whole-machine."""
+
+    def __init__(self, pid: int, broker: int | None) -> None:
+        self.pid, self.broker = pid, broker
+        self.start: tuple[float, float, float] | None = None
+
+    def read(self) -> tuple[float, float, float]:
+        return (process_cpu(self.pid), children_cpu(self.pid),
+                process_cpu(self.broker) if self.broker else 0.0)
+
+    def mark(self) -> None:
+        self.start = self.read()
+
+    def per_delivery(self, n: int) -> dict[str, float]:
+        end, start = self.read(), self.start or (0.0, 0.0, 0.0)
+        main, pool, broker = ((e - s) * 1e6 / n for e, s in zip(end, start, strict=True))
+        return {"main_cpu_us_per_delivery": round(main, 1),
+                "pool_cpu_us_per_delivery": round(pool, 1),
+                "broker_cpu_us_per_delivery": round(broker, 1)}
 
 
 def _package(filename: str) -> str:
@@ -81,7 +127,7 @@ def summarize_profile(path: Path, n: int, top: int) -> dict[str, Any]:
 
 def measure(side: run.Side, broker: run.Broker, pool: str, concurrency: int, n: int,
             workdir: Path, name: str, profile: Path | None, poison: bool = False,
-            extra_args: tuple[str, ...] = ()) -> dict[str, Any]:
+            extra_args: tuple[str, ...] = (), acks_early: bool = False) -> dict[str, Any]:
     broker.purge(side.amqp_queue)
     if poison:  # jobs of a type no task handles: dead-lettered (ojs_kombu) or rejected
         for _ in range(n):
@@ -92,26 +138,22 @@ def measure(side: run.Side, broker: run.Broker, pool: str, concurrency: int, n: 
         "BENCH_DRAIN_BROKER": side.app.conf.broker_url,
         "BENCH_DRAIN_QUEUE": side.celery_queue,
         "BENCH_DRAIN_OJS_PREFIX": side.app.conf.get("ojs_prefix") or "",
+        "BENCH_DRAIN_ACKS_EARLY": "1" if acks_early else "",
     }
-    marks: dict[str, float] = {}
     with prefork_drain.WorkerProcess(
             app_module="drain_app", pool=pool, concurrency=concurrency,
             queue=side.celery_queue, workdir=workdir, name=name,
             record_var="BENCH_DRAIN_RECORD", env=env, profile=profile,
             extra_args=extra_args) as worker:
-        pid = worker.pid
-
-        def first() -> None:
-            marks["cpu0"] = process_cpu(pid)
-
+        meter = CpuMeter(worker.pid, broker_pid(urlparse(side.app.conf.broker_url).port
+                                                  or 5672))
         if poison:
-            seconds = _wait_empty(broker, side.amqp_queue, n, first)
+            seconds = _wait_empty(broker, side.amqp_queue, n, meter.mark)
         else:
             seconds = prefork_drain.elapsed(
-                worker.spans(n, 600, name, poll_s=0.05, on_first=first))
-        cpu = process_cpu(pid) - marks.get("cpu0", 0.0)
-    return {"main_cpu_us_per_delivery": round(cpu * 1e6 / n, 1),
-            "jobs_per_s": round(n / seconds, 1)}
+                worker.spans(n, 600, name, poll_s=0.05, on_first=meter.mark))
+        cpu = meter.per_delivery(n)
+    return {**cpu, "jobs_per_s": round(n / seconds, 1)}
 
 
 def _wait_empty(broker: run.Broker, queue: str, n: int, first: Any) -> float:
@@ -136,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pools", default="prefork:2,threads:4")
     parser.add_argument("--cprofile", action="store_true")
     parser.add_argument("--top", type=int, default=25)
-    parser.add_argument("--sides", default="ojs,plain")
+    parser.add_argument("--sides", default="ojs,plain,plaindef",
+                        help="ojs; plain (acks late, as ojs_kombu); plaindef (acks early)")
     parser.add_argument("--worker-args", default="",
                         help="more ``celery worker`` options, e.g. '--prefetch-multiplier 16'")
     parser.add_argument("--poison", action="store_true",
@@ -147,12 +190,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     broker = run.Broker(args.broker)
     pid = os.getpid()
-    sides = {"ojs": run.make_ojs_side(args.broker, pid),
-             "plain": run.make_plain_side(args.broker, pid)}
+    plain = run.make_plain_side(args.broker, pid)
+    # plaindef: plain Celery on its own defaults (acks on receipt), on the plain side's queue
+    sides = {"ojs": run.make_ojs_side(args.broker, pid), "plain": plain, "plaindef": plain}
     sides = {k: v for k, v in sides.items() if k in args.sides.split(",")}
     results: dict[str, Any] = {"load": os.getloadavg()[0]}
     try:
-        for side in sides.values():
+        for side in {id(s): s for s in sides.values()}.values():
             side.declare()
         with tempfile.TemporaryDirectory(prefix="ojs-profile-") as tmp:
             workdir = Path(tmp)
@@ -164,7 +208,8 @@ def main(argv: list[str] | None = None) -> int:
                     for round_ in range(args.rounds):
                         reading = measure(side, broker, pool, int(concurrency), args.jobs,
                                           workdir, f"{key}-{pool}-{round_}", None,
-                                          args.poison, tuple(args.worker_args.split()))
+                                          args.poison, tuple(args.worker_args.split()),
+                                          acks_early=key == "plaindef")
                         cpus.append(reading)
                         print(f"{label}: {reading} (load {os.getloadavg()[0]:.2f})",
                               flush=True)
@@ -172,7 +217,8 @@ def main(argv: list[str] | None = None) -> int:
                     if args.cprofile:
                         out = (args.profile_dir or workdir) / f"{key}-{pool}.prof"
                         measure(side, broker, pool, int(concurrency), args.jobs, workdir,
-                                f"{key}-{pool}-prof", out, args.poison)
+                                f"{key}-{pool}-prof", out, args.poison,
+                                acks_early=key == "plaindef")
                         deadline = time.monotonic() + 30
                         while not out.exists() and time.monotonic() < deadline:
                             time.sleep(0.2)
@@ -185,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
                             print(f"  {row['us']:8.2f} us  x{row['calls_per_delivery']:<6} "
                                   f"{row['function']}")
     finally:
-        for side in sides.values():
+        for side in {id(s): s for s in sides.values()}.values():
             broker.delete_side(side)
         broker.close()
     if args.json:

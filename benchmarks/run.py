@@ -211,6 +211,12 @@ class Side:
     max_priority: int | None = None
     #: Its job queue is a quorum queue (the prefork worker subprocess declares it so too).
     quorum: bool = False
+    #: Plain Celery on its default ``task_acks_late=False`` (acks on receipt).
+    acks_early: bool = False
+
+
+#: ``--drain-work-ms``: seconds each drained job sleeps (a call to another service).
+DRAIN_WORK_S = [0.0]
 
 
 def _register_noop(app: Celery, recorder: DrainRecorder) -> Task:
@@ -219,13 +225,17 @@ def _register_noop(app: Celery, recorder: DrainRecorder) -> Task:
 
     @app.task(name=TASK_NAME, ignore_result=True, shared=False)
     def noop(*_args: Any) -> None:
-        recorder.record(time.perf_counter())
+        started = time.perf_counter()
+        if DRAIN_WORK_S[0]:
+            time.sleep(DRAIN_WORK_S[0])
+        recorder.record(started)
 
     return noop
 
 
 def make_plain_side(broker_url: str, pid: int, *, confirm: bool = True,
-                    max_priority: int | None = None, quorum: bool = False) -> Side:
+                    max_priority: int | None = None, quorum: bool = False,
+                    acks_early: bool = False) -> Side:
     """Plain Celery over py-amqp, publishing with or without ``confirm_publish``
     (both variants use the same queue); with ``max_priority``, on a queue of its own
     declared with that ``x-max-priority``, the broker queue type ojs_kombu's job queues
@@ -234,6 +244,8 @@ def make_plain_side(broker_url: str, pid: int, *, confirm: bool = True,
     queue = (f"bench-plainpq-{pid}" if max_priority else
              f"bench-plainqq-{pid}" if quorum else f"bench-plain-{pid}")
     common_conf(app, queue, max_priority, quorum)
+    if acks_early:  # Celery's own default, where common_conf says acks_late
+        app.conf.task_acks_late = False
     if confirm:
         app.conf.broker_transport_options = {"confirm_publish": True}
     recorder = DrainRecorder()
@@ -247,9 +259,11 @@ def make_plain_side(broker_url: str, pid: int, *, confirm: bool = True,
         label += f" (x-max-priority={max_priority})"
     if quorum:
         label += " (quorum queue)"
+    if acks_early:
+        label += " (acks on receipt)"
     return Side(label, app, _register_noop(app, recorder), recorder, queue, queue,
                 declare, queues=[queue], exchanges=[queue], max_priority=max_priority,
-                quorum=quorum)
+                quorum=quorum, acks_early=acks_early)
 
 
 def make_ojs_side(broker_url: str, pid: int, *, prefix: str | None = None,
@@ -441,6 +455,14 @@ def interleaved_publishes(
     return results, orders
 
 
+def filler(side: Side) -> Callable[[int], None]:
+    """A ``fill`` that queues with ``side``'s confirmed ``apply_async`` (a side that
+    publishes without confirms fills through another on the same queue)."""
+    def fill(n: int) -> None:
+        publish(side, n)
+    return fill
+
+
 def measure_drain(side: Side, broker: Broker, n: int, timeout: float, *,
                   job_ids: list[str] | None = None,
                   before_start: Callable[[], None] | None = None,
@@ -502,7 +524,8 @@ def measure_prefork_drain(side: Side, broker: Broker, n: int, timeout: float, wo
         label=side.label, broker_url=side.app.conf.broker_url, queue=side.celery_queue,
         ojs_prefix=side.app.conf.get("ojs_prefix"), n=n, timeout=timeout, workdir=workdir,
         name=name, max_priority=side.max_priority, ojs_acks=side.app.conf.get("ojs_acks"),
-        quorum=side.quorum, started=started, when_done=when_done)
+        quorum=side.quorum, acks_early=side.acks_early, work_ms=DRAIN_WORK_S[0] * 1000,
+        started=started, when_done=when_done)
     dead = broker.depth(side.dead_letter_queue) if side.dead_letter_queue else None
     return DrainResult(n / seconds, seconds, broker.depth(side.amqp_queue), dead)
 
@@ -594,7 +617,8 @@ def write_json(path: Path, document: dict[str, Any]) -> None:
 @contextmanager
 def sides(broker: Broker, broker_url: str
           ) -> Iterator[tuple[Side, Side, Side, Side, Side, Side]]:
-    """Plain Celery with and without confirms, plain Celery on a priority queue,
+    """Plain Celery with and without confirms (without: on all its defaults, acks on
+    receipt too), plain Celery on a priority queue,
     ojs_kombu, ojs_kombu with ``ojs_acks="multiple"`` (drains only) and ojs_kombu on a
     classic queue (publishes only); on exit their connections close and every
     entity they made is deleted."""
@@ -602,7 +626,8 @@ def sides(broker: Broker, broker_url: str
     made: list[Side] = []
     try:
         made.append(make_plain_side(broker_url, pid))
-        made.append(make_plain_side(broker_url, pid, confirm=False))
+        # Celery on its defaults: no confirms, acks on receipt (the drains' first reference)
+        made.append(make_plain_side(broker_url, pid, confirm=False, acks_early=True))
         made.append(make_ojs_side(broker_url, pid))
         # The same x-max-priority as the ojs_kombu job queue (AMQP-030 default).
         priority = made[2].app.amqp.binding.declare_arguments(made[2].celery_queue)[
@@ -860,12 +885,17 @@ def run_throughput(broker: Broker, args: argparse.Namespace) -> dict[str, Any]:
                                       dramatiq_queue, single),
         }
         drains: dict[str, Callable[[int], DrainResult]] = {
+            "plaindef_drain_threads": lambda i: measure_drain(
+                plain_nc, broker, drained, args.timeout, fill=filler(plain)),
             "plain_drain_threads": lambda i: measure_drain(plain, broker, drained, args.timeout),
             "plainpq_drain_threads": lambda i: measure_drain(plain_pq, broker, drained,
                                                              args.timeout),
             "ojs_drain_threads": lambda i: measure_drain(ojs, broker, drained, args.timeout),
             "ojsmulti_drain_threads": lambda i: measure_drain(ojs_multi, broker, drained,
                                                               args.timeout),
+            "plaindef_drain_prefork": lambda i: measure_prefork_drain(
+                plain_nc, broker, drained, args.timeout, workdir, f"bench-plaind-{pid}-{i}",
+                fill=filler(plain)),
             "plain_drain_prefork": lambda i: measure_prefork_drain(
                 plain, broker, drained, args.timeout, workdir, f"bench-plain-{pid}-{i}"),
             "plainpq_drain_prefork": lambda i: measure_prefork_drain(
@@ -888,8 +918,8 @@ def run_throughput(broker: Broker, args: argparse.Namespace) -> dict[str, Any]:
                 rounds[key].append(asdict(result))
             order = list(published)
             for pool in ("threads", "prefork"):
-                group = [f"{side}_drain_{pool}" for side in ("plain", "plainpq", "ojs",
-                                                             "ojsmulti")]
+                group = [f"{side}_drain_{pool}" for side in ("plaindef", "plain", "plainpq",
+                                                             "ojs", "ojsmulti")]
                 order += group if forward else group[::-1]
             orders.append(order)
             for key in order[len(published):]:
@@ -1019,6 +1049,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--jobs", type=int, default=2000,
                         help="jobs per side for confirmed single publishes (the traced publish "
                         "and events parts' publishes too)")
+    parser.add_argument("--drain-work-ms", type=float, default=0.0,
+                        help="each drained job sleeps this long (10: a call to another "
+                        "service); 0, the default: no-op jobs")
     parser.add_argument("--drain-jobs", type=int, default=8000,
                         help="jobs each drain runs, throughput and events (a drain of a few "
                         "thousand no-op jobs lasts under a second and reads high)")
@@ -1122,6 +1155,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                      "least 1")
     if args.jobs < 2 * args.blocks:
         parser.error("--jobs must be at least twice --blocks (every block needs jobs)")
+    if args.drain_work_ms < 0:
+        parser.error("--drain-work-ms must not be negative")
+    DRAIN_WORK_S[0] = args.drain_work_ms / 1000
     if args.batch_size < 1 or args.fast_jobs < 2 * args.batch_size:
         parser.error("--batch-size must be at least 1 and --fast-jobs at least twice it "
                      "(for the batch latency percentiles)")
@@ -1214,7 +1250,7 @@ def main(argv: list[str] | None = None) -> int:
     print(render(results))
     write_json(args.json, {
         "timestamp": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "parts": list(args.parts), "jobs": args.jobs, "drain_jobs": args.drain_jobs,
+        "parts": list(args.parts), "jobs": args.jobs, "drain_jobs": args.drain_jobs, "drain_work_ms": args.drain_work_ms,
         "fast_jobs": args.fast_jobs,
         "batch_size": args.batch_size, "rounds": args.rounds, "warmup": WARMUP,
         "pool": POOL, "concurrency": CONCURRENCY,

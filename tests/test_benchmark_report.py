@@ -171,7 +171,7 @@ def test_table_shows_rates_ratios_amortised_batch_latency_and_verdicts() -> None
     assert [cell.strip() for cell in deferred_row.split("|")][3:6] == ["0.95", "-", "0.24"]
     verdicts = [line.rsplit("|", 1)[1].strip() for line in text.splitlines()
                 if ">=" in line]
-    assert verdicts == ["met", "met", "not met", "met", "met", "not met", "met", "met",
+    assert verdicts == ["met", "met", "not met", "met", "met", "not met", "met", "-", "-", "met",
                         "not met", "met", "met"]
     classic_row = next(line for line in text.splitlines()
                        if line.startswith("ojs_kombu enqueue_many, classic"))
@@ -701,3 +701,19 @@ def test_scale_table_reports_each_node_restart_with_its_counts_and_the_recovery_
     restart = next(line for line in lines if "node restart, ojs_kombu x100" in line)
     assert "every quorum queue online 10.0s" in restart and "ran 1999, lost 1" in restart
     assert any("recovery ratio" in line and "100 queues 1.25x" in line for line in lines)
+
+
+def test_issue_49_drain_targets_divide_by_plain_celery_on_its_defaults() -> None:
+    """Celery's defaults ack on receipt; the issue-49 targets (>= 1.05x) compare each ojs_kombu
+    drain with that, and the acks-late plain drain is itself a row compared with it."""
+    measured = {**medians(), "plaindef_drain_threads": {"jobs_per_s": 2500.0},
+                "plaindef_drain_prefork": {"jobs_per_s": 1700.0}}
+    assessed = report.assess(measured)
+    threads = target(assessed, "ojs_drain_threads", "plaindef_drain_threads")
+    prefork = target(assessed, "ojs_drain_prefork", "plaindef_drain_prefork")
+    assert threads["minimum"] == prefork["minimum"] == 1.05
+    assert prefork["ratio"] == pytest.approx(1800 / 1700) and prefork["met"] is True
+    assert threads["met"] is (measured["ojs_drain_threads"]["jobs_per_s"] / 2500 >= 1.05)
+    assert assessed["ratios"]["plain_drain_prefork"]["plain"] == pytest.approx(2000 / 1700)
+    text = "\n".join(report.render(measured, {}, 1000))
+    assert "plain Celery drain, prefork c2, its defaults (acks on receipt)" in text

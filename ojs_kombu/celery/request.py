@@ -40,7 +40,7 @@ from ..spec.failures import (
 )
 from ..spec.retry import Backoff
 from .celery_seam import request_context, request_hooks
-from .control import cancellations, job_ids_of, outcomes, unstoppable
+from .control import Finished, cancellations, job_ids_of, outcomes, unstoppable
 from .events import count_completed
 from .retries import failure_retryable, job_retry_policy
 from .task import REPUBLISHED, JobCancelled, not_retried_code
@@ -230,13 +230,10 @@ class JobRequest(Request):
         return None
 
     def _remember(self, state: str, message: JobMessage) -> None:
-        record = {"state": state, "attempt": message.ojs.attempt, "worker_id": self.hostname}
-        refused = unstoppable.get(self.id)
-        if refused is not None:  # a CANCEL its pool could not carry out (INFO says so)
-            record["cancel"] = refused
         ids = job_ids_of(self)
-        if len(ids) > 1:  # INFO by either id, and the answer names both
-            record["job_id"], record["task_id"] = ids[1], ids[0]
+        # a CANCEL its pool could not carry out (INFO says so); INFO by either id
+        record = Finished(state, message.ojs.attempt, self.hostname, unstoppable.get(self.id),
+                          *((ids[1], ids[0]) if len(ids) > 1 else ()))
         for job_id in ids:
             outcomes.remember(job_id, record)
 

@@ -1250,8 +1250,8 @@ def main(argv: list[str] | None = None) -> int:
     print(render(results))
     write_json(args.json, {
         "timestamp": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "parts": list(args.parts), "jobs": args.jobs, "drain_jobs": args.drain_jobs, "drain_work_ms": args.drain_work_ms,
-        "fast_jobs": args.fast_jobs,
+        "parts": list(args.parts), "jobs": args.jobs, "drain_jobs": args.drain_jobs,
+        "drain_work_ms": args.drain_work_ms, "fast_jobs": args.fast_jobs,
         "batch_size": args.batch_size, "rounds": args.rounds, "warmup": WARMUP,
         "pool": POOL, "concurrency": CONCURRENCY,
         "machine": machine, "results": results,

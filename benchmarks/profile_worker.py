@@ -194,9 +194,10 @@ def main(argv: list[str] | None = None) -> int:
     # plaindef: plain Celery on its own defaults (acks on receipt), on the plain side's queue
     sides = {"ojs": run.make_ojs_side(args.broker, pid), "plain": plain, "plaindef": plain}
     sides = {k: v for k, v in sides.items() if k in args.sides.split(",")}
+    declared = list({id(side): side for side in sides.values()}.values())  # plain once
     results: dict[str, Any] = {"load": os.getloadavg()[0]}
     try:
-        for side in {id(s): s for s in sides.values()}.values():
+        for side in declared:
             side.declare()
         with tempfile.TemporaryDirectory(prefix="ojs-profile-") as tmp:
             workdir = Path(tmp)
@@ -231,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
                             print(f"  {row['us']:8.2f} us  x{row['calls_per_delivery']:<6} "
                                   f"{row['function']}")
     finally:
-        for side in {id(s): s for s in sides.values()}.values():
+        for side in declared:
             broker.delete_side(side)
         broker.close()
     if args.json:

@@ -60,9 +60,9 @@ class _Recent(OrderedDict[str, Any]):
                 self.popitem(last=False)
 
 
-class Finished(NamedTuple):
-    """What INFO answers of a job this worker finished: a tuple, not the answer's dict,
-    because :data:`outcomes` holds 10,000 of them (3.5 MiB as dicts, 2.7 as these)."""
+class JobRecord(NamedTuple):
+    """What INFO answers of a job this worker holds or finished; a tuple, not the answer's
+    dict, because :data:`outcomes` holds 10,000 of them (3.5 MiB as dicts, 2.7 as these)."""
 
     state: str
     attempt: int | None
@@ -70,6 +70,14 @@ class Finished(NamedTuple):
     cancel: Any = None
     job_id: str | None = None
     task_id: str | None = None
+
+    @classmethod
+    def of(cls, state: str, attempt: int | None, worker_id: str, request: Any) -> JobRecord:
+        """``request``'s record: with a CANCEL its pool could not carry out, and with both
+        ids when its OJS id differs from its task id (INFO is asked by either)."""
+        ids = job_ids_of(request)
+        return cls(state, attempt, worker_id, unstoppable.get(request.id),
+                   *((ids[1], ids[0]) if len(ids) > 1 else ()))
 
     def answer(self) -> dict[str, Any]:
         answer: dict[str, Any] = {"state": self.state, "attempt": self.attempt,
@@ -83,7 +91,7 @@ class Finished(NamedTuple):
 
 #: job id -> (reason, cancelled_by) of cancellations seen by this worker
 cancellations = _Recent()
-#: job id -> :class:`Finished` of jobs this worker finished (bounded: an idle
+#: job id -> :class:`JobRecord` of jobs this worker finished (bounded: an idle
 #: worker's memory grows by this record's ~2.7 MiB over its first 10,000 jobs, then stays)
 outcomes = _Recent()
 
@@ -120,14 +128,8 @@ def ojs_job_info(state: Any, job_id: str) -> dict[str, Any] | None:
         request = held[1]
         message = request.message
         attempt = message.ojs.attempt if isinstance(message, JobMessage) else None
-        answer = {"state": "active" if held[0] == "active" else "available",
-                  "worker_id": state.consumer.hostname, "attempt": attempt}
-        ids = job_ids_of(request)
-        if len(ids) > 1:  # asked by either id: the answer names both
-            answer["job_id"], answer["task_id"] = ids[1], ids[0]
-        if request.id in unstoppable:
-            answer["cancel"] = unstoppable[request.id]
-        return answer
+        return JobRecord.of("active" if held[0] == "active" else "available", attempt,
+                            state.consumer.hostname, request).answer()
     finished = outcomes.get(job_id)
     return finished.answer() if finished is not None else None
 

@@ -40,7 +40,7 @@ from ..spec.failures import (
 )
 from ..spec.retry import Backoff
 from .celery_seam import request_context, request_hooks
-from .control import Finished, cancellations, job_ids_of, outcomes, unstoppable
+from .control import JobRecord, cancellations, job_ids_of, outcomes
 from .events import count_completed
 from .retries import failure_retryable, job_retry_policy
 from .task import REPUBLISHED, JobCancelled, not_retried_code
@@ -230,11 +230,8 @@ class JobRequest(Request):
         return None
 
     def _remember(self, state: str, message: JobMessage) -> None:
-        ids = job_ids_of(self)
-        # a CANCEL its pool could not carry out (INFO says so); INFO by either id
-        record = Finished(state, message.ojs.attempt, self.hostname, unstoppable.get(self.id),
-                          *((ids[1], ids[0]) if len(ids) > 1 else ()))
-        for job_id in ids:
+        record = JobRecord.of(state, message.ojs.attempt, self.hostname, self)
+        for job_id in job_ids_of(self):
             outcomes.remember(job_id, record)
 
     _ojs_expired = False

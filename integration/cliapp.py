@@ -2,7 +2,8 @@
 
 ``OJS_TEST_RESULT_BACKEND`` replaces the app's result backend (``none``: no backend),
 for workers whose INFO answers depend on it; ``OJS_TEST_CANCEL_GRACE`` sets
-``ojs_cancel_grace``; ``OJS_TEST_CONFORMANCE_PROBES`` registers the tasks
+``ojs_cancel_grace``; ``OJS_TEST_BROKER_HEARTBEAT`` sets ``broker_heartbeat``;
+``OJS_TEST_CONFORMANCE_PROBES`` registers the tasks
 ``ojs-kombu conformance`` sends.
 """
 
@@ -19,3 +20,5 @@ if "OJS_TEST_CANCEL_GRACE" in os.environ:
     app.conf.ojs_cancel_grace = float(os.environ["OJS_TEST_CANCEL_GRACE"])
 if os.environ.get("OJS_TEST_CONFORMANCE_PROBES"):
     ojs_kombu.register_conformance_probes(app)
+if "OJS_TEST_BROKER_HEARTBEAT" in os.environ:
+    app.conf.broker_heartbeat = float(os.environ["OJS_TEST_BROKER_HEARTBEAT"])

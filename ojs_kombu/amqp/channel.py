@@ -266,6 +266,7 @@ class Channel(pyamqp.Channel):
             if self.ojs_acks:
                 self.flush_acks()
             self.flush_confirms()
+            return connection.closing_within(super().close, *args, **kwargs)
         return super().close(*args, **kwargs)
 
     def flush_confirms(self) -> None:

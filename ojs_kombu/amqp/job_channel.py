@@ -100,6 +100,9 @@ class JobConnection(Protocol):
 
     def flush_acks_in_loop(self) -> None: ...
 
+    def closing_within(self, close: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``close(*args, **kwargs)``, a close handshake waiting a bounded time."""
+
     def ensure_topology(self, queue: str, via: Declarer | None = None) -> None: ...
 
     def ensure_topologies(self, queues: Iterable[str]) -> None: ...

@@ -14,10 +14,11 @@ from __future__ import annotations
 import logging
 import ssl
 import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from amqp.exceptions import AMQPError, ConsumerCancelled
+from amqp.exceptions import AMQPError, ConsumerCancelled, RecoverableConnectionError
 from kombu.transport import pyamqp
 
 from ..events.metrics import track_connection
@@ -40,6 +41,13 @@ logger = logging.getLogger(__name__)
 
 #: Longest wait at close for the confirms of retries and dead letters in flight.
 OUTCOME_CLOSE_WAIT_S = 5.0
+#: Longest wait for the broker's ``Close-Ok`` to a channel's or the connection's
+#: ``Close``; then the socket is dropped (the broker requeues what it held unacked).
+#: py-amqp waits without limit, and a connection cut off by the network answers
+#: nothing: Celery's consumer, closing its old connections before it reconnects,
+#: hung there until TCP keepalive gave up (minutes; for ever behind a proxy that
+#: keeps the TCP connection up).
+CLOSE_TIMEOUT_S = 10.0
 
 
 def read_ahead() -> bool:
@@ -178,10 +186,57 @@ class Connection(pyamqp.Connection):
     def drain_events(self, timeout: float | None = None) -> Any:
         """py-amqp's, first publishing again the outcomes whose backoff is over, for
         loops without kombu's hub (gevent's and eventlet's); with a hub its tick does
-        (:meth:`Transport.register_with_event_loop`)."""
+        (:meth:`Transport.register_with_event_loop`).
+
+        A wait for the broker is bounded where py-amqp's is not: within a close
+        handshake (:meth:`closing_within`) by its deadline, and a wait without a
+        timeout (an RPC's reply) by two heartbeat intervals of silence, when the
+        connection negotiated heartbeats: the broker sends one at least every
+        interval, so a connection that hears nothing for two is gone (a network cut
+        sends no FIN); it is dropped and :class:`RecoverableConnectionError` raised,
+        a connection error kombu and Celery reconnect from."""
         if self.ojs_loop_acks.thread is None:
             self.ojs_outcomes.run_due()
-        return super().drain_events(timeout=timeout)
+        limit, why = self._wait_limit(timeout)
+        if limit is None:
+            return super().drain_events(timeout=timeout)
+        try:
+            if limit <= 0:
+                raise TimeoutError()
+            return super().drain_events(timeout=limit)
+        except TimeoutError:
+            if timeout is not None and timeout <= limit:
+                raise  # the caller's own timeout
+            self._ojs_close_deadline = None
+            logger.warning("%s from %s (is the network to it cut?): dropping the connection",
+                           why, self.host)
+            self.collect()
+            raise RecoverableConnectionError(f"{why} from {self.host}") from None
+
+    def _wait_limit(self, timeout: float | None) -> tuple[float | None, str]:
+        """How long the next read may wait, and why when it is less than ``timeout``."""
+        deadline = self._ojs_close_deadline
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if timeout is None or left < timeout:
+                return left, f"no answer to a close within {CLOSE_TIMEOUT_S:.0f}s"
+        heartbeat = self.heartbeat
+        if timeout is None and heartbeat:
+            return 2 * heartbeat, f"no frame (not even a heartbeat) for {2 * heartbeat:.0f}s"
+        return None, ""
+
+    _ojs_close_deadline: float | None = None
+
+    def closing_within(self, close: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``close(*args, **kwargs)`` (py-amqp's close of a channel or of this connection),
+        waiting at most :data:`CLOSE_TIMEOUT_S` for the broker's answer."""
+        if self._ojs_close_deadline is not None:  # nested: the outer deadline holds
+            return close(*args, **kwargs)
+        self._ojs_close_deadline = time.monotonic() + CLOSE_TIMEOUT_S
+        try:
+            return close(*args, **kwargs)
+        finally:
+            self._ojs_close_deadline = None
 
     def _close_before_reconnect(self) -> None:
         """A cancelled consumer hands over to the reconnection path on a connection that
@@ -214,7 +269,7 @@ class Connection(pyamqp.Connection):
                     channel.flush_confirms()  # jobs published without waiting
         self.ojs_loop_acks.write_collected("the connection closed")
         self.ojs_outcomes.reset()
-        return super().close(*args, **kwargs)
+        return self.closing_within(super().close, *args, **kwargs)
 
     def collect(self) -> None:
         self.ojs_outcomes.reset()  # lost: the broker delivers those jobs again

@@ -155,7 +155,11 @@ class ClusterNode:
             raise RuntimeError(f"{exc}\n--- the end of {self.name}'s log:\n{self.log_tail()}") \
                 from exc
         wait_until(lambda: port_open(self.port), timeout, f"AMQP on port {self.port}")
-        self.pid = int(self.ctl("eval", "list_to_integer(os:getpid()).").strip())
+        self.pid = self.vm_pid()
+
+    def vm_pid(self, timeout: float = 60) -> int:
+        """The pid of the node's Erlang VM (``beam.smp``)."""
+        return int(self.ctl("eval", "list_to_integer(os:getpid()).", timeout=timeout).strip())
 
     def log_tail(self, lines: int = 40) -> str:
         logs = sorted((self.base / "log").glob("*.log"))
@@ -173,8 +177,7 @@ class ClusterNode:
             print(f"\n{self.name} did not boot; starting it again with new data:\n{exc}",
                   flush=True)
             with suppress(Exception):
-                self.pid = int(self.ctl("eval", "list_to_integer(os:getpid()).",
-                                        timeout=20).strip())
+                self.pid = self.vm_pid(timeout=20)
             self.stop()
             shutil.rmtree(self.base, ignore_errors=True)
             self.start()

@@ -15,7 +15,6 @@ two heartbeat intervals of silence for any other reply.
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,7 +24,7 @@ from ojs_kombu.amqp.transport import CLOSE_TIMEOUT_S
 
 from .apps import make_app
 from .blackhole import Blackhole
-from .conftest import HOST, PORT, rabbitmqctl
+from .conftest import HOST, PORT, private_vhost
 from .workers import launch_worker
 
 REDIS = "redis://127.0.0.1:6379/0"
@@ -33,11 +32,8 @@ REDIS = "redis://127.0.0.1:6379/0"
 
 @pytest.fixture
 def own_vhost() -> Iterator[str]:
-    name = f"ojs-kombu-cut-{uuid.uuid4().hex[:8]}"
-    rabbitmqctl("add_vhost", name)
-    rabbitmqctl("set_permissions", "-p", name, "guest", ".*", ".*", ".*")
-    yield name
-    rabbitmqctl("delete_vhost", name)
+    with private_vhost("ojs-kombu-cut") as name:
+        yield name
 
 
 def test_a_worker_whose_broker_goes_silent_reconnects_and_runs_jobs_again(

@@ -197,7 +197,7 @@ class Connection(pyamqp.Connection):
         a connection error kombu and Celery reconnect from."""
         if self.ojs_loop_acks.thread is None:
             self.ojs_outcomes.run_due()
-        limit, why = self._wait_limit(timeout)
+        limit = self._wait_limit(timeout)
         if limit is None:
             return super().drain_events(timeout=timeout)
         try:
@@ -207,23 +207,23 @@ class Connection(pyamqp.Connection):
         except TimeoutError:
             if timeout is not None and timeout <= limit:
                 raise  # the caller's own timeout
-            self._ojs_close_deadline = None
+            why = (f"no answer to a close within {CLOSE_TIMEOUT_S:.0f}s"
+                   if self._ojs_close_deadline is not None else
+                   f"no frame (not even a heartbeat) for {2 * self.heartbeat:.0f}s")
             logger.warning("%s from %s (is the network to it cut?): dropping the connection",
                            why, self.host)
             self.collect()
             raise RecoverableConnectionError(f"{why} from {self.host}") from None
 
-    def _wait_limit(self, timeout: float | None) -> tuple[float | None, str]:
-        """How long the next read may wait, and why when it is less than ``timeout``."""
+    def _wait_limit(self, timeout: float | None) -> float | None:
+        """How long the next read may wait when that is less than ``timeout``."""
         deadline = self._ojs_close_deadline
         if deadline is not None:
             left = deadline - time.monotonic()
             if timeout is None or left < timeout:
-                return left, f"no answer to a close within {CLOSE_TIMEOUT_S:.0f}s"
+                return left
         heartbeat = self.heartbeat
-        if timeout is None and heartbeat:
-            return 2 * heartbeat, f"no frame (not even a heartbeat) for {2 * heartbeat:.0f}s"
-        return None, ""
+        return 2 * heartbeat if timeout is None and heartbeat else None
 
     _ojs_close_deadline: float | None = None
 

@@ -72,11 +72,12 @@ class JobRecord(NamedTuple):
     task_id: str | None = None
 
     @classmethod
-    def of(cls, state: str, attempt: int | None, worker_id: str, request: Any) -> JobRecord:
-        """``request``'s record: with a CANCEL its pool could not carry out, and with both
-        ids when its OJS id differs from its task id (INFO is asked by either)."""
-        ids = job_ids_of(request)
-        return cls(state, attempt, worker_id, unstoppable.get(request.id),
+    def of(cls, state: str, attempt: int | None, worker_id: str, ids: tuple[str, ...]
+           ) -> JobRecord:
+        """The record of the job of ``ids`` (:func:`job_ids_of`): with a CANCEL its pool
+        could not carry out, and with both ids when its OJS id differs from its task id
+        (INFO is asked by either)."""
+        return cls(state, attempt, worker_id, unstoppable.get(ids[0]),
                    *((ids[1], ids[0]) if len(ids) > 1 else ()))
 
     def answer(self) -> dict[str, Any]:
@@ -129,7 +130,7 @@ def ojs_job_info(state: Any, job_id: str) -> dict[str, Any] | None:
         message = request.message
         attempt = message.ojs.attempt if isinstance(message, JobMessage) else None
         return JobRecord.of("active" if held[0] == "active" else "available", attempt,
-                            state.consumer.hostname, request).answer()
+                            state.consumer.hostname, job_ids_of(request)).answer()
     finished = outcomes.get(job_id)
     return finished.answer() if finished is not None else None
 

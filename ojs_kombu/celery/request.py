@@ -230,8 +230,9 @@ class JobRequest(Request):
         return None
 
     def _remember(self, state: str, message: JobMessage) -> None:
-        record = JobRecord.of(state, message.ojs.attempt, self.hostname, self)
-        for job_id in job_ids_of(self):
+        ids = job_ids_of(self)
+        record = JobRecord.of(state, message.ojs.attempt, self.hostname, ids)
+        for job_id in ids:
             outcomes.remember(job_id, record)
 
     _ojs_expired = False

@@ -142,4 +142,17 @@ def render(result: dict[str, Any]) -> list[str]:
                  if ratio is not None else "ojs_kombu / plain Celery: no rate (see counts)")
     if result.get("ceiling"):
         lines += ["", *storm_ceiling.render(result["ceiling"])]
+        lines += _beside_the_ceiling(result)
     return lines
+
+
+def _beside_the_ceiling(result: dict[str, Any]) -> list[str]:
+    """The target's ratio and the ceiling's against the same plain Celery rate: the raw
+    copy at the storm worker's prefetch is what the binding's dead letter allows."""
+    copy = next((row["rate"] for row in result["ceiling"]
+                 if row["mode"] == "copy" and row["prefetch"] == CEILING_PREFETCH[0]), None)
+    plain, ojs = result["median_rate"].get("plain"), result["median_rate"].get("ojs")
+    if not (copy and plain and ojs):
+        return []
+    return [f"ceiling beside the target (prefetch {CEILING_PREFETCH[0]}): raw copy / plain "
+            f"Celery {copy / plain:.2f}x; ojs_kombu / raw copy {ojs / copy:.2f}x"]

@@ -152,6 +152,27 @@ def test_a_scenario_not_measured_gives_no_ratio_and_no_verdict() -> None:
                for line in lines)
 
 
+def test_each_target_shows_the_ratio_its_ceiling_reaches_against_the_same_reference(
+) -> None:
+    data = medians(plaindef_drain_prefork=2500.0, plaindef_drain_threads=2600.0)
+    assessed = report.assess(data)
+    # raw py-amqp publishing the same job, against the target's own reference
+    assert target(assessed, "ojs_batch", "dramatiq_send")["ceiling"] == pytest.approx(
+        25000 / 16000)
+    assert target(assessed, "ojs_publish", "dramatiq_send_confirm")["ceiling"] == \
+        pytest.approx(1750 / 1600)
+    # a drain against plain Celery's defaults: plain Celery acking late on a priority queue
+    prefork = target(assessed, "ojs_drain_prefork", "plaindef_drain_prefork")
+    assert prefork["ceiling"] == pytest.approx(1850 / 2500)
+    assert prefork["ratio"] == pytest.approx(1800 / 2500) and prefork["met"] is False
+    assert target(assessed, "ojs_drain_threads", "plain_drain_threads")["ceiling"] is None
+    row = next(line for line in report.render(data, {}, 1000)
+               if line.startswith("drain prefork c2 >= 1.05x"))
+    assert [cell.strip() for cell in row.split("|")][1:] == ["0.72", "0.74", "not met"]
+    text = "\n".join(report.render(data, {}, 1000))
+    assert "plain Celery itself acking after the job on a priority queue" in text
+
+
 def test_table_shows_rates_ratios_amortised_batch_latency_and_verdicts() -> None:
     data = medians()
     data["ojs_batch"].update(p50_ms=50.0, p99_ms=80.0)
@@ -717,3 +738,27 @@ def test_issue_49_drain_targets_divide_by_plain_celery_on_its_defaults() -> None
     assert assessed["ratios"]["plain_drain_prefork"]["plain"] == pytest.approx(2000 / 1700)
     text = "\n".join(report.render(measured, {}, 1000))
     assert "plain Celery drain, prefork c2, its defaults (acks on receipt)" in text
+
+
+def test_storm_backlog_puts_its_ratio_beside_the_raw_copys_at_the_workers_prefetch(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    storm_backlog = _load("storm_backlog")
+    prefetch = storm_backlog.CEILING_PREFETCH[0]
+    side = {"dead_lettered": 5000, "lost": 0, "duplicated": 0, "span_s": 2.0, "rate": 2500.0,
+            "timed_out": False}
+    result = {
+        "settings": {"jobs": 5000, "pool": "solo", "rounds": 1},
+        "rounds": {"plain": [side], "ojs": [{**side, "rate": 2000.0}]},
+        "median_rate": {"plain": 2500.0, "ojs": 2000.0}, "ratio": 0.8, "target": 1.0,
+        "met": False,
+        "ceiling": [{"mode": "copy", "prefetch": prefetch, "dead_lettered": 5000,
+                     "rate": 2600.0},
+                    {"mode": "copy", "prefetch": 64, "dead_lettered": 5000, "rate": 4000.0},
+                    {"mode": "reject", "prefetch": prefetch, "dead_lettered": 5000,
+                     "rate": 4200.0}]}
+    lines = storm_backlog.render(result)
+    assert lines[-1] == (f"ceiling beside the target (prefetch {prefetch}): raw copy / plain "
+                         "Celery 1.04x; ojs_kombu / raw copy 0.77x")
+    assert not any("ceiling beside" in line
+                   for line in storm_backlog.render({**result, "ceiling": []}))

@@ -1,9 +1,11 @@
 """Charts of the latest figures, drawn from the benchmarks' JSON results into docs/_static/perf.
 
 * ``ratios.png``: each ojs_kombu throughput scenario's ratio to plain Celery and to
-  Dramatiq (the same delivery guarantee), parity (1.0) marked, and the ceiling (raw
-  py-amqp publishing the same OJS job, the broker's limit for a publisher) as the
-  ratio that scenario's peer would reach there;
+  Dramatiq (the same delivery guarantee), a drain's also to plain Celery on its
+  defaults (acks on receipt), parity (1.0) marked, and the ceiling as the ratio the
+  ceiling reaches against that peer: raw py-amqp publishing the same OJS job (the
+  broker's limit for a publisher); for a drain, plain Celery acking late on a priority
+  queue (what AMQP-008 and AMQP-030 ask of any OJS worker);
 * ``drains.png``: jobs/s of every round of every drain scenario (the spread the medians
   hide);
 * ``latency.png`` and ``memory.png``: publish-to-start latency distributions and worker
@@ -30,6 +32,13 @@ DEFAULT_OUT = HERE.parent / "docs" / "_static" / "perf"
 #: ojs_kombu scenario -> the raw py-amqp scenario that is its ceiling
 CEILING = {"ojs_publish": "raw_publish", "ojsclassic_publish": "raw_publish",
            "ojs_batch": "raw_batch", "ojsclassic_batch": "raw_batch"}
+#: ojs_kombu drain -> (plain Celery on its defaults, plain Celery under the binding's
+#: rules: acking late on a priority queue, the bound for Celery's own worker code)
+DRAIN_PEERS = {"ojs_drain_threads": ("plaindef_drain_threads", "plainpq_drain_threads"),
+               "ojs_drain_prefork": ("plaindef_drain_prefork", "plainpq_drain_prefork")}
+#: the tick of each kind of ceiling: (colour, legend)
+_TICKS = {"raw": ("black", "ceiling (raw py-amqp)"),
+          "drain": ("#c44e52", "bound (plain Celery acking late on a priority queue)")}
 
 
 def _pyplot() -> Any:
@@ -47,24 +56,42 @@ def _rate(medians: dict[str, dict[str, float]], key: str | None) -> float | None
     return medians[key].get("jobs_per_s")
 
 
-def ratio_chart(throughput: dict[str, Any], out: Path, note: str) -> Path:
-    """Horizontal bars: ratio to plain Celery and to Dramatiq; the ceiling as a tick."""
+#: One bar group of the ratio chart: label, ojs_kombu's jobs/s, each peer's, the
+#: ceiling's jobs/s and its kind (a key of ``_TICKS``).
+RatioRow = tuple[str, float | None, dict[str, float | None], float | None, str]
+
+
+def ratio_rows(medians: dict[str, dict[str, float]]) -> list[RatioRow]:
+    """The ratio chart's rows: every ojs_kombu scenario measured, with its peers and its
+    ceiling (a drain: plain Celery acking late and on its defaults, and the bound)."""
     sys.path.insert(0, str(HERE))
     import report
 
-    plt = _pyplot()
-    medians = throughput["medians"]
-    rows = []
+    rows: list[RatioRow] = []
     for scenario in report.SCENARIOS:
         if not scenario.key.startswith("ojs") or scenario.key not in medians:
             continue
         own = _rate(medians, scenario.key)
         peers = {"plain Celery": _rate(medians, scenario.plain_ref),
                  "Dramatiq": _rate(medians, scenario.dramatiq_ref)}
-        ceiling = _rate(medians, CEILING.get(scenario.key))
-        rows.append((scenario.label, own, peers, ceiling))
+        ceiling, tick = _rate(medians, CEILING.get(scenario.key)), "raw"
+        if scenario.key in DRAIN_PEERS:
+            defaults, bound = DRAIN_PEERS[scenario.key]
+            peers = {"plain Celery": peers["plain Celery"],
+                     "plain Celery, its defaults": _rate(medians, defaults)}
+            ceiling, tick = _rate(medians, bound), "drain"
+        rows.append((scenario.label, own, peers, ceiling, tick))
+    return rows
+
+
+def ratio_chart(throughput: dict[str, Any], out: Path, note: str) -> Path:
+    """Horizontal bars: ratio to each peer; the ceiling as a tick."""
+    plt = _pyplot()
+    rows = ratio_rows(throughput["medians"])
     fig, ax = plt.subplots(figsize=(9, 0.55 * len(rows) + 1.5))
-    height, colors = 0.38, {"plain Celery": "#4c72b0", "Dramatiq": "#dd8452"}
+    height = 0.38
+    colors = {"plain Celery": "#4c72b0", "Dramatiq": "#dd8452",
+              "plain Celery, its defaults": "#8172b3"}
     labelled: set[str] = set()
 
     def once(name: str) -> str | None:
@@ -74,7 +101,7 @@ def ratio_chart(throughput: dict[str, Any], out: Path, note: str) -> Path:
         labelled.add(name)
         return name
 
-    for i, (_label, own, peers, ceiling) in enumerate(rows):
+    for i, (_label, own, peers, ceiling, tick) in enumerate(rows):
         for j, (peer, rate) in enumerate(peers.items()):
             if not own or not rate:
                 continue
@@ -82,8 +109,9 @@ def ratio_chart(throughput: dict[str, Any], out: Path, note: str) -> Path:
             ax.barh(y, own / rate, height, color=colors[peer], label=once(peer))
             ax.text(own / rate + 0.01, y, f"{own / rate:.2f}x", va="center", fontsize=7)
             if ceiling:
-                ax.plot([ceiling / rate] * 2, [y - height / 2, y + height / 2], color="black",
-                        linewidth=2, label=once("ceiling (raw py-amqp)"))
+                color, name = _TICKS[tick]
+                ax.plot([ceiling / rate] * 2, [y - height / 2, y + height / 2], color=color,
+                        linewidth=2, label=once(name))
     ax.axvline(1.0, color="grey", linestyle="--", linewidth=1)
     ax.set_yticks(range(len(rows)), [r[0] for r in rows], fontsize=8)
     ax.invert_yaxis()

@@ -762,3 +762,23 @@ def test_storm_backlog_puts_its_ratio_beside_the_raw_copys_at_the_workers_prefet
                          "Celery 1.04x; ojs_kombu / raw copy 0.77x")
     assert not any("ceiling beside" in line
                    for line in storm_backlog.render({**result, "ceiling": []}))
+
+
+def test_the_ratio_chart_sets_a_drain_beside_plain_celerys_defaults_and_the_binding_bound(
+) -> None:
+    charts = _load("charts")
+    data = medians(plaindef_drain_prefork=2500.0, plaindef_drain_threads=2600.0)
+    rows = {label: (own, peers, ceiling, tick)
+            for label, own, peers, ceiling, tick in charts.ratio_rows(data)}
+    own, peers, ceiling, tick = rows["ojs_kombu drain, prefork c2"]
+    assert (own, peers, ceiling, tick) == (
+        1800.0, {"plain Celery": 2000.0, "plain Celery, its defaults": 2500.0}, 1850.0,
+        "drain")
+    own, peers, ceiling, tick = rows["ojs_kombu enqueue_many (all confirmed)"]
+    assert (peers, ceiling, tick) == ({"plain Celery": 1000.0, "Dramatiq": 16000.0},
+                                      25000.0, "raw")
+    # a scenario not measured is no row; a peer not measured has no rate
+    del data["ojs_drain_threads"], data["plaindef_drain_prefork"]
+    rows = {row[0]: row for row in charts.ratio_rows(data)}
+    assert "ojs_kombu drain, threads c4" not in rows
+    assert rows["ojs_kombu drain, prefork c2"][2]["plain Celery, its defaults"] is None

@@ -184,7 +184,9 @@ def test_a_worker_reports_each_job_a_drop_oldest_queue_dropped(
                what="the scheduled job in its queue")
     later = [send(bp_app, "bp-drop-tap", i) for i in range(1, 5)]
     dropped_ids = [scheduled, *later[:2]]  # bound 2: the three oldest are dropped
-    assert queue_depth(amqp_channel, "ojs.queue.dropped.bp-drop-tap") == 3
+    # the broker dead-letters a dropped job after it confirmed the publish that dropped it
+    wait_until(lambda: queue_depth(amqp_channel, "ojs.queue.dropped.bp-drop-tap") == 3,
+               what="the three dropped jobs in the tap")
     assert not [e for e in events if e["type"] == "backpressure.dropped"]
     with in_process_worker(bp_app, ["bp-drop-tap"], pool="solo", concurrency=1,
                            shutdown_timeout=30):

@@ -196,10 +196,12 @@ def _explicit_ids(app: Any, echo: Any, slow: Any, events: list[dict[str, Any]]) 
     # inspect query_task finds a running job by its task id
     running = f"slow-{uuid.uuid4().hex[:8]}"
     slow.apply_async((3,), task_id=running)
+    # a job the worker has taken is "reserved" until its pool starts it, then "active"
     found = wait_until(lambda: [r for r in (app.control.inspect(timeout=2).query_task(running)
-                                            or {}).values() if running in r], 20,
-                       f"{running} in inspect query_task")
-    assert found[0][running][0] == "active"
+                                            or {}).values()
+                                if r.get(running, [None])[0] == "active"], 20,
+                       f"{running} active in inspect query_task")
+    assert found[0][running][1]["id"] == running
     assert AsyncResult(running, app=app).get(timeout=30) == "slept"
     # revoke by task id keeps the job from running
     revoked = f"revoked-{uuid.uuid4().hex[:8]}"

@@ -32,10 +32,6 @@ DEFAULT_OUT = HERE.parent / "docs" / "_static" / "perf"
 #: ojs_kombu scenario -> the raw py-amqp scenario that is its ceiling
 CEILING = {"ojs_publish": "raw_publish", "ojsclassic_publish": "raw_publish",
            "ojs_batch": "raw_batch", "ojsclassic_batch": "raw_batch"}
-#: ojs_kombu drain -> (plain Celery on its defaults, plain Celery under the binding's
-#: rules: acking late on a priority queue, the bound for Celery's own worker code)
-DRAIN_PEERS = {"ojs_drain_threads": ("plaindef_drain_threads", "plainpq_drain_threads"),
-               "ojs_drain_prefork": ("plaindef_drain_prefork", "plainpq_drain_prefork")}
 #: the tick of each kind of ceiling: (colour, legend)
 _TICKS = {"raw": ("black", "ceiling (raw py-amqp)"),
           "drain": ("#c44e52", "bound (plain Celery acking late on a priority queue)")}
@@ -67,6 +63,10 @@ def ratio_rows(medians: dict[str, dict[str, float]]) -> list[RatioRow]:
     sys.path.insert(0, str(HERE))
     import report
 
+    # ojs_kombu drain -> (plain Celery on its defaults, plain Celery acking late on a
+    # priority queue): the reference and the ceiling of its issue-49 target
+    drain_peers = {t.scenario: (t.reference, t.ceiling) for t in report.TARGETS
+                   if t.scenario in report.PRIORITY_QUEUE_REF and t.ceiling}
     rows: list[RatioRow] = []
     for scenario in report.SCENARIOS:
         if not scenario.key.startswith("ojs") or scenario.key not in medians:
@@ -75,8 +75,8 @@ def ratio_rows(medians: dict[str, dict[str, float]]) -> list[RatioRow]:
         peers = {"plain Celery": _rate(medians, scenario.plain_ref),
                  "Dramatiq": _rate(medians, scenario.dramatiq_ref)}
         ceiling, tick = _rate(medians, CEILING.get(scenario.key)), "raw"
-        if scenario.key in DRAIN_PEERS:
-            defaults, bound = DRAIN_PEERS[scenario.key]
+        if scenario.key in drain_peers:
+            defaults, bound = drain_peers[scenario.key]
             peers = {"plain Celery": peers["plain Celery"],
                      "plain Celery, its defaults": _rate(medians, defaults)}
             ceiling, tick = _rate(medians, bound), "drain"

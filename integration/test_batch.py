@@ -69,3 +69,15 @@ def test_a_batch_into_a_full_queue_raises_and_nothing_is_enqueued(
     assert len(info.value.rejected) == 5 and not info.value.accepted
     assert all(reason.startswith("not sent") for reason in info.value.rejected.values())
     assert queue_depth(amqp_channel, "ojs.queue.full") == 0
+
+
+def test_results_come_back_one_per_job_in_order_and_an_empty_batch_has_none(
+        app: Celery, amqp_channel: amqp.Channel) -> None:
+    """More jobs than one confirm window (500), each named by the caller."""
+    add = app.tasks["math.add"]
+    assert ojs_kombu.enqueue_many(app, []) == []
+    ids = [f"order-{i}-{ojs_kombu.new_job_id()[-6:]}" for i in range(700)]
+    results = ojs_kombu.enqueue_many(
+        app, [add.s(i, i).set(task_id=ids[i], queue="batchorder") for i in range(700)])
+    assert [result.id for result in results] == ids
+    assert queue_depth(amqp_channel, "ojs.queue.batchorder") == 700

@@ -114,10 +114,11 @@ class Channel(pyamqp.Channel):
         self.ojs_publisher.publish_job(job, timeout=timeout, confirm_timeout=confirm_timeout)
 
     def publish_jobs(self, jobs: Sequence[OutgoingJob], *, confirm_timeout: float | None = None,
-                     window: int = BATCH_WINDOW) -> None:
+                     window: int = BATCH_WINDOW,
+                     meanwhile: Callable[[], None] | None = None) -> None:
         """Batch PUSH (section 5): :func:`ojs_kombu.amqp.publishing.batch.publish_batch`."""
         publish_batch(self.ojs_publisher, self.ojs, self.connection, jobs,
-                      confirm_timeout=confirm_timeout, window=window)
+                      confirm_timeout=confirm_timeout, window=window, meanwhile=meanwhile)
 
     def publish_confirmed(self, message: amqp.Message, exchange: str, routing_key: str, *,
                           job_id: str, queue: str, mandatory: bool = True,

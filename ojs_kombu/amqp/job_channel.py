@@ -148,7 +148,10 @@ class JobChannel(Protocol):
                     confirm_timeout: float | None = None) -> None: ...
 
     def publish_jobs(self, jobs: Sequence[OutgoingJob], *,
-                     confirm_timeout: float | None = None) -> None: ...
+                     confirm_timeout: float | None = None,
+                     meanwhile: Callable[[], None] | None = None) -> None:
+        """Publish ``jobs``, every one confirmed; ``meanwhile`` runs once all are written,
+        while the broker confirms the last of them."""
 
     def publish_confirmed(self, message: amqp.Message, exchange: str, routing_key: str, *,
                           job_id: str, queue: str, mandatory: bool = True,

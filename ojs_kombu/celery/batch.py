@@ -106,8 +106,15 @@ def enqueue_many(app: Celery, jobs: Iterable[JobSpec] | group, *,
                     if record_scheduled(app, task_id, scheduled_at):
                         recorded.append(task_id)
         channel: JobChannel = producer.channel
+        results: list[AsyncResult] = []
+
+        def make_results() -> None:  # while the broker confirms the batch's tail
+            result_cls = app.AsyncResult
+            results.extend(result_cls(task_id) for task_id in encoder.task_ids)
+
         try:
-            channel.publish_jobs(outgoing, confirm_timeout=confirm_timeout)
+            channel.publish_jobs(outgoing, confirm_timeout=confirm_timeout,
+                                 meanwhile=make_results)
         except BatchPublishError as exc:
             _by_task_id(exc, {job.job_id: task_id
                               for job, task_id in zip(outgoing, encoder.task_ids, strict=True)})
@@ -116,8 +123,7 @@ def enqueue_many(app: Celery, jobs: Iterable[JobSpec] | group, *,
         except BaseException:
             forget_scheduled(app, recorded)
             raise
-    result_cls = app.AsyncResult
-    return [result_cls(task_id) for task_id in encoder.task_ids]
+    return results
 
 
 def _by_task_id(exc: BatchPublishError, task_ids: Mapping[str, str]) -> None:
@@ -153,8 +159,9 @@ def _signature(app: Celery, spec: JobSpec) -> Signature:
 
 
 def _unpack(spec: JobSpec, index: int) -> tuple[str, Any, Any, Mapping[str, Any]]:
-    if isinstance(spec, Signature):
-        return spec.task, spec.args, spec.kwargs, spec.options
+    if isinstance(spec, Signature):  # a dict: its keys, not its four properties
+        return spec.get("task"), spec.get("args"), spec.get("kwargs"), \
+            spec.get("options") or {}
     if not isinstance(spec, tuple) or not 1 <= len(spec) <= 4:
         raise JobEncodeError(
             f"batch job #{index} is {type(spec).__name__}: give a task signature or a "
@@ -196,12 +203,16 @@ class JobEncoder:
         self.wants_result: list[bool] = []
         #: The Celery task id of each job, in order (its OJS id when a UUIDv7).
         self.task_ids: list[str] = []
+        # the same for every job of the batch: read once, not per job
+        self._origin = origin_nodename()
+        self._max_job_bytes = self.binding.settings.max_job_bytes
+        self._router = app.amqp.router
         self._routes: dict[Any, str] = {}
-        self._task_defaults: dict[str, tuple[Mapping[str, Any], Any, bool]] = {}
+        self._task_defaults: dict[str, tuple[Mapping[str, Any], Any, bool, str]] = {}
 
     def encode(self, index: int, spec: JobSpec) -> OutgoingJob:
         name, args, kwargs, options = _unpack(spec, index)
-        unknown = unsupported_options(options)
+        unknown = unsupported_options(options) if options.keys() - BATCH_OPTIONS else None
         if unknown:
             raise JobEncodeError(
                 f"batch job #{index} ({name}): option(s) {', '.join(unknown)} cannot be "
@@ -216,7 +227,7 @@ class JobEncoder:
     def encode_call(self, name: str, args: Any, kwargs: Any,
                     options: Mapping[str, Any]) -> OutgoingJob:
         """One job from ``options`` that :data:`BATCH_OPTIONS` (or inert values) only."""
-        defaults, policy, ignore_default = self._defaults_for(name)
+        defaults, policy, ignore_default, job_type = self._defaults_for(name)
         opts = {**defaults, **options} if defaults else options
         if opts.get(UNIQUE_OPTION) not in (None, False):
             raise JobEncodeError(f"task {name!r} is unique ({UNIQUE_OPTION}): send it with "
@@ -241,21 +252,22 @@ class JobEncoder:
         # apply_async states it (False too).
         x_celery = x_celery_of({
             "timelimit": [hard, soft] if hard or soft else None, "root_id": root_id,
-            "parent_id": parent_id, "origin": origin_nodename(),
+            "parent_id": parent_id, "origin": self._origin,
             "ignore_result": None if ignore_result is None else bool(ignore_result),
         }, job_id=job_id, task_id=task_id, kwargs=dict(kwargs) if kwargs else None)
         return build_job(
-            job_id=job_id, job_type=self.binding.job_types.type_for(name), queue=queue,
+            job_id=job_id, job_type=job_type, queue=queue,
             args=list(args or ()), task_name=name, now=self.now, created=self.created,
             meta=opts.get(META_OPTION), traceparent=self.trace.get("traceparent"),
             tracestate=self.trace.get("tracestate"), priority=opts.get("priority"),
             timeout=hard, retry_policy=policy, per_call_retry=opts.get(RETRY_OPTION),
             scheduled_at=self._due(opts, job_id), expires_at=self._expires(opts, job_id),
             x_celery=x_celery, reply_to=self.reply_to,
-            max_job_bytes=self.binding.settings.max_job_bytes, idempotency_key=key,
+            max_job_bytes=self._max_job_bytes, idempotency_key=key,
         )
 
-    def _defaults_for(self, name: str) -> tuple[Mapping[str, Any], Any, bool]:
+    def _defaults_for(self, name: str) -> tuple[Mapping[str, Any], Any, bool, str]:
+        """The task's own options, retry policy, ``ignore_result`` and OJS job type."""
         cached = self._task_defaults.get(name)
         if cached is None:
             task = self.app.tasks.get(name)
@@ -270,11 +282,12 @@ class JobEncoder:
                 ignore = bool(task.ignore_result)
             policy = self.binding.retry_policy_for(name) if self.binding.retry_policy_for \
                 else None
-            cached = self._task_defaults[name] = (defaults, policy, ignore)
+            cached = self._task_defaults[name] = (defaults, policy, ignore,
+                                                  self.binding.job_types.type_for(name))
         return cached
 
     def _queue_for(self, name: str, queue: Any, args: Any, kwargs: Any) -> str:
-        router = self.app.amqp.router
+        router = self._router
         cacheable = not router.routes and (queue is None or isinstance(queue, str))
         if cacheable and queue in self._routes:
             return self._routes[queue]

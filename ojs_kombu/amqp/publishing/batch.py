@@ -9,7 +9,7 @@ in one :class:`~ojs_kombu.spec.errors.BatchPublishError`.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from amqp.exceptions import RecoverableConnectionError
@@ -32,8 +32,13 @@ BATCH_WRITE = 64
 
 def publish_batch(publisher: JobPublisher, ojs: Binding, connection: Any,
                   jobs: Sequence[OutgoingJob], *, confirm_timeout: float | None = None,
-                  window: int = BATCH_WINDOW) -> None:
+                  window: int = BATCH_WINDOW,
+                  meanwhile: Callable[[], None] | None = None) -> None:
     """Publish ``jobs`` through ``publisher`` (a channel of ``connection``).
+
+    ``meanwhile`` runs once every job is written, before the wait for the last
+    confirms: the caller's own work after the batch (its results) overlaps the
+    broker's, which is still taking the tail of the batch then.
 
     Before sending, a bounded ``reject``/``block`` queue that cannot take the
     batch's jobs at its current depth (or whose circuit breaker is open)
@@ -69,6 +74,10 @@ def publish_batch(publisher: JobPublisher, ojs: Binding, connection: Any,
                     hold=not (window_full or index % BATCH_WRITE == BATCH_WRITE - 1)))
                 if window_full and not publisher.wait_outstanding(window, limit):
                     break  # the broker stopped confirming: send no more
+            else:
+                if meanwhile is not None:
+                    ledger.flush()  # written before the caller's work, not after it
+                    meanwhile()
             publisher.wait_outstanding(0, limit)
         finally:
             ledger.flush()  # numbered: written, so the broker's numbers stay the ledger's

@@ -70,6 +70,8 @@ def inert_option(option: str, value: Any) -> bool:
 def unsupported_options(options: Mapping[str, Any]) -> list[str]:
     """The options (sorted) :class:`JobEncoder` cannot encode: neither in
     :data:`BATCH_OPTIONS` nor inert at their value."""
+    if options.keys() <= BATCH_OPTIONS:  # the usual batch job: nothing to look at
+        return []
     return sorted(k for k, v in options.items()
                   if k not in BATCH_OPTIONS and not inert_option(k, v))
 
@@ -212,7 +214,7 @@ class JobEncoder:
 
     def encode(self, index: int, spec: JobSpec) -> OutgoingJob:
         name, args, kwargs, options = _unpack(spec, index)
-        unknown = unsupported_options(options) if options.keys() - BATCH_OPTIONS else None
+        unknown = unsupported_options(options)
         if unknown:
             raise JobEncodeError(
                 f"batch job #{index} ({name}): option(s) {', '.join(unknown)} cannot be "

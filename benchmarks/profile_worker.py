@@ -188,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile-dir", type=Path,
                         help="keep the cProfile files there (pstats), not in a temporary directory")
     args = parser.parse_args(argv)
+    if args.profile_dir:  # the worker writes its profile there: it must exist first
+        args.profile_dir.mkdir(parents=True, exist_ok=True)
     broker = run.Broker(args.broker)
     pid = os.getpid()
     plain = run.make_plain_side(args.broker, pid)

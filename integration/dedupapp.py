@@ -3,6 +3,8 @@
 Every run of ``dedup.count`` adds one to ``ojs-test:runs:{tag}`` in Redis under
 the job's idempotency key (else its id): the ground truth for "ran N times".
 Results go to Redis too, so a duplicate's caller can read the first run's result.
+A run given a ``gate`` holds until the test sets that Redis key: "still running"
+then lasts as long as the test needs, however slow the machine.
 """
 
 from __future__ import annotations
@@ -32,9 +34,12 @@ def make_dedup_app(broker_url: str, dedup_url: str | None = f"{REDIS}/2",
     counter = redis.Redis.from_url(f"{REDIS}/2")
 
     @app.task(name="dedup.count", bind=True, shared=False)
-    def count(self: Any, tag: str, n: int = 0, seconds: float = 0.0) -> int:
+    def count(self: Any, tag: str, n: int = 0, seconds: float = 0.0, gate: str = "") -> int:
         if seconds:
             time.sleep(seconds)
+        deadline = time.monotonic() + 120
+        while gate and not counter.exists(gate) and time.monotonic() < deadline:
+            time.sleep(0.05)
         key = getattr(self.request, "x-ojs-idempotency-key", None) or self.request.id
         counter.hincrby(runs_key(tag), key, 1)
         return n * 2

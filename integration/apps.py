@@ -212,8 +212,15 @@ def register_tasks(app: Celery) -> None:
         return "ran to the end"
 
     @app.task(name="sleep.for", bind=True, shared=False)
-    def sleep_for(self: Any, seconds: float) -> float:
-        time.sleep(seconds)
+    def sleep_for(self: Any, seconds: float, gate: str = "") -> float:
+        """Sleeps ``seconds``; given a ``gate`` (a file's path), runs until the test
+        creates it (at most ``seconds``), so "still running" lasts as long as the test
+        needs on a slow machine."""
+        deadline = time.monotonic() + seconds
+        while gate and not os.path.exists(gate) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not gate:
+            time.sleep(seconds)
         calls.add(id=self.request.id, task="sleep.for", args=[seconds])
         return seconds
 

@@ -576,30 +576,36 @@ def _probe_queues(vhost: str) -> list[str]:
     return [n for n in names if "ojs-conformance" in n]
 
 
-def test_conformance_of_a_good_setup(worker: Any, broker_url: str, vhost: str,
+def test_conformance_of_a_good_setup(worker_launcher: Any, broker_url: str, vhost: str,
                                      amqp_channel: amqp.Channel) -> None:
-    dead_before = queue_depth(amqp_channel, "ojs.queue.dlx.email")
-    code, report = run_json(broker_url, "conformance", "-q", "email", "--schedule")
-    checks = {c["id"]: c for c in report["checks"]}
-    assert len(checks) == 32 and all(c["reason"] for c in checks.values())
-    failed = {i: c["reason"] for i, c in checks.items() if c["status"] == "fail"}
-    assert failed == {} and code == 0
-    for check_id in ("AMQP-004", "AMQP-009", "AMQP-014", "AMQP-015", "AMQP-017", "AMQP-019",
-                     "AMQP-020", "AMQP-021", "AMQP-022", "AMQP-023", "AMQP-025", "AMQP-028"):
-        assert checks[check_id]["status"] == "pass", checks[check_id]
-    # what the worker did, not the checker
-    assert "a worker of email nacked" in checks["AMQP-009"]["reason"]
-    assert "running conformance.sleep job was CANCELled" in checks["AMQP-019"]["reason"]
-    # opt-in checks say how to run them
-    assert checks["AMQP-024"]["status"] == "n/a" and "--metrics-url" in checks["AMQP-024"]["reason"]
-    assert checks["AMQP-026"]["status"] == "n/a" and "--recovery" in checks["AMQP-026"]["reason"]
-    assert _probe_queues(vhost) == []  # probes cleaned up
-    assert queue_depth(amqp_channel, "ojs.queue.dlx.email") == dead_before  # the probe's too
+    """Against ``celery worker`` with the probes registered and BEATs every second
+    (``ojs_job_heartbeat=1``: the AMQP-020 check waits for the running probe's BEAT)."""
+    queue = "cli-conformance"
+    with worker_launcher("integration.cliapp", queue, control=True,
+                         env={"OJS_TEST_CONFORMANCE_PROBES": "1"}):
+        dead_before = queue_depth(amqp_channel, f"ojs.queue.dlx.{queue}")
+        code, report = run_json(broker_url, "conformance", "-q", queue, "--schedule")
+        checks = {c["id"]: c for c in report["checks"]}
+        assert len(checks) == 32 and all(c["reason"] for c in checks.values())
+        failed = {i: c["reason"] for i, c in checks.items() if c["status"] == "fail"}
+        assert failed == {} and code == 0
+        for check_id in ("AMQP-004", "AMQP-009", "AMQP-014", "AMQP-015", "AMQP-017", "AMQP-019",
+                         "AMQP-020", "AMQP-021", "AMQP-022", "AMQP-023", "AMQP-025", "AMQP-028"):
+            assert checks[check_id]["status"] == "pass", checks[check_id]
+        # what the worker did, not the checker
+        assert f"a worker of {queue} nacked" in checks["AMQP-009"]["reason"]
+        assert "running conformance.sleep job was CANCELled" in checks["AMQP-019"]["reason"]
+        # opt-in checks say how to run them
+        metrics, recovery = checks["AMQP-024"], checks["AMQP-026"]
+        assert metrics["status"] == "n/a" and "--metrics-url" in metrics["reason"]
+        assert recovery["status"] == "n/a" and "--recovery" in recovery["reason"]
+        assert _probe_queues(vhost) == []  # probes cleaned up
+        assert queue_depth(amqp_channel, f"ojs.queue.dlx.{queue}") == dead_before  # the probe's too
 
-    human = run(broker_url, "conformance", "-q", "email", "--recovery")
-    assert human.returncode == 0
-    assert "AMQP-004  PASS" in human.stdout and "AMQP-027  PASS" in human.stdout
-    assert " 0 fail" in human.stdout
+        human = run(broker_url, "conformance", "-q", queue, "--recovery")
+        assert human.returncode == 0
+        assert "AMQP-004  PASS" in human.stdout and "AMQP-027  PASS" in human.stdout
+        assert " 0 fail" in human.stdout
 
 
 def test_conformance_shows_a_queue_without_its_dlx_as_fail(

@@ -56,7 +56,7 @@ def test_cancel_before_start_means_never_start(app: Celery, worker: Any, broker_
                                               amqp_channel: amqp.Channel) -> None:
     dead_before = queue_depth(amqp_channel, "ojs.queue.dlx.email")  # other tests' letters
     result = app.tasks["email.send"].apply_async(("a@b.c", "never"), queue="email",
-                                                 countdown=1.5)
+                                                 countdown=3)
     with ControlClient(app) as client:
         client.cancel(result.id, "email", reason="customer unsubscribed",
                       cancelled_by="user:ops")
@@ -70,7 +70,7 @@ def test_cancel_before_start_means_never_start(app: Celery, worker: Any, broker_
 def test_raw_amqp_cancel_from_the_spec_text(app: Celery, worker: Any,
                                             amqp_channel: amqp.Channel) -> None:
     """Section 5.6: type ojs.control.cancel, body {"job_id": ...}, to ojs.queue.control.{q}."""
-    result = app.tasks["email.send"].apply_async(("a@b.c", "raw"), queue="email", countdown=1.5)
+    result = app.tasks["email.send"].apply_async(("a@b.c", "raw"), queue="email", countdown=3)
     publish_raw(amqp_channel,
                 amqp.Message(json.dumps({"job_id": result.id}), type="ojs.control.cancel"),
                 "ojs.queue.control.email", exchange="")
@@ -126,7 +126,7 @@ def test_cancelling_unknown_or_finished_jobs_is_a_no_op(app: Celery, worker: Any
 
 def test_info_answers_active_completed_and_not_found_by_correlation(app: Celery,
                                                                    worker: Any) -> None:
-    running = app.tasks["loop.until_cancelled"].apply_async((3,), queue="email")
+    running = app.tasks["loop.until_cancelled"].apply_async((60,), queue="email")
     finished = app.tasks["math.add"].apply_async((3, 4), queue="email")
     assert finished.get(timeout=20) == 7
     unknown = new_job_id()
@@ -135,12 +135,14 @@ def test_info_answers_active_completed_and_not_found_by_correlation(app: Celery,
                    what="the job running")
         answers = client.info_many([(unknown, "email"), (running.id, "email"),
                                     (finished.id, "email")], timeout=10)
+        client.cancel(running.id, "email")  # it ran long enough to be asked about
     assert answers[unknown] == {"job_id": unknown, "state": "not_found"}
     assert answers[running.id]["state"] == "active"
     assert answers[running.id]["worker_id"] == worker.hostname
     assert answers[running.id]["attempt"] == 1
     assert answers[finished.id]["state"] == "completed"
-    assert running.get(timeout=20) == "ran to the end"
+    with pytest.raises(TaskRevokedError):  # stopped on the cancel
+        running.get(timeout=20)
 
 
 def test_client_errors_are_clear(broker_url: str) -> None:
@@ -218,16 +220,19 @@ def test_a_running_job_that_never_checks_is_ended_after_the_grace_period(
 
 
 def test_the_threads_pool_says_it_cannot_end_a_running_job(app: Celery, worker: Any,
-                                                           events_file: Path) -> None:
+                                                           events_file: Path,
+                                                           tmp_path: Path) -> None:
     """The threads pool cannot stop a thread: the job runs to its end, and INFO and the
     job's later events say the cancel was requested and not carried out."""
-    running = app.tasks["sleep.for"].apply_async((3,), queue="canvas")
+    gate = tmp_path / "gate"
+    running = app.tasks["sleep.for"].apply_async((60, str(gate)), queue="canvas")
     with ControlClient(app) as client:
         wait_until(lambda: client.info(running.id, "canvas")["state"] == "active",
                    timeout=20, what="the job running")
         client.cancel(running.id, "canvas")
         during = wait_until(lambda: (a := client.info(running.id, "canvas")).get("cancel")
                             and a, timeout=20, what="INFO naming the cancel")
+        gate.touch()  # the job may end now
         running.get(timeout=20)
         after = client.info(running.id, "canvas")
     assert during["state"] == "active"

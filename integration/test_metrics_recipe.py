@@ -95,16 +95,19 @@ def value(samples: Samples, name: str, **labels: str) -> float | None:
 
 @pytest.mark.parametrize("pool", ["prefork", "threads", "solo"])
 def test_job_metrics_reach_prometheus(pool: str, client: Celery,
-                                      start_worker: Callable[[str, str], int]) -> None:
+                                      start_worker: Callable[[str, str], int],
+                                      tmp_path: Path) -> None:
     queue = f"metrics-{pool}"
     port = start_worker(pool, queue)
-    running = client.tasks["sleep.for"].apply_async((3,), queue=queue)
+    gate = tmp_path / "gate"
+    running = client.tasks["sleep.for"].apply_async((60, str(gate)), queue=queue)
     # While a job runs, its delivery is unacked and fills part of the prefetch window.
     during = wait_until(lambda: (s := scrape(port)) and value(
         s, "ojs_amqp_messages_unacked", queue=queue) == 1 and s, timeout=20,
         what="the running job's unacked delivery")
     assert 0 < value(during, "ojs_amqp_consumer_utilization", queue=queue) <= 1
-    assert running.get(timeout=30) == 3
+    gate.touch()  # the job may end now
+    assert running.get(timeout=30) == 60
     results = [client.tasks["math.add"].apply_async((i, 1), queue=queue) for i in range(3)]
     assert [r.get(timeout=30) for r in results] == [1, 2, 3]
     client.tasks["reject.value"].apply_async(queue=queue)  # discarded: nacked, failed

@@ -35,11 +35,13 @@ def test_kill_9_mid_job_redelivers_and_completes(broker_url: str, tmp_path: Path
     first = crash_worker(broker_url, "first", log)
     second: WorkerProcess | None = None
     try:
-        result = client.tasks["sleep.for"].apply_async((4,), queue="crash")
+        gate = tmp_path / "gate"
+        result = client.tasks["sleep.for"].apply_async((60, str(gate)), queue="crash")
         wait_until(lambda: active_on(client, result.id), timeout=30, what="the job running")
         first.kill()  # the worker and its pool, mid-job
+        gate.touch()  # the redelivered run may end
         second = crash_worker(broker_url, "second", log)
-        assert result.get(timeout=60) == 4, log.read_text()
+        assert result.get(timeout=60) == 60, log.read_text()
         # The worker logs after it replied: wait for the line.
         wait_until(lambda: f"Task sleep.for[{result.id}] succeeded" in log.read_text(),
                    timeout=20, what="the second worker's success log line")

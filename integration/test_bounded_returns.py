@@ -23,7 +23,7 @@ BOUND = 3
 #: worker's ``dead_letter_worker_publisher_confirm_timeout`` (180 s by default): set
 #: to RETRY_MS while this module's queues are declared (each queue's worker reads it
 #: when it starts), so that held jobs arrive within seconds rather than minutes.
-RETRY_MS, DEFAULT_RETRY_MS = 3000, 180000
+RETRY_MS, DEFAULT_RETRY_MS = 10000, 180000
 ARRIVAL_TIMEOUT = 300.0
 QUEUES = {"nl-classic": {"max_depth": BOUND},
           "nl-quorum": {"type": "quorum", "max_depth": BOUND,

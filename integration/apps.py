@@ -22,6 +22,17 @@ FAST_RETRY = {"initial_interval": "PT0.2S", "max_interval": "PT1S", "jitter": Fa
 SWITCHES: dict[str, bool] = {"toggle.fail": True}
 
 
+def hold(seconds: float, gate: str = "") -> None:
+    """Sleep ``seconds``; given a ``gate`` (a file's path), until the test creates it
+    (at most ``seconds``): a job that must still be running when the test looks then
+    runs as long as the test needs, however slow the machine."""
+    deadline = time.monotonic() + seconds
+    while gate and not os.path.exists(gate) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if not gate:
+        time.sleep(seconds)
+
+
 class CallLog:
     """Thread-safe record of task executions, so tests can wait for a job id."""
 
@@ -213,14 +224,7 @@ def register_tasks(app: Celery) -> None:
 
     @app.task(name="sleep.for", bind=True, shared=False)
     def sleep_for(self: Any, seconds: float, gate: str = "") -> float:
-        """Sleeps ``seconds``; given a ``gate`` (a file's path), runs until the test
-        creates it (at most ``seconds``), so "still running" lasts as long as the test
-        needs on a slow machine."""
-        deadline = time.monotonic() + seconds
-        while gate and not os.path.exists(gate) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if not gate:
-            time.sleep(seconds)
+        hold(seconds, gate)
         calls.add(id=self.request.id, task="sleep.for", args=[seconds])
         return seconds
 

@@ -3,8 +3,7 @@
 Every run of ``dedup.count`` adds one to ``ojs-test:runs:{tag}`` in Redis under
 the job's idempotency key (else its id): the ground truth for "ran N times".
 Results go to Redis too, so a duplicate's caller can read the first run's result.
-A run given a ``gate`` holds until the test sets that Redis key: "still running"
-then lasts as long as the test needs, however slow the machine.
+A run given a ``gate`` holds until the test creates that file (:func:`hold`).
 """
 
 from __future__ import annotations
@@ -17,6 +16,7 @@ import redis
 from celery import Celery
 
 import ojs_kombu
+from integration.apps import hold
 
 REDIS = os.environ.get("OJS_TEST_REDIS_URL", "redis://127.0.0.1:6379")
 
@@ -35,11 +35,7 @@ def make_dedup_app(broker_url: str, dedup_url: str | None = f"{REDIS}/2",
 
     @app.task(name="dedup.count", bind=True, shared=False)
     def count(self: Any, tag: str, n: int = 0, seconds: float = 0.0, gate: str = "") -> int:
-        if seconds:
-            time.sleep(seconds)
-        deadline = time.monotonic() + 120
-        while gate and not counter.exists(gate) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        hold(seconds if not gate else 120, gate)
         key = getattr(self.request, "x-ojs-idempotency-key", None) or self.request.id
         counter.hincrby(runs_key(tag), key, 1)
         return n * 2

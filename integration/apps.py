@@ -26,11 +26,12 @@ def hold(seconds: float, gate: str = "") -> None:
     """Sleep ``seconds``; given a ``gate`` (a file's path), until the test creates it
     (at most ``seconds``): a job that must still be running when the test looks then
     runs as long as the test needs, however slow the machine."""
-    deadline = time.monotonic() + seconds
-    while gate and not os.path.exists(gate) and time.monotonic() < deadline:
-        time.sleep(0.05)
     if not gate:
         time.sleep(seconds)
+        return
+    deadline = time.monotonic() + seconds
+    while not os.path.exists(gate) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 class CallLog:

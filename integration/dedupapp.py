@@ -35,7 +35,7 @@ def make_dedup_app(broker_url: str, dedup_url: str | None = f"{REDIS}/2",
 
     @app.task(name="dedup.count", bind=True, shared=False)
     def count(self: Any, tag: str, n: int = 0, seconds: float = 0.0, gate: str = "") -> int:
-        hold(seconds if not gate else 120, gate)
+        hold(seconds, gate)
         key = getattr(self.request, "x-ojs-idempotency-key", None) or self.request.id
         counter.hincrby(runs_key(tag), key, 1)
         return n * 2

@@ -31,9 +31,8 @@ QUEUES = {"nl-classic": {"max_depth": BOUND},
 
 
 def dead_letter_retry_ms() -> int:
-    answer = rabbitmqctl("eval", "application:get_env(rabbit, "
-                         "dead_letter_worker_publisher_confirm_timeout, 0).")
-    return int(answer.strip().removeprefix("{ok,").rstrip("}") or 0)
+    return int(rabbitmqctl("eval", "application:get_env(rabbit, "
+                           "dead_letter_worker_publisher_confirm_timeout, 0)."))
 
 
 def set_dead_letter_retry_ms(ms: int) -> None:

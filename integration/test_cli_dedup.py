@@ -52,7 +52,7 @@ def test_show_then_clear_lets_a_completed_key_run_again(broker_url: str, tmp_pat
         assert runs(tag) == {key: 2}  # cleared: the key ran again
 
         slow_key, gate = f"{tag}:slow", tmp_path / "gate"
-        slow = count.apply_async((tag, 2, 0.0, str(gate)), queue="dedup-cli",
+        slow = count.apply_async((tag, 2, 120.0, str(gate)), queue="dedup-cli",
                                  ojs_idempotency_key=slow_key)
         wait_until(lambda: json.loads(run(broker_url, "dedup", "show", "key", slow_key,
                                           "--dedup-url", STORE, "--json").stdout

@@ -238,9 +238,10 @@ def test_a_foreign_producers_unique_job(broker_url: str, amqp_channel: amqp.Chan
     queue = f"dedup-foreign-{mode}-{tag[:6]}"
     policy = {"keys": ["type", "queue"], "on_conflict": mode, "period": "PT1M"}
     first, second = new_job_id(), new_job_id()
+    gate = tmp_path / "gate"  # the first job runs until the second has settled
     worker = dedup_worker(broker_url, queue, tmp_path / "worker.log", concurrency=2)
     try:
-        publish_foreign(amqp_channel, queue, first, [tag, 1, 3.0], unique=policy)
+        publish_foreign(amqp_channel, queue, first, [tag, 1, 120.0, str(gate)], unique=policy)
         store = store_for(settings_of(broker_url))
         fp = unique_fingerprint(policy, queue, [])
         wait_until(lambda: (store.show("unique", fp) or {}).get("s") == "active", 60,
@@ -253,8 +254,10 @@ def test_a_foreign_producers_unique_job(broker_url: str, amqp_channel: amqp.Chan
                    "reject": lambda: queue_depth(amqp_channel, f"ojs.queue.dlx.{queue}") == 1,
                    "replace": lambda: second in runs(tag)}[mode]
         wait_until(settled, 60, f"the second job settled ({mode})")
+        gate.touch()
         wait_until(lambda: first in runs(tag) or mode == "replace", 30, "the first job ran")
     finally:
+        gate.touch()
         worker.stop()
     counted = runs(tag)
     if mode == "replace":

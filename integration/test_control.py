@@ -101,15 +101,18 @@ def test_a_running_job_stops_cooperatively(app: Celery, worker: Any,
     assert "job.completed" not in types()
 
 
-def test_a_job_that_never_checks_runs_to_completion(app: Celery, worker: Any) -> None:
+def test_a_job_that_never_checks_runs_to_completion(app: Celery, worker: Any,
+                                                    tmp_path: Path) -> None:
     """Cooperative cancelling needs the task to look (``self.ojs.cancelled``): one that
     never does finishes, and is completed (``terminate=True`` kills a prefork process)."""
-    result = app.tasks["sleep.for"].apply_async((2,), queue="email")
+    gate = tmp_path / "gate"
+    result = app.tasks["sleep.for"].apply_async((60, str(gate)), queue="email")
     with ControlClient(app) as client:
         wait_until(lambda: client.info(result.id, "email")["state"] == "active", timeout=20,
                    what="the job running")
         client.cancel(result.id, "email")
-        assert result.get(timeout=20) == 2
+        gate.touch()  # the job may end now
+        assert result.get(timeout=20) == 60
         assert wait_until(lambda: client.info(result.id, "email")["state"] == "completed",
                           what="INFO completed")
 
@@ -262,7 +265,8 @@ def test_cancel_reaches_the_worker_that_holds_the_job(broker_url: str, tmp_path:
     try:
         wait_until(lambda: client_app.control.inspect(timeout=1).ping(), timeout=60,
                    what="the holder worker")
-        result = client_app.tasks["sleep.for"].apply_async((30,), queue="ctl")
+        # long enough to outlast the relay's start on a slow machine: terminate=True ends it
+        result = client_app.tasks["sleep.for"].apply_async((600,), queue="ctl")
         started = wait_until(lambda: [e for e in events() if e["type"] == "job.started"
                                       and e["subject"] == result.id], timeout=30, what="start")
         assert started[0]["data"]["worker_id"].startswith("holder@")
@@ -315,7 +319,8 @@ def test_terminate_leaves_the_workers_connections_alone(broker_url: str,
     try:
         wait_until(lambda: client_app.control.inspect(timeout=1).ping(), timeout=60,
                    what="the worker")
-        result = client_app.tasks["sleep.for"].apply_async((30,), queue="ctl")
+        # long enough to outlast the relay's start on a slow machine: terminate=True ends it
+        result = client_app.tasks["sleep.for"].apply_async((600,), queue="ctl")
         with ControlClient(client_app) as client:
             wait_until(lambda: client.info(result.id, "ctl")["state"] == "active", timeout=30,
                        what="the job running")

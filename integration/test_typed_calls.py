@@ -162,8 +162,8 @@ def test_a_chord_applied_again_runs_its_body_again(typed: ModuleType, typed_work
         runs.delete(key)
 
 
-def test_explicit_task_ids_work_as_on_plain_celery(typed: ModuleType, typed_worker: Path
-                                                    ) -> None:
+def test_explicit_task_ids_work_as_on_plain_celery(typed: ModuleType, typed_worker: Path,
+                                                    tmp_path: Path) -> None:
     app = typed.app
     echo, slow = app.tasks["typed.echo"], app.tasks["typed.slow"]
     events: list[dict[str, Any]] = []
@@ -178,14 +178,15 @@ def test_explicit_task_ids_work_as_on_plain_celery(typed: ModuleType, typed_work
     listener.start()
     try:
         wait_until(lambda: events, 20, "the worker's heartbeat (the receiver is bound)")
-        _explicit_ids(app, echo, slow, events)
+        _explicit_ids(app, echo, slow, events, tmp_path / "gate")
     finally:
         if receivers:
             receivers[0].should_stop = True
         listener.join(10)
 
 
-def _explicit_ids(app: Any, echo: Any, slow: Any, events: list[dict[str, Any]]) -> None:
+def _explicit_ids(app: Any, echo: Any, slow: Any, events: list[dict[str, Any]],
+                  gate: Path) -> None:
     for task_id in (f"report-{uuid.uuid4().hex[:8]}", str(uuid.uuid4())):
         result = echo.apply_async((1,), {"day": date(2026, 1, 1)}, task_id=task_id)
         assert result.id == task_id
@@ -195,13 +196,14 @@ def _explicit_ids(app: Any, echo: Any, slow: Any, events: list[dict[str, Any]]) 
                                            for e in events), 20, f"task-succeeded of {task_id}")
     # inspect query_task finds a running job by its task id
     running = f"slow-{uuid.uuid4().hex[:8]}"
-    slow.apply_async((3,), task_id=running)
+    slow.apply_async((60, str(gate)), task_id=running)  # runs until the test opens the gate
     # a job the worker has taken is "reserved" until its pool starts it, then "active"
     found = wait_until(lambda: [r for r in (app.control.inspect(timeout=2).query_task(running)
                                             or {}).values()
                                 if r.get(running, [None])[0] == "active"], 20,
                        f"{running} active in inspect query_task")
     assert found[0][running][1]["id"] == running
+    gate.touch()
     assert AsyncResult(running, app=app).get(timeout=30) == "slept"
     # revoke by task id keeps the job from running
     revoked = f"revoked-{uuid.uuid4().hex[:8]}"

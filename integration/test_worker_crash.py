@@ -78,7 +78,7 @@ def test_kill_9_after_later_jobs_were_acked_redelivers_only_the_running_job(
         quick += ojs_kombu.enqueue_many(client, [add.s(i, 1).set(queue="crash")
                                                  for i in range(20, 60)])
         assert [r.get(timeout=60) for r in quick] == [i + 1 for i in range(60)]
-        assert active_on(client, long_job.id)
+        wait_until(lambda: active_on(client, long_job.id), timeout=30, what="the long job running")
         # The rpc:// replies come before the acks: wait until the broker holds only
         # the long job as unacknowledged (everything else settled).
         wait_until(lambda: unacked(vhost, "ojs.queue.crash") == 1, timeout=20,

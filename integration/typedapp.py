@@ -9,7 +9,6 @@ Redis (``OJS_TEST_BACKEND_URL``), as they would in production.
 from __future__ import annotations
 
 import os
-import time
 from datetime import date, timedelta
 from decimal import Decimal
 from typing import Any
@@ -18,6 +17,7 @@ from celery import Celery
 from kombu.utils.json import register_type
 
 import ojs_kombu
+from integration.apps import hold
 
 
 class Money:
@@ -88,6 +88,6 @@ def count(results: list[Any], key: str) -> int:
 
 
 @app.task(name="typed.slow")
-def slow(seconds: float) -> str:
-    time.sleep(seconds)
+def slow(seconds: float, gate: str = "") -> str:
+    hold(seconds, gate)
     return "slept"

@@ -108,20 +108,20 @@ def test_with_a_result_backend_a_delayed_job_answers_scheduled_then_completed(
             return client.info(job_id, SCHEDULED_QUEUE, timeout=10)
 
         sent = datetime.now(UTC)
-        later = add.apply_async((1, 2), queue=SCHEDULED_QUEUE, countdown=30).id
+        later = add.apply_async((1, 2), queue=SCHEDULED_QUEUE, countdown=120).id
         answer = state(later)
         assert answer["state"] == "scheduled", answer
         due = parse_time(answer["scheduled_at"])
-        assert sent + timedelta(seconds=29) <= due <= sent + timedelta(seconds=32)
+        assert sent + timedelta(seconds=119) <= due <= sent + timedelta(seconds=122)
 
         batched, = ojs_kombu.enqueue_many(producer, [add.s(3, 4).set(queue=SCHEDULED_QUEUE,
-                                                                      countdown=30)])
+                                                                      countdown=120)])
         assert state(batched.id)["state"] == "scheduled"
 
         soon = add.apply_async((5, 6), queue=SCHEDULED_QUEUE, countdown=3).id
         assert state(soon)["state"] in ("scheduled", "available", "active", "completed")
         assert wait_until(lambda: state(soon)["state"] == "completed", 40, "completed")
         assert producer.AsyncResult(soon).get(timeout=10) == 11
-        assert state(later)["state"] == "scheduled"  # still waiting its 30 s
+        assert state(later)["state"] == "scheduled"  # still waiting its 120 s
         for job_id in (later, batched.id):
             client.cancel(job_id, SCHEDULED_QUEUE)

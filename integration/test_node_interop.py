@@ -193,7 +193,8 @@ def test_node_producer_jobs_run_on_a_celery_worker(
     ok = enqueue("greet.hello", '["ada"]')
     failing = enqueue("always.fail", "[]", "--retry", json.dumps(FAST_RETRY))
     later = enqueue("greet.hello", '["later"]', "--delay-ms", "1500")
-    never = enqueue("greet.hello", '["never"]', "--delay-ms", "2500")
+    # due late enough for the CANCEL (another node process) to come first on a slow machine
+    never = enqueue("greet.hello", '["never"]', "--delay-ms", "8000")
     assert producer(node, node_env, "cancel", TO_CELERY, never["id"]) == {"cancelled": never["id"]}
 
     def ran(job: dict[str, Any], count: int = 1) -> list[dict[str, Any]]:
@@ -227,9 +228,9 @@ def test_node_producer_jobs_run_on_a_celery_worker(
         per queue, so a job moving between them can be missed by one)."""
         counts = messages(vhost)
         seen.append(datetime.now(UTC) >= due and not counts[f"ojs.queue.{TO_CELERY}"]
-                    and not counts[f"ojs.queue.retry.{TO_CELERY}.2500"])
+                    and not counts[f"ojs.queue.retry.{TO_CELERY}.8000"])
         return seen[-2:] == [True, True]
-    wait_until(settled, 30, "the cancelled job to arrive and be settled")
+    wait_until(settled, 45, "the cancelled job to arrive and be settled")
     never_state = producer(node, node_env, "info", TO_CELERY, never["id"])["state"]
     never_runs = [r for r in runs(runs_file) if r["id"] == never["id"]]
     assert never_state == "cancelled" and not never_runs
@@ -298,7 +299,7 @@ def test_celery_jobs_run_on_the_node_worker(
 
     ok = send("report.sum", 1, 2, 3)
     failing = send("payment.charge", "cus_42", 1999, ojs_retry=FAST_RETRY)
-    slow = send("export.slow", 1500)
+    slow = send("export.slow", 8000)  # still running when INFO asks, however slow
 
     assert lines(ok, "completed")[0]["result"] == 6
 

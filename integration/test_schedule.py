@@ -20,17 +20,18 @@ def test_countdown_waits_in_the_broker_and_never_starts_early(
         app: Celery, worker: Any, vhost: str) -> None:
     before = datetime.now(UTC)
     result = app.tasks["email.send"].apply_async(("a@b.c", "scheduled"), queue="email",
-                                                 countdown=6)
+                                                 countdown=12)
     # While it waits, the worker holds nothing: the job sits in a ladder queue.
-    # (6 s: one rabbitmqctl call can take seconds on a busy machine.)
+    # (12 s: one rabbitmqctl call can take seconds on a busy machine, and a listing
+    # taken while the job moves between two ladder queues can miss it.)
     waiting = wait_until(lambda: [line for line in rabbitmqctl(
         "list_queues", "--no-table-headers", "-p", vhost, "name", "messages").splitlines()
         if line.startswith("ojs.queue.schedule.") and not line.endswith("\t0")],
-        timeout=5, what="a scheduling-ladder queue holding the job")
+        timeout=10, what="a scheduling-ladder queue holding the job")
     assert waiting
-    call = app.calls.wait_for(result.id, timeout=20)
+    call = app.calls.wait_for(result.id, timeout=30)
     scheduled_at = datetime.fromisoformat(call["scheduled_at"])
-    assert scheduled_at >= before + timedelta(seconds=6)
+    assert scheduled_at >= before + timedelta(seconds=12)
     assert call["started"] >= scheduled_at
 
 
@@ -38,10 +39,10 @@ def test_raw_consumer_sees_a_scheduled_job_only_when_due(app: Celery,
                                                           amqp_channel: amqp.Channel) -> None:
     before = datetime.now(UTC)
     result = app.tasks["email.send"].apply_async(("a@b.c", "x"), queue="sched-raw",
-                                                 countdown=0.7)
+                                                 countdown=3)
     assert amqp_channel.basic_get("ojs.queue.sched-raw") is None  # not yet
-    message = get_message(amqp_channel, "ojs.queue.sched-raw", timeout=10)
-    assert datetime.now(UTC) >= before + timedelta(seconds=0.7)
+    message = get_message(amqp_channel, "ojs.queue.sched-raw", timeout=20)
+    assert datetime.now(UTC) >= before + timedelta(seconds=3)
     headers = message.properties["application_headers"]
     assert message.properties["message_id"] == result.id
     assert datetime.fromisoformat(headers["x-ojs-scheduled-at"]) >= before

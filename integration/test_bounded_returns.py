@@ -107,11 +107,12 @@ def test_retries_and_schedules_of_a_full_queue_wait_and_arrive(
     time.sleep(2.5)  # every delay has ended; none of the 7 waited jobs had room
     for queue, groups in jobs.items():
         published = sum(len(ids) for ids in groups.values())
-        in_queue = queue_depth(amqp_channel, f"ojs.queue.{queue}")
         # a quorum queue's message count is refreshed every few seconds
-        held = wait_until(lambda q=queue, n=published - in_queue: (
-            messages_in(vhost, f"ojs.queue.ready.{q}") >= n
-            and messages_in(vhost, f"ojs.queue.ready.{q}")), 30, f"held jobs of {queue}")
+        def counts(q: str = queue, total: int = published) -> tuple[int, int] | None:
+            in_queue = queue_depth(amqp_channel, f"ojs.queue.{q}")
+            held = messages_in(vhost, f"ojs.queue.ready.{q}")
+            return (in_queue, held) if in_queue + held >= total else None
+        in_queue, held = wait_until(counts, 30, f"held jobs of {queue}")
         dead = queue_depth(amqp_channel, f"ojs.queue.dlx.{queue}")
         print(f"{queue}: published {published}, in the job queue {in_queue}, held in "
               f"ojs.queue.ready.{queue} {held}, dead-lettered {dead}, "

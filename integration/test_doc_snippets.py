@@ -17,7 +17,7 @@ import ojs_kombu
 from ojs_kombu.cli import cli
 from ojs_kombu.spec.naming import TopologyNames
 
-from .conftest import HOST, PORT, private_vhost, queue_depth, rabbitmqctl
+from .conftest import HOST, PORT, private_vhost, queue_depth, rabbitmqctl, wait_until
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 
@@ -83,6 +83,8 @@ def test_the_dead_letter_snippet_reads_replays_and_purges(app: Celery, url: str,
     for _ in ids:  # a consumer that gives up on each: the broker dead-letters it
         message = amqp_channel.basic_get(job_queue)
         amqp_channel.basic_reject(message.delivery_tag, requeue=False)
+    wait_until(lambda: queue_depth(amqp_channel, f"{PREFIX}.ojs.queue.dlx.email") == 3, 20,
+               "the broker dead-lettering the three")  # it does so after the reject returns
     operations.dead_letters(app, ids[0])
     printed = capsys.readouterr().out
     assert all(job_id in printed for job_id in ids)

@@ -360,5 +360,8 @@ def test_a_caller_waiting_on_an_expired_job_is_told(app: Celery, worker: Any,
     from ojs_kombu.celery.dead_letters import dead_letter_queue
 
     with dead_letter_queue(app, "retries") as dlq:  # kept, never lost
+        # the broker dead-letters it after the nack, which may come after REVOKED is stored
+        wait_until(lambda: any(d.job_id == result.id for d in dlq.list()), 20,
+                   "the expired job's dead letter")
         assert dlq.get(result.id).job_type == "email.send"
     assert app.calls.count(result.id) == 0

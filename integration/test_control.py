@@ -108,10 +108,14 @@ def test_a_job_that_never_checks_runs_to_completion(app: Celery, worker: Any,
     gate = tmp_path / "gate"
     result = app.tasks["sleep.for"].apply_async((60, str(gate)), queue="email")
     with ControlClient(app) as client:
-        wait_until(lambda: client.info(result.id, "email")["state"] == "active", timeout=20,
-                   what="the job running")
-        client.cancel(result.id, "email")
-        gate.touch()  # the job may end now
+        try:
+            wait_until(lambda: client.info(result.id, "email")["state"] == "active",
+                       timeout=20, what="the job running")
+            client.cancel(result.id, "email")
+            wait_until(lambda: client.info(result.id, "email").get("cancel"), timeout=20,
+                       what="the worker holding the CANCEL")
+        finally:
+            gate.touch()  # the job may end now
         assert result.get(timeout=20) == 60
         assert wait_until(lambda: client.info(result.id, "email")["state"] == "completed",
                           what="INFO completed")
@@ -319,7 +323,7 @@ def test_terminate_leaves_the_workers_connections_alone(broker_url: str,
     try:
         wait_until(lambda: client_app.control.inspect(timeout=1).ping(), timeout=60,
                    what="the worker")
-        # long enough to outlast the relay's start on a slow machine: terminate=True ends it
+        # long enough that only terminate=True ends it in time
         result = client_app.tasks["sleep.for"].apply_async((600,), queue="ctl")
         with ControlClient(client_app) as client:
             wait_until(lambda: client.info(result.id, "ctl")["state"] == "active", timeout=30,

@@ -239,7 +239,8 @@ def test_a_foreign_producers_unique_job(broker_url: str, amqp_channel: amqp.Chan
     policy = {"keys": ["type", "queue"], "on_conflict": mode, "period": "PT1M"}
     first, second = new_job_id(), new_job_id()
     gate = tmp_path / "gate"  # the first job runs until the second has settled
-    worker = dedup_worker(broker_url, queue, tmp_path / "worker.log", concurrency=2)
+    log = tmp_path / "worker.log"
+    worker = dedup_worker(broker_url, queue, log, concurrency=2)
     try:
         publish_foreign(amqp_channel, queue, first, [tag, 1, 120.0, str(gate)], unique=policy)
         store = store_for(settings_of(broker_url))
@@ -249,7 +250,6 @@ def test_a_foreign_producers_unique_job(broker_url: str, amqp_channel: amqp.Chan
         publish_foreign(amqp_channel, queue, second, [tag, 1, 0.0], unique=policy)
         # what settles the second job in each mode, seen before the worker stops (a job
         # only received when it stops goes back to its queue and settles nothing)
-        log = tmp_path / "worker.log"
         settled = {"ignore": lambda: f"[{second}] ignored" in log.read_text(),
                    "reject": lambda: queue_depth(amqp_channel, f"ojs.queue.dlx.{queue}") == 1,
                    "replace": lambda: second in runs(tag)}[mode]

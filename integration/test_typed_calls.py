@@ -198,12 +198,14 @@ def _explicit_ids(app: Any, echo: Any, slow: Any, events: list[dict[str, Any]],
     running = f"slow-{uuid.uuid4().hex[:8]}"
     slow.apply_async((60, str(gate)), task_id=running)  # runs until the test opens the gate
     # a job the worker has taken is "reserved" until its pool starts it, then "active"
-    found = wait_until(lambda: [r for r in (app.control.inspect(timeout=2).query_task(running)
-                                            or {}).values()
-                                if r.get(running, [None])[0] == "active"], 20,
-                       f"{running} active in inspect query_task")
+    try:
+        found = wait_until(lambda: [r for r in (app.control.inspect(timeout=2)
+                                                .query_task(running) or {}).values()
+                                    if r.get(running, [None])[0] == "active"], 20,
+                           f"{running} active in inspect query_task")
+    finally:
+        gate.touch()
     assert found[0][running][1]["id"] == running
-    gate.touch()
     assert AsyncResult(running, app=app).get(timeout=30) == "slept"
     # revoke by task id keeps the job from running
     revoked = f"revoked-{uuid.uuid4().hex[:8]}"

@@ -74,7 +74,7 @@ def test_kill_9_after_later_jobs_were_acked_redelivers_only_the_running_job(
         # Quick jobs before the long one (acks that may go as one multiple ack) and after.
         quick = ojs_kombu.enqueue_many(client, [add.s(i, 1).set(queue="crash")
                                                 for i in range(20)])
-        long_job = sleep_for.apply_async((60,), queue="crash")
+        long_job = sleep_for.apply_async((600,), queue="crash")  # running when killed
         quick += ojs_kombu.enqueue_many(client, [add.s(i, 1).set(queue="crash")
                                                  for i in range(20, 60)])
         assert [r.get(timeout=60) for r in quick] == [i + 1 for i in range(60)]

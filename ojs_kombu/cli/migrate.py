@@ -241,7 +241,8 @@ def _routed_queue(app: Any, task: Any, names: TopologyNames | None
     except Exception:  # a route Celery itself cannot resolve: check_queues names it
         return None, None
     queue = route.get("queue")
-    name = getattr(queue, "name", queue)
+    # an installed app routes to job queues: name them by their OJS queue name
+    name = getattr(queue, "ojs_queue", None) or getattr(queue, "name", queue)
     if not name:
         return None, None
     try:

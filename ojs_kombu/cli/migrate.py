@@ -5,8 +5,10 @@
 app's default modules (``include=``, ``imports=``, ``autodiscover_tasks``),
 then the tasks.  It lists, per task, the OJS type and retry policy it will
 get, and every finding (see :mod:`.migrate_report`): *blockers* (the worker
-would refuse to start or a publish would raise), *warnings* (it works, but
-behaves differently) and *info*.  It never connects to the broker.
+would refuse to start, a publish would raise, or the app is not installed),
+*warnings* (it works, but behaves differently: each difference from plain
+Celery the app meets, :mod:`.migrate_differences`) and *info*.  It never
+connects to the broker.
 """
 
 from __future__ import annotations
@@ -392,8 +394,12 @@ def check(ctx: click.Context) -> None:
     names that need an explicit mapping, acks_late=False and other ack options
     the worker refuses, non-JSON serializers, pickle in accept_content,
     compression, exchange routes, queue names, unsupported pools, options with
-    no OJS meaning, and every task whose retry behaviour changes versus plain
-    Celery.  Does not connect to the broker.
+    no OJS meaning, every task whose retry behaviour changes versus plain
+    Celery, and an ojs:// app that never calls ojs_kombu.install(app).  Then
+    each difference from plain Celery the app meets (docs/differences.rst),
+    with where: a setting, a task, or file:line of a call in the app's own
+    packages (read, never run); the others in one line.  Does not connect to
+    the broker.
     """
     app = options(ctx).app()
     if app is None:

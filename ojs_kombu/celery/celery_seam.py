@@ -74,9 +74,6 @@ HOOKS: tuple[Hook, ...] = (
           probe=source_uses(EventDispatcher, "self._group_buffer = defaultdict(list)")),
     _hook(EventDispatcher, "_publish", "publishing the buffered task events taken",
           ("event", "producer", "routing_key", "retry", "retry_policy", "utcoffset")),
-    _hook(purge_command.purge, "callback", "celery purge: the Celery queue names it passes "
-          "to queue_purge mean the app's job queues (celery/purge.py)",
-          probe=lambda: source_uses(purge_command, ".queue_purge(queue)")()),
     *([] if redis_backend is None else [
         _hook(redis_backend.RedisBackend, "set_chord_size", "clearing a re-applied chord's "
               "done marker before its first header task is published "
@@ -181,7 +178,8 @@ def flush_task_events(dispatcher: EventDispatcher) -> None:
 def around_purge_command(wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
     """Run Celery's ``celery purge`` command through ``wrap(callback)`` (once: a callback
     already wrapped is left alone).  Click looks the callback up when the command runs,
-    after ``-A`` loaded the app, so installing an app wires the command."""
+    after ``-A`` loaded the app, so installing an app wires the command.  (The command's
+    ``callback`` is click's public attribute; integration/test_purge.py runs the command.)"""
     command = purge_command.purge
     if not getattr(command.callback, "ojs_wrapped", False):
         wrapped = wrap(command.callback)

@@ -29,8 +29,9 @@ def test_migrate_check_as_docs_cli_shows_it() -> None:
 
 
 def test_the_conformance_run_shown_has_the_commands_rows_and_summary() -> None:
-    """A recorded run (its reasons carry the run's ids and timings): each row is the
-    command's requirement, in its order, and the summary counts the rows' verdicts."""
+    """Each row of the run shown is the command's requirement, in its order, and the
+    summary counts the rows' verdicts (the integration test compares the verdicts
+    with a run)."""
     text = (OUTPUT / "conformance.txt").read_text()
     rows = re.findall(r"^(AMQP-\d{3})  (PASS|FAIL|WARN|N/A) +(.+?)  ", text, re.M)
     assert [row[0] for row in rows] == list(REQUIREMENTS)

@@ -106,26 +106,58 @@ def test_purge_without_queues_empties_the_apps_queues() -> None:
         rabbitmqctl("delete_vhost", vhost)
 
 
+def fill_both(client: Celery, channel: amqp.Channel, name: str, plain: int, jobs: int) -> None:
+    """Migration: old workers' plain queue ``name`` beside the job queue ``ojs.queue.name``."""
+    channel.queue_declare(name, durable=True, auto_delete=False)
+    for n in range(plain):
+        publish_raw(channel, amqp.Message(f"old {n}"), name, exchange="")
+    enqueue(client, channel, name, jobs)
+    wait_until(lambda: queue_depth(channel, name) == plain, what="the plain messages")
+
+
+def depths(channel: amqp.Channel, name: str) -> tuple[int, int]:
+    return queue_depth(channel, name), queue_depth(channel, f"ojs.queue.{name}")
+
+
 def test_kombus_own_purge_acts_on_the_queue_it_names(
         broker_url: str, client: Celery, amqp_channel: amqp.Channel) -> None:
-    """Migration: old workers' plain queue ``pq`` beside the job queue ``ojs.queue.pq``.
-    kombu's ``Queue('pq').purge()`` through ``ojs://`` empties ``pq``, as on ``amqp://``;
-    ``celery purge -Q pq`` (a Celery queue name) empties the job queue."""
+    """kombu's calls through ``ojs://`` empty what they name, as on ``amqp://``, whatever
+    their shape: ``channel.queue_purge('pq')`` (positional), ``queue_purge(queue='pq')``
+    and ``Queue('pq').purge()`` empty the plain queue ``pq`` and leave ``ojs.queue.pq``
+    full; then ``celery purge -Q pq`` (a Celery queue name) empties the job queue."""
     name = f"pq-{uuid.uuid4().hex[:8]}"
-    amqp_channel.queue_declare(name, durable=True, auto_delete=False)
-    for n in range(2):
-        publish_raw(amqp_channel, amqp.Message(f"old {n}"), name, exchange="")
-    enqueue(client, amqp_channel, name, 1)
-    wait_until(lambda: queue_depth(amqp_channel, name) == 2, what="the plain messages")
+    fill_both(client, amqp_channel, name, plain=2, jobs=1)
     try:
         with kombu.Connection(broker_url) as connection:
+            assert connection.default_channel.queue_purge(name) == 2
+            assert depths(amqp_channel, name) == (0, 1)
+            publish_raw(amqp_channel, amqp.Message("old again"), name, exchange="")
+            wait_until(lambda: queue_depth(amqp_channel, name) == 1, what="a plain message")
+            assert connection.default_channel.queue_purge(queue=name) == 1
+            assert depths(amqp_channel, name) == (0, 1)
+            publish_raw(amqp_channel, amqp.Message("old again"), name, exchange="")
+            wait_until(lambda: queue_depth(amqp_channel, name) == 1, what="a plain message")
             purged = kombu.Queue(name, channel=connection.default_channel).purge()
-        assert purged == 2
-        assert (queue_depth(amqp_channel, name), queue_depth(amqp_channel, f"ojs.queue.{name}")
-                ) == (0, 1)
+        assert purged == 1
+        assert depths(amqp_channel, name) == (0, 1)
 
         result = celery_purge(broker_url, "-Q", name)
         assert "Purged 1 message from 1 known task queue." in result.stdout, result.stdout
-        assert queue_depth(amqp_channel, f"ojs.queue.{name}") == 0
+        assert depths(amqp_channel, name) == (0, 0)
+    finally:
+        amqp_channel.queue_delete(name)
+
+
+def test_control_purge_empties_the_apps_job_queues_not_a_plain_queue(
+        broker_url: str, amqp_channel: amqp.Channel) -> None:
+    """``app.control.purge()`` (Celery's control purge) empties the job queues of the
+    app's queue table, and a plain queue of the same Celery name is left alone."""
+    name = f"pq-{uuid.uuid4().hex[:8]}"
+    app = make_app("purge-control", broker_url, "cache+memory://")
+    app.conf.task_queues = [kombu.Queue(name)]
+    fill_both(app, amqp_channel, name, plain=2, jobs=3)
+    try:
+        assert app.control.purge() == 3
+        assert depths(amqp_channel, name) == (2, 0)
     finally:
         amqp_channel.queue_delete(name)

@@ -54,22 +54,41 @@ def test_a_plain_json_app_can_switch_and_each_task_gets_its_type() -> None:
     assert report.to_dict()["ok"] is True
 
 
-def test_every_difference_no_check_can_rule_out_is_a_warning_with_its_link() -> None:
-    """migrate check never gives a green light over a difference a codebase can hit:
-    each row of docs/differences.rst no check of the app covers is printed, linked."""
-    from ojs_kombu.cli.differences import DIFFERENCES
+def test_a_difference_is_reported_only_where_the_app_meets_it() -> None:
+    """An app with one plain task meets the differences every task meets, and none of
+    those its code would have to use (a countdown, a priority, a task id ...)."""
+    app = make_app(broker_heartbeat=30)
 
-    report = build_report(make_app())
+    @app.task(name="proj.add", shared=False)
+    def add(x: int, y: int) -> int:
+        return x + y
+
+    report = build_report(app, scan_modules=())  # its code is this test module
+    assert set(report.differences) == {"failed-jobs", "queue-layout"}
+    assert "proj.add" in report.differences["failed-jobs"][0]
     text = render_report(report)
-    warned = {f.subject.removeprefix("difference ") for f in report.findings
-              if f.level == "warning" and f.subject.startswith("difference ")}
-    for difference in DIFFERENCES:
-        if difference.existing_code and difference.checked_by is None:
-            assert difference.anchor in warned
-            assert f"docs/differences.rst#{difference.anchor}" in text
-        else:
-            assert difference.anchor not in warned
-    assert {"task-ids", "typed-values", "acked-after-run", "message-properties"} <= warned
+    assert "docs/differences.rst#failed-jobs" in text
+    assert "docs/differences.rst#priority-range" not in text
+    rest = [line for line in text.splitlines() if line.startswith("INFO     other differences")]
+    assert len(rest) == 1 and "priority-range" in rest[0] and "docs/differences.rst" in rest[0]
+
+
+def test_settings_and_task_options_meet_differences_and_are_named() -> None:
+    app = make_app(broker_heartbeat=30, task_default_priority=255, task_time_limit=10,
+                   task_soft_time_limit=20, beat_schedule={"x": {"task": "proj.t",
+                                                                 "schedule": 5.0}})
+
+    @app.task(name="proj.t", expires=60, default_retry_delay=60 * 24 * 3600, shared=False)
+    def t() -> None:
+        return None
+
+    found = build_report(app, scan_modules=()).differences
+    assert found["priority-range"] == ["task_default_priority=255"]
+    assert found["time-limits-and-size"] == ["task_soft_time_limit=20, task_time_limit=10"]
+    assert found["reject-and-expires"] == ["task proj.t: expires=60"]
+    assert found["long-countdowns"] == ["task proj.t: default_retry_delay=5184000"]
+    assert found["install-defaults"] == [
+        "beat_schedule (1 entries): beat runs ojs_kombu.celery.beat:OJSScheduler"]
 
 
 def test_names_needing_a_mapping_and_shared_types_block() -> None:

@@ -123,3 +123,87 @@ def test_an_app_whose_tasks_are_not_found_is_warned(tmp_path: Path) -> None:
     code, report = check("migrate", "check", "-A", "notasksproj", cwd=tmp_path)
     assert code == 0 and own_tasks(report) == {}
     assert "include=" in findings(report, "warning")["tasks"]
+
+
+#: Each app of tests/celery_layouts and exactly the differences from plain Celery it
+#: meets (docs/differences.rst anchors): anything more is a false alarm, less is missed.
+MEETS = {
+    "meets_baseline": {"failed-jobs", "queue-layout"},
+    # the issue's shop app: none of queue names, serializers, priority range, long
+    # countdowns, time limits, message properties, native delayed delivery, Flower
+    "shop": {"failed-jobs", "queue-layout", "delays-in-the-broker", "reject-and-expires",
+             "stated-attempts", "purge-and-scheduled", "task-ids", "typed-values",
+             "install-defaults"},
+    "edges": {"task-names", "queue-names", "serializers", "priority-range",
+              "long-countdowns", "time-limits-and-size", "batch-canvas", "failed-jobs",
+              "delays-in-the-broker", "reject-and-expires", "queue-layout",
+              "native-delayed-delivery", "purge-and-scheduled", "acked-after-run",
+              "message-properties", "batch-signals", "flower-broker-tab"},
+    "layout_include": {"task-names", "acks-late", "failed-jobs", "delays-in-the-broker",
+                       "queue-layout", "purge-and-scheduled", "install-defaults"},
+}
+
+
+@pytest.mark.parametrize("app", sorted(MEETS))
+def test_migrate_check_reports_exactly_the_differences_each_app_meets(app: str) -> None:
+    from ojs_kombu.cli.differences import DIFFERENCES
+
+    _, report = check("migrate", "check", "-A", app)
+    assert set(report["differences"]) == MEETS[app]
+    assert set(report["other_differences"]) == {d.anchor for d in DIFFERENCES} - MEETS[app]
+    warned = {f["subject"].removeprefix("difference ") for f in report["findings"]
+              if f["subject"].startswith("difference ")}
+    assert warned == MEETS[app]
+    # the rest: one line, with the link
+    rest = [f for f in report["findings"] if f["subject"] == "other differences"]
+    assert len(rest) == 1 and "docs/differences.rst" in rest[0]["message"]
+
+
+def test_each_difference_says_where_in_the_app_it_comes_from() -> None:
+    _, report = check("migrate", "check", "-A", "edges")
+    places = report["differences"]
+    assert places["queue-names"] == [
+        "edges/ops.py:8 apply_async(queue='Bulk Feeds')",
+        "edges/ops.py:9 apply_async(exchange='feeds')",
+        "edges/ops.py:9 apply_async(routing_key='feeds.bulk')"]
+    assert places["priority-range"] == ["edges/ops.py:11 apply_async(priority=200)"]
+    # a value the scan cannot read is named, not guessed
+    assert places["long-countdowns"] == [
+        "edges/ops.py:12 apply_async(countdown=60 * 24 * 3600)",
+        "edges/ops.py:15 apply_async(countdown=delay) (not a literal: check it)"]
+    assert places["message-properties"] == ["edges/ops.py:14 apply_async(app_id='feeds')",
+                                             "edges/ops.py:14 apply_async(user_id='feeder')"]
+    assert places["native-delayed-delivery"] == ["task_default_queue_type='quorum'"]
+    assert places["flower-broker-tab"] == ["edges/requirements.txt:2 flower"]
+    assert places["reject-and-expires"] == ["edges/tasks.py:9 Reject(requeue=True)"]
+    assert places["acked-after-run"] == ["edges/ops.py:20 active()",
+                                         "edges/tasks.py:15 delivery_info"]
+    _, shop = check("migrate", "check", "-A", "shop")
+    assert shop["differences"]["typed-values"] == [
+        "task shop.orders.charge: amount: Decimal",
+        "shop/views.py:11 apply_async(... Decimal('9.99') ...)"]
+    assert shop["differences"]["task-ids"] == [
+        "shop/views.py:11 apply_async(task_id=f'order-{order_id}-charge')"]
+    assert shop["differences"]["stated-attempts"] == [
+        "task shop.emails.confirm: max_attempts 1, self.retry() up to 6"]
+    assert "shop/views.py" in shop["scanned"] and "shop/orders.py" in shop["scanned"]
+
+
+def test_an_ojs_app_never_installed_is_a_blocker_naming_install(tmp_path: Path) -> None:
+    (tmp_path / "forgotproj.py").write_text(textwrap.dedent("""
+        from celery import Celery
+
+        app = Celery("forgotproj", broker="ojs://guest:guest@127.0.0.1:1//")
+
+        @app.task
+        def add(x, y):
+            return x + y
+    """))
+    code, report = check("migrate", "check", "-A", "forgotproj", cwd=tmp_path)
+    assert code == 1 and report["ok"] is False
+    assert "ojs_kombu.install(app)" in findings(report, "blocker")["not installed"]
+    (tmp_path / "forgotproj.py").write_text(
+        (tmp_path / "forgotproj.py").read_text().replace(
+            'broker="ojs://', 'broker="amqp://'))
+    code, report = check("migrate", "check", "-A", "forgotproj", cwd=tmp_path)
+    assert code == 0 and "not installed" not in findings(report, "blocker")

@@ -149,6 +149,7 @@ class DifferencesTable(_Generated):
         for difference in DIFFERENCES:
             if difference.kind == kind:
                 lines += [f"   * - .. _{difference.anchor}:", "", f"       {difference.what}",
+                          "", f"       *migrate check reports it for:* {difference.met_by}",
                           f"     - {difference.why}"]
         return lines
 

@@ -18,8 +18,9 @@ What the rest of ojs_kombu uses of it is :class:`ojs_kombu.amqp.job_channel.JobC
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from contextlib import suppress
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, suppress
+from contextvars import ContextVar
 from typing import Any
 
 import amqp
@@ -37,6 +38,22 @@ from .publishing.batch import BATCH_WINDOW, publish_batch
 from .publishing.publisher import JobPublisher
 from .wire.acks import PendingAcks, ack_frames
 from .wire.py_amqp_seam import channel_hooks, confirms_selected, publish_unconfirmed
+
+#: True while a command whose queue names are Celery queue names runs (``celery purge``).
+_CELERY_QUEUE_NAMES: ContextVar[bool] = ContextVar("ojs_celery_queue_names", default=False)
+
+
+@contextmanager
+def celery_queue_names() -> Iterator[None]:
+    """Within it, ``queue_purge`` on an ``ojs`` channel takes Celery queue names
+    (``celery``, ``email``) to mean their job queues.  Celery's ``celery purge`` runs
+    inside it (:mod:`ojs_kombu.celery.purge`): it passes the names of the app's queue
+    table, or ``-Q``'s; every other caller's names are AMQP queue names."""
+    token = _CELERY_QUEUE_NAMES.set(True)
+    try:
+        yield
+    finally:
+        _CELERY_QUEUE_NAMES.reset(token)
 
 
 @channel_hooks
@@ -242,14 +259,15 @@ class Channel(pyamqp.Channel):
 
     # -- the rest ------------------------------------------------------------------
 
-    def queue_purge(self, *args: Any, **kwargs: Any) -> Any:
-        """kombu's entity API (``Queue('pq').purge()``, which names ``queue=``) and every
-        other call purge the queue they name.  ``celery purge`` alone passes one name and
-        nothing else, and it passes Celery queue names (``-Q email``, or the app's queue
-        table): that one becomes the job queue ``ojs.queue.email`` when it exists."""
-        if len(args) == 1 and not kwargs and isinstance(args[0], str):
-            args = (self._celery_queue(args[0]),)
-        return super().queue_purge(*args, **kwargs)
+    def queue_purge(self, queue: str = "", nowait: bool = False) -> Any:
+        """Purge the queue named, as on ``amqp://``, whatever the shape of the call
+        (``queue_purge('pq')``, ``Queue('pq').purge()``).  Only while Celery's ``celery
+        purge`` runs (:func:`celery_queue_names`, wired by ``install()``) are names the
+        app's Celery queue names: ``email`` is then the job queue ``ojs.queue.email``
+        when it exists."""
+        if _CELERY_QUEUE_NAMES.get():
+            queue = self._celery_queue(queue)
+        return super().queue_purge(queue, nowait)
 
     def _celery_queue(self, queue: str) -> str:
         """The job queue of Celery queue name ``queue`` if it exists, else ``queue``."""

@@ -40,6 +40,7 @@ from .dropped import DroppedJobs
 from .events import WorkerEvents
 from .inline_acks import InlineJobAcks
 from .preflight import OJSPreflight
+from .purge import wire_purge_command
 from .reconnect import ConsumerReconnections
 from .task import OJSTask
 from .task_ids import use_uuid7_task_ids
@@ -63,6 +64,7 @@ def install(app: Celery) -> Celery:
     use_uuid7_task_ids()
     configure_when_loaded(app)
     _add_bootsteps(app)
+    wire_purge_command()  # celery purge -Q email: the job queue ojs.queue.email
     setattr(app, _INSTALLED_FLAG, True)
     return app
 

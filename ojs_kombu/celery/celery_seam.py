@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 from celery import canvas
 from celery.app import amqp as celery_amqp
 from celery.app.task import Task
+from celery.bin import purge as purge_command
 from celery.events.dispatcher import EventDispatcher
 from celery.worker.request import Request
 
@@ -172,3 +173,15 @@ def flush_task_events(dispatcher: EventDispatcher) -> None:
             if taken:
                 del events[:len(taken)]
                 dispatcher._publish(taken, dispatcher.producer, f"{group}.multi")
+
+
+def around_purge_command(wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+    """Run Celery's ``celery purge`` command through ``wrap(callback)`` (once: a callback
+    already wrapped is left alone).  Click looks the callback up when the command runs,
+    after ``-A`` loaded the app, so installing an app wires the command.  (The command's
+    ``callback`` is click's public attribute; integration/test_purge.py runs the command.)"""
+    command = purge_command.purge
+    if not getattr(command.callback, "ojs_wrapped", False):
+        wrapped = wrap(command.callback)
+        wrapped.ojs_wrapped = True  # type: ignore[attr-defined]
+        command.callback = wrapped

@@ -5,13 +5,15 @@
 app's default modules (``include=``, ``imports=``, ``autodiscover_tasks``),
 then the tasks.  It lists, per task, the OJS type and retry policy it will
 get, and every finding (see :mod:`.migrate_report`): *blockers* (the worker
-would refuse to start or a publish would raise), *warnings* (it works, but
-behaves differently) and *info*.  It never connects to the broker.
+would refuse to start, a publish would raise, or the app is not installed),
+*warnings* (it works, but behaves differently: each difference from plain
+Celery the app meets, :mod:`.migrate_differences`) and *info*.  It never
+connects to the broker.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import click
@@ -23,12 +25,12 @@ from ..spec.naming import DEFAULT_QUEUE_ALIASES, TopologyNames
 from ..spec.settings import OJSSettings
 from .common import EXIT_FAILED, OJSGroup, emit, options, store_option
 from .config import load_app
-from .differences import unproven
 from .migrate_locks import lock_hint
 from .migrate_report import (
     JSON_SERIALIZERS,
     MigrationReport,
     TaskReport,
+    check_installed,
     check_queues,
     check_serializers,
     check_worker,
@@ -101,12 +103,17 @@ def _import_task_modules(app: Any, report: MigrationReport) -> None:
     report.modules = sorted(app.loader.task_modules)
 
 
-def build_report(app: Any) -> MigrationReport:
+def build_report(app: Any, scan_modules: Iterable[str] | None = None) -> MigrationReport:
     """Everything that blocks or changes when ``app`` runs under ojs_kombu.
 
-    Loads the app's task modules and finalizes it, as a worker does.
+    Loads the app's task modules and finalizes it, as a worker does.  The call sites
+    read are those of the packages of ``scan_modules`` (default: the modules that
+    hold the app and define its tasks).
     """
+    from ..celery.app import is_installed
+
     report = MigrationReport(app=str(app.main))
+    installed = is_installed(app)
     acks_before, exact_acks = _acks_as_installed(app)
     _import_task_modules(app, report)
     app.finalize()
@@ -121,11 +128,34 @@ def build_report(app: Any) -> MigrationReport:
     check_serializers(conf, report)
     check_queues(conf, app.tasks, aliases, settings.prefix, report)
     check_worker(conf, report, acks_before)
-    for difference in unproven():  # what no check of the app can prove absent
-        report.add("warning", f"difference {difference.anchor}",
-                   f"{difference.summary}: check the code that relies on it "
-                   f"({difference.link})")
+    check_installed(app, report)
+    _report_differences(app, settings, report, installed, scan_modules)
     return report
+
+
+def _report_differences(app: Any, settings: OJSSettings, report: MigrationReport,
+                        installed: bool, scan_modules: Iterable[str] | None) -> None:
+    """The differences from plain Celery the app meets, from its configuration, its
+    tasks and the call sites of its own modules (read, not run)."""
+    from .migrate_differences import AppFacts, report_differences
+    from .migrate_scan import app_modules, scan_app
+
+    scan = scan_app(app_modules(app, report.modules) if scan_modules is None
+                    else scan_modules)
+    report.scanned = scan.files
+    try:
+        names: TopologyNames | None = TopologyNames(
+            prefix=settings.prefix, queue_aliases={**DEFAULT_QUEUE_ALIASES,
+                                                   **settings.queue_aliases})
+    except OJSConfigurationError:
+        names = None
+    tasks = {name: app.tasks[name] for name in sorted(app.tasks)
+             if not name.startswith("celery.")}
+    report_differences(AppFacts(
+        conf=app.conf, tasks=tasks, report=report, scan=scan, names=names,
+        own_aliases={k: v for k, v in settings.queue_aliases.items()
+                     if DEFAULT_QUEUE_ALIASES.get(k) != v}, installed=installed,
+        task_sets=lambda task, option: _task_option_set(app, task, option)))
 
 
 def _check_tasks(app: Any, settings: OJSSettings, report: MigrationReport,
@@ -213,7 +243,8 @@ def _routed_queue(app: Any, task: Any, names: TopologyNames | None
     except Exception:  # a route Celery itself cannot resolve: check_queues names it
         return None, None
     queue = route.get("queue")
-    name = getattr(queue, "name", queue)
+    # an installed app routes to job queues: name them by their OJS queue name
+    name = getattr(queue, "ojs_queue", None) or getattr(queue, "name", queue)
     if not name:
         return None, None
     try:
@@ -284,6 +315,8 @@ _OPTION_SETTINGS = {
     "compression": "task_compression",
     "rate_limit": "task_default_rate_limit",
     "soft_time_limit": "task_soft_time_limit",
+    "time_limit": "task_time_limit",
+    "priority": "task_default_priority",
     "reject_on_worker_lost": "task_reject_on_worker_lost",
     "store_errors_even_if_ignored": "taskstore_option_errors_even_if_ignored",
 }
@@ -361,8 +394,12 @@ def check(ctx: click.Context) -> None:
     names that need an explicit mapping, acks_late=False and other ack options
     the worker refuses, non-JSON serializers, pickle in accept_content,
     compression, exchange routes, queue names, unsupported pools, options with
-    no OJS meaning, and every task whose retry behaviour changes versus plain
-    Celery.  Does not connect to the broker.
+    no OJS meaning, every task whose retry behaviour changes versus plain
+    Celery, and an ojs:// app that never calls ojs_kombu.install(app).  Then
+    each difference from plain Celery the app meets (docs/differences.rst),
+    with where: a setting, a task, or file:line of a call in the app's own
+    packages (read, never run); the others in one line.  Does not connect to
+    the broker.
     """
     app = options(ctx).app()
     if app is None:

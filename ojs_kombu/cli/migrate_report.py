@@ -54,6 +54,13 @@ class MigrationReport:
     findings: list[Finding] = field(default_factory=list)
     #: the task modules imported as ``celery worker`` imports them
     modules: list[str] = field(default_factory=list)
+    #: each difference from plain Celery the app meets (anchor in docs/differences.rst),
+    #: with where in the app: a setting, a task, ``file:line``
+    differences: dict[str, list[str]] = field(default_factory=dict)
+    #: the differences nothing in the app meets
+    other_differences: list[str] = field(default_factory=list)
+    #: the source files whose call sites were read
+    scanned: list[str] = field(default_factory=list)
 
     @property
     def blockers(self) -> list[Finding]:
@@ -66,7 +73,9 @@ class MigrationReport:
         return {"app": self.app, "ok": not self.blockers, "modules": self.modules,
                 "tasks": [asdict(t) for t in self.tasks],
                 "findings": [asdict(f) for f in self.findings],
-                "blockers": len(self.blockers)}
+                "differences": self.differences,
+                "other_differences": self.other_differences,
+                "scanned": self.scanned, "blockers": len(self.blockers)}
 
 
 def _serializer_names(value: Any) -> list[str]:
@@ -169,6 +178,40 @@ def check_queues(conf: Mapping[str, Any], tasks: Mapping[str, Any], aliases: dic
         if ojs_name != queue:
             report.add("info", f"queue {queue}", f"is OJS queue {ojs_name!r} "
                        f"(AMQP {names.job_queue(ojs_name)})")
+
+
+#: Broker URL schemes of the ``ojs`` transport.
+OJS_SCHEMES = ("ojs", "ojss")
+
+
+def broker_schemes(conf: Mapping[str, Any]) -> dict[str, str]:
+    """The scheme of each broker URL setting the app sets (``broker_url``,
+    ``broker_read_url``, ``broker_write_url``; the first URL of a failover list)."""
+    found = {}
+    for setting in ("broker_url", "broker_read_url", "broker_write_url"):
+        url = conf.get(setting)
+        if isinstance(url, (list, tuple)):
+            url = url[0] if url else None
+        text = str(url or "").split(";")[0].strip()
+        if "://" in text:
+            found[setting] = text.partition("://")[0].lower()
+    return found
+
+
+def check_installed(app: Any, report: MigrationReport) -> None:
+    """A blocker when the app's broker is ``ojs://`` but ``ojs_kombu.install(app)`` never
+    ran when its modules were loaded: its callers would publish Celery messages nobody
+    consumes, and wait.  (Told as ``install()`` marks an app: ``is_installed``.)"""
+    from ..celery.app import is_installed
+
+    ojs = [setting for setting, scheme in broker_schemes(app.conf).items()
+           if scheme in OJS_SCHEMES]
+    if ojs and not is_installed(app):
+        report.add("blocker", "not installed",
+                   f"{', '.join(ojs)} is an ojs:// URL but ojs_kombu.install(app) was never "
+                   f"called on app {app.main!r} when its module and task modules were "
+                   "loaded: call ojs_kombu.install(app) right after Celery(...), in the "
+                   "module that creates the app")
 
 
 def check_worker(conf: Mapping[str, Any], report: MigrationReport,

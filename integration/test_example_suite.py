@@ -57,4 +57,4 @@ def test_the_shop_suite_passes_unchanged_on_amqp_and_on_ojs(shop_vhost: str) -> 
               f"{sum(teardowns):.2f} s in all, longest {max(teardowns, default=0):.2f} s")
         assert set(counts) == {"passed"}, f"{scheme}://\n{output[-4000:]}"
     assert results["amqp"][0] == results["ojs"][0]
-    assert results["ojs"][0]["passed"] == 5
+    assert results["ojs"][0]["passed"] == 6

@@ -36,3 +36,9 @@ def reserve_stock(sku: str, qty: int) -> int:
 def receipt(total: str, order_id: str) -> str:
     """The receipt line of a priced order (the second link of a chain)."""
     return f"order {order_id}: {total}"
+
+
+@shared_task(name="shop.tag_order")
+def tag_order(order_id: str, tags: list[str]) -> str:
+    """The order's label: its id and its tags, in order."""
+    return " ".join([order_id, *sorted(tags)])

@@ -16,6 +16,7 @@ from .celery.serialization import register_serializer
 from .events.observer import Observer
 from .spec.envelope import CONTENT_TYPE, JobEnvelope, RetryPolicy
 from .spec.errors import (
+    AppNotInstalledError,
     BatchPublishError,
     BatchQueueFullError,
     BatchQueueFullNacked,
@@ -59,7 +60,7 @@ from .amqp.broker.connection import BrokerConnection  # noqa: E402
 from .amqp.broker.control import ControlClient  # noqa: E402
 from .amqp.broker.dead_letters import DeadLetter, DeadLetterQueue  # noqa: E402
 from .amqp.publishing.deferred import flush_confirms  # noqa: E402
-from .celery.app import install  # noqa: E402  (needs the registrations)
+from .celery.app import install, needs_install  # noqa: E402  (needs the registrations)
 from .celery.batch import enqueue_many  # noqa: E402
 from .celery.dead_letters import dead_letter_queue  # noqa: E402
 from .celery.events import add_observer, remove_observer, subscribe  # noqa: E402
@@ -72,6 +73,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CONTENT_TYPE",
+    "AppNotInstalledError",
     "BatchPublishError",
     "BatchQueueFullError",
     "BatchQueueFullNacked",
@@ -120,6 +122,7 @@ __all__ = [
     "enqueue_many",
     "flush_confirms",
     "install",
+    "needs_install",
     "new_job_id",
     "register_conformance_probes",
     "remove_observer",

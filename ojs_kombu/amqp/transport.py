@@ -15,6 +15,7 @@ import logging
 import ssl
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -23,6 +24,7 @@ from kombu.transport import pyamqp
 
 from ..events.metrics import track_connection
 from ..spec.errors import BrokerCertificateError
+from ..spec.settings import BINDING_OPTION
 from .binding import Binding
 from .broker.declared import DeclaredTopology
 from .channel import Channel
@@ -48,6 +50,14 @@ OUTCOME_CLOSE_WAIT_S = 5.0
 #: hung there until TCP keepalive gave up (minutes; for ever behind a proxy that
 #: keeps the TCP connection up).
 CLOSE_TIMEOUT_S = 10.0
+#: Longest poll of an event loop the transport is registered with.  kombu's hub polls
+#: for 1 s when no timer is scheduled and until the next timer (up to 10 s) when one
+#: is; a worker on ``ojs://`` always has timers (the OJS worker heartbeat event and
+#: the control queues' heartbeat), so a stop that only sets Celery's
+#: ``should_terminate`` flag from another thread (``celery.contrib.testing``'s
+#: in-process worker) was seen up to 10 s late, where plain Celery sees it within 1 s.
+LOOP_POLL_BOUND_S = 1.0
+_bounded_loops: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def read_ahead() -> bool:
@@ -64,6 +74,8 @@ class Connection(pyamqp.Connection):
     def __init__(self, *args: Any, confirm_publish: bool = False, **kwargs: Any) -> None:
         options = {k: kwargs.pop(k) for k in list(kwargs) if k.startswith("ojs_")}
         self.ojs = Binding.from_options(options)
+        #: Made by an installed Celery app (its binding), not by kombu alone.
+        self.ojs_app_binding = BINDING_OPTION in options
         self._ojs_connect_args = (args, {**kwargs, "ojs_binding": self.ojs})
         #: ``confirm_publish=True`` (kombu's option) also confirms non-job publishes.
         self.ojs_confirm_all = confirm_publish
@@ -319,6 +331,9 @@ class Transport(pyamqp.Transport):
         wake_on_foreign_call_soon(loop, lambda: LoopWake(loop))
         forget_loop_on_close(loop)
         loop.on_tick.add(connection.ojs_outcomes.run_due)
+        if loop not in _bounded_loops:  # once per loop, across reconnections
+            _bounded_loops.add(loop)
+            loop.call_repeatedly(LOOP_POLL_BOUND_S, _poll_bound)
         if connection.ojs.settings.acks != "each" and NO_LOOP_ACKS not in py_amqp_fallbacks():
             connection.register_with_loop(loop)
         transport = connection.transport
@@ -343,6 +358,10 @@ class Transport(pyamqp.Transport):
         # Per-consumer prefetch (Basic.Qos global=false) as in the binding's
         # section 5.2; RabbitMQ 4 refuses global QoS on quorum queues.
         return True
+
+
+def _poll_bound() -> None:
+    """A timer that does nothing: its being due ends the loop's poll (:data:`LOOP_POLL_BOUND_S`)."""
 
 
 class SSLTransport(Transport):

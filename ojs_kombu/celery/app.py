@@ -24,14 +24,26 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
-from celery import Celery
-from celery.signals import worker_process_shutdown, worker_shutdown, worker_shutting_down
+import kombu
+from celery import Celery, bootsteps
+from celery.signals import (
+    after_task_publish,
+    before_task_publish,
+    worker_init,
+    worker_process_shutdown,
+    worker_shutdown,
+    worker_shutting_down,
+)
+from kombu.transport import resolve_transport
 
+from ..amqp.publishing.app_sends import announce_app_send, end_app_send
 from ..amqp.publishing.deferred import flush_on_signal
+from ..amqp.transport import Transport
 from ..amqp.wire.read_ahead import wake_loops
-from ..spec.errors import OJSConfigurationError
+from ..spec.errors import AppNotInstalledError, OJSConfigurationError
 from .app_amqp import OJSAMQP
 from .celery_seam import verify_celery
 from .conf import configure_when_loaded
@@ -44,6 +56,8 @@ from .purge import wire_purge_command
 from .reconnect import ConsumerReconnections
 from .task import OJSTask
 from .task_ids import use_uuid7_task_ids
+
+logger = logging.getLogger(__name__)
 
 _INSTALLED_FLAG = "_ojs_kombu_installed"
 
@@ -83,9 +97,73 @@ worker_shutdown.connect(flush_on_signal, weak=False)
 worker_process_shutdown.connect(flush_on_signal, weak=False)
 
 
+@before_task_publish.connect(weak=False)
+def _announce_send(headers: dict[str, Any] | None = None, **_: Any) -> None:
+    """Celery's sender is about to publish: the transport refuses the message when the
+    app was never installed (:mod:`ojs_kombu.amqp.publishing.app_sends`)."""
+    announce_app_send((headers or {}).get("id"))
+
+
+@after_task_publish.connect(weak=False)
+def _end_send(**_: Any) -> None:
+    end_app_send()
+
+
+@worker_init.connect(weak=False)
+def _refuse_uninstalled_worker(sender: Any, **_: Any) -> None:
+    """A worker of an app on ``ojs://`` that ``install()`` never wired does not start
+    (its first worker bootstep raises :class:`AppNotInstalledError`).  ``worker_init``
+    comes before the worker builds its bootsteps, for ``celery worker`` and for
+    ``celery.contrib.testing``'s in-process workers alike."""
+    app = sender.app
+    if needs_install(app):
+        app.steps["worker"].add(RefuseUninstalledWorker)
+
+
+class RefuseUninstalledWorker(bootsteps.Step):
+    """Worker bootstep: stops the start of a worker whose app was never installed."""
+
+    name = "ojs_kombu.not_installed"
+
+    def __init__(self, parent: Any, **kwargs: Any) -> None:
+        if needs_install(parent.app):
+            error = AppNotInstalledError(f"worker of app {parent.app.main!r} started")
+            logger.critical("worker cannot start: AppNotInstalledError: %s", error)
+            raise error
+        super().__init__(parent, **kwargs)
+
+
 def is_installed(app: Celery) -> bool:
     """Whether ``install()`` already wired ``app`` (its ack settings then come from it)."""
     return bool(getattr(app, _INSTALLED_FLAG, False))
+
+
+def uses_ojs_transport(app: Celery) -> bool:
+    """Whether ``app``'s broker (``broker_url``, ``broker_read_url``,
+    ``broker_write_url``, ``broker_transport``) selects the ``ojs``/``ojss``
+    transport, by alias or dotted path.  Reads the configuration only: the app's
+    AMQP layer is not created (``install()`` must come before it)."""
+    conf = app.conf
+    for url in {conf.broker_read_url, conf.broker_write_url, conf.broker_url}:
+        if not url and not conf.broker_transport:
+            continue
+        transport = kombu.Connection(url, transport=conf.broker_transport).transport_cls
+        try:
+            cls = resolve_transport(transport)
+        except (KeyError, ImportError, ValueError):
+            continue  # kombu says so itself when the app connects
+        if isinstance(cls, type) and issubclass(cls, Transport):
+            return True
+    return False
+
+
+def needs_install(app: Celery) -> bool:
+    """Whether ``app`` names an ``ojs://`` broker but ``ojs_kombu.install(app)`` never
+    ran on it: such an app would publish Celery messages that no OJS worker reads
+    and consume a queue no OJS producer fills, so its worker and its publishes are
+    refused (:func:`refuse_uninstalled_worker`,
+    :class:`~ojs_kombu.spec.errors.AppNotInstalledError`)."""
+    return not is_installed(app) and uses_ojs_transport(app)
 
 
 def _refuse_started(app: Celery) -> None:

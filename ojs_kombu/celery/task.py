@@ -38,6 +38,7 @@ from ..spec.retry import Backoff
 from ..spec.unique import IDEMPOTENCY_HEADER, UNIQUE_HEADER
 from .control import cancel_requested
 from .dedup import check_unique, guard
+from .eager import eager_encode, encode_eager_call
 from .retries import failure_retryable, follows_celery_retries, job_retry_policy
 
 logger = logging.getLogger(__name__)
@@ -193,11 +194,24 @@ class OJSTask(Task):
                 logger.exception("job %s: could not record its cancellation", request.id)
         return JobCancelled(f"job {request.id} stopped on a CANCEL")
 
+    def apply(self, args: Any = None, kwargs: Any = None, link: Any = None,
+              link_error: Any = None, task_id: str | None = None, *rest: Any,
+              **options: Any) -> Any:
+        """Celery's eager run; with ``ojs_eager_encode`` the call is first encoded as its
+        publish would be (:mod:`ojs_kombu.celery.eager`), raising what a publish raises."""
+        if eager_encode(self.app):
+            encode_eager_call(self, args, kwargs, task_id, link, link_error, options)
+        return super().apply(args, kwargs, link, link_error, task_id, *rest, **options)
+
     def apply_async(self, args: Any = None, kwargs: Any = None, task_id: str | None = None,
                     producer: Any = None, link: Any = None, link_error: Any = None,
                     shadow: str | None = None, **options: Any) -> Any:
         """Celery's ``apply_async``; a unique or keyed call is checked against the dedup
-        store first (:func:`~ojs_kombu.celery.dedup.check_unique`)."""
+        store first (:func:`~ojs_kombu.celery.dedup.check_unique`).  Eager with
+        ``ojs_eager_encode``: encoded first, before Celery serialises the arguments
+        itself (its ``EncodeError`` would hide the publish's typed error)."""
+        if self.app.conf.task_always_eager and eager_encode(self.app):
+            encode_eager_call(self, args, kwargs, task_id, link, link_error, options)
         unique = check_unique(self, args, kwargs, task_id, options)
         if unique is None:
             return super().apply_async(args, kwargs, task_id, producer, link, link_error,

@@ -129,14 +129,18 @@ def job_task_sender(send: SendTaskMessage, binding: Binding, app: Celery) -> Sen
             if isinstance(exc, EncodeError) and \
                     (options.get("serializer") or default_serializer) in _JSON:
                 # Celery's JSON of a message another transport would take
-                raise NonJSONArgumentError(
-                    f"task {name!r}: an argument is not a JSON-native value ({exc}); OJS "
-                    "args/kwargs carry only strings, numbers, booleans, null, arrays and "
-                    "objects", job_id=headers.get("id"),
-                ) from exc
+                raise non_json_argument(name, exc, headers.get("id")) from exc
             raise
 
     return send_task_message
+
+
+def non_json_argument(name: str, exc: EncodeError, job_id: str | None) -> NonJSONArgumentError:
+    """What a publish raises for kombu's JSON ``EncodeError`` of a task's arguments."""
+    return NonJSONArgumentError(
+        f"task {name!r}: an argument is not a JSON-native value ({exc}); OJS "
+        "args/kwargs carry only strings, numbers, booleans, null, arrays and "
+        "objects", job_id=job_id)
 
 
 def _chord_header(message: Any) -> bool:

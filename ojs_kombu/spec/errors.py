@@ -122,6 +122,19 @@ class BrokerCertificateError(OJSConfigurationError):
         )
 
 
+class AppNotInstalledError(OJSConfigurationError):
+    """A Celery app names an ``ojs://`` broker but ``ojs_kombu.install(app)`` never ran on
+    it: its task messages would be plain Celery messages on a queue no OJS worker
+    reads, and its worker would read a queue no OJS producer fills."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(
+            f"{what} on an ojs:// broker, but ojs_kombu.install(app) was not called on "
+            "the Celery app: call ojs_kombu.install(app) right after app = Celery(...) "
+            "(a worker: in the module -A names; tests with celery.contrib.pytest's "
+            "fixtures: load the pytest plugin with -p ojs_kombu.testing)")
+
+
 class RetryPolicyError(OJSConfigurationError):
     """A retry policy does not validate against ``retry-policy.schema.json``."""
 

@@ -117,6 +117,11 @@ class OJSSettings(BaseModel):
     cancel_grace: float | None = Field(default=10.0, ge=0)
     #: Whether workers consume the control queues of their queues (CANCEL, INFO).
     control_queues: bool = True
+    #: Celery's eager mode (``task_always_eager``, ``Task.apply``) runs a call without a
+    #: message, so nothing checks that it could be published.  ``True`` (opt-in, for
+    #: test suites): each eager call is first encoded as its publish would be, raising
+    #: the same ``JobEncodeError`` subclass a publish raises (docs/testing.rst).
+    eager_encode: bool = False
     #: OpenTelemetry ``MeterProvider`` for ojs_kombu's metrics (default: the global one).
     meter_provider: Any = None
     #: Per OJS queue: bounds and backpressure strategy, priorities, queue type

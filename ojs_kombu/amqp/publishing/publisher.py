@@ -38,6 +38,7 @@ from ...spec.trace_context import trace_id_of
 from ..binding import Binding
 from ..job_channel import JobChannel, JobConnection
 from ..wire.publish_frames import PublishFrames
+from .app_sends import refuse_uninstalled_send
 from .deferred import DeferredConfirms
 from .ledger import ConfirmLedger, Publish, Replaced
 
@@ -134,7 +135,11 @@ class JobPublisher:
                      routing_key: str, timeout: float | None,
                      confirm_timeout: float | None) -> None:
         """A Celery task message another kombu producer serialised, published as an OJS
-        job (Celery's own sender hands the transport the job: :meth:`publish_job`)."""
+        job (Celery's own sender hands the transport the job: :meth:`publish_job`).
+        One a Celery app's sender sent without ``install()`` is refused
+        (:mod:`.app_sends`)."""
+        if not getattr(self._channel.connection, "ojs_app_binding", True):
+            refuse_uninstalled_send(headers)
         properties = message.properties
         job = encode_task(self._channel.ojs, message.body, properties.get("content_type"),
                           properties, headers, exchange, routing_key)

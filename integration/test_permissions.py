@@ -137,8 +137,10 @@ def test_each_role_does_its_work_and_nothing_else(users: dict[str, str], tmp_pat
         listed = cli(users["producer"], "dlq", "list", "-q", QUEUE)
         assert listed.returncode == 1 and "Traceback" not in listed.stderr, listed.stderr
         assert json.loads(listed.stdout)["error"] == "permission_refused"
-        assert f"lacks the 'read' permission on queue 'ojs.queue.dlx.{QUEUE}'" \
-            in listed.stderr, listed.stderr
+        # 3.x and 4.0 refuse the Basic.Get (read); 4.2.7+/4.3 already the passive
+        # declaration before it, which needs any permission and reports 'configure'
+        assert re.search(f"lacks the '(read|configure)' permission on queue "
+                         f"'ojs.queue.dlx.{QUEUE}'", listed.stderr), listed.stderr
 
         # the operator: dlq list, show, replay, purge, and conformance
         listed = cli(users["operator"], "dlq", "list", "-q", QUEUE)

@@ -132,6 +132,8 @@ ATTACKS: dict[str, Callable[[amqp.Channel], Any]] = {
     "bind its job queue to the ladder's way out with billing's key":
         lambda ch: ch.queue_bind("ojs.queue.email", "ojs.exchange.schedule.ready",
                                  "*." * SCHEDULE_LEVELS + "billing"),
+    "bind its job queue to ojs.exchange.retry with billing's retry key":
+        lambda ch: ch.queue_bind("ojs.queue.email", "ojs.exchange.retry", "billing.1000"),
     "bind its job queue to a ladder level":
         lambda ch: ch.queue_bind("ojs.queue.email", "ojs.exchange.schedule.0", "#"),
     "consume billing's job queue": lambda ch: ch.basic_consume("ojs.queue.billing"),

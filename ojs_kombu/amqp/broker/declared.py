@@ -127,6 +127,17 @@ class DeclaredTopology:
                                self._connection.ojs.declare_arguments(queue), not self.scoped)
         self._retry_declared[key] = monotonic()
 
+    def retry_route(self, queue: str, delay_ms: int) -> tuple[str, str]:
+        """Exchange and routing key of a retry of ``queue`` waiting ``delay_ms``:
+        ``ojs.exchange.retry``, ``{queue}.{delay_ms}`` (section 5.4).  A scoped worker's
+        user may not read that exchange (whoever may can bind its own queues to any
+        queue's retries), so it has no binding there: it publishes to its retry queue
+        through the default exchange, the queue the binding would route to."""
+        names = self._connection.ojs.names
+        if self.scoped:
+            return "", names.retry_queue(queue, delay_ms)
+        return names.retry_exchange, f"{queue}.{delay_ms}"
+
     def ensure_schedule(self, queue: str, via: Declarer | None = None) -> None:
         """The scheduling ladder (once per connection) and ``queue``'s way out of it."""
         if queue in self._scheduled:

@@ -204,14 +204,16 @@ def retry_queue_arguments(names: TopologyNames, queue: str, delay_ms: int,
 
 def declare_retry_queue(channel: DeclaringChannel, names: TopologyNames, queue: str,
                         delay_ms: int, job_arguments: Mapping[str, Any] | None = None,
-                        exchange: bool = True) -> None:
-    """``ojs.exchange.retry`` (unless ``exchange`` is false: a scoped worker's user uses the
-    operator's) and the retry queue of ``queue`` for ``delay_ms``, bound to it."""
-    if exchange:
-        _exchange(channel, names.retry_exchange)
+                        bound: bool = True) -> None:
+    """The retry queue of ``queue`` for ``delay_ms``, and ``ojs.exchange.retry`` with the
+    queue bound to it unless ``bound`` is false (a scoped worker, which publishes its
+    retries to the queue itself: :meth:`.declared.DeclaredTopology.retry_route`)."""
     name = names.retry_queue(queue, delay_ms)
+    if bound:
+        _exchange(channel, names.retry_exchange)
     _queue(channel, name, retry_queue_arguments(names, queue, delay_ms, job_arguments))
-    channel.queue_bind(name, names.retry_exchange, routing_key=f"{queue}.{delay_ms}")
+    if bound:
+        channel.queue_bind(name, names.retry_exchange, routing_key=f"{queue}.{delay_ms}")
 
 
 def declare_shared(channel: DeclaringChannel, names: TopologyNames,

@@ -7,10 +7,10 @@ its own queues to it with any routing key (a direct exchange cannot confine keys
 So only the operator (``ojs-kombu topology declare``, or a user with ``.*``)
 declares the shared entities and each queue's bindings; a scoped user (a producer,
 a worker of some queues) may not declare ``ojs.exchange.direct`` and only checks,
-passively, that what it uses exists.  A passive declaration needs no permission up
-to RabbitMQ 4.2.5 and 4.3.0's predecessors, *configure* in 4.2.6 and 4.3.0, and any
-of the three from 4.2.7 and 4.3.1 on: each role's patterns give it one on
-everything it checks.  A refusal or a missing entity is a
+passively, that what it uses exists.  A passive declaration needs no permission on
+RabbitMQ 3.x to 4.2.5, *configure* on 4.2.6 and 4.3.0, and any one of the three from
+4.2.7 and 4.3.1 on (refused, it is reported as *configure*): each role's patterns
+give it one on everything it checks.  A refusal or a missing entity is a
 :class:`~ojs_kombu.spec.errors.TopologyPermissionError` naming the entity and the
 permission, never retried.
 """

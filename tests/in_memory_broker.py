@@ -324,6 +324,9 @@ class BrokerConnection:
     def ensure_retry_queue(self, queue: str, delay_ms: int, via: Any = None) -> None:
         raise NotImplementedError("the in-memory broker has no retry queues")
 
+    def retry_route(self, queue: str, delay_ms: int) -> tuple[str, str]:
+        return self.ojs.names.retry_exchange, f"{queue}.{delay_ms}"
+
     def ensure_schedule(self, queue: str, via: Any = None) -> None:
         raise NotImplementedError("the in-memory broker has no scheduling ladder")
 

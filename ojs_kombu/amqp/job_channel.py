@@ -110,6 +110,9 @@ class JobConnection(Protocol):
     def ensure_retry_queue(self, queue: str, delay_ms: int,
                            via: Declarer | None = None) -> None: ...
 
+    def retry_route(self, queue: str, delay_ms: int) -> tuple[str, str]:
+        """Exchange and routing key a retry of ``queue`` waiting ``delay_ms`` is sent to."""
+
     def ensure_schedule(self, queue: str, via: Declarer | None = None) -> None: ...
 
     def ensure_delayed_exchange(self, queue: str) -> None: ...

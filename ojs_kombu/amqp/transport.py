@@ -301,6 +301,9 @@ class Connection(pyamqp.Connection):
     def ensure_retry_queue(self, queue: str, delay_ms: int, via: Declarer | None = None) -> None:
         self.ojs_topology.ensure_retry_queue(queue, delay_ms, via)
 
+    def retry_route(self, queue: str, delay_ms: int) -> tuple[str, str]:
+        return self.ojs_topology.retry_route(queue, delay_ms)
+
     def ensure_schedule(self, queue: str, via: Declarer | None = None) -> None:
         self.ojs_topology.ensure_schedule(queue, via)
 

@@ -7,10 +7,12 @@ from typing import Any
 import click
 
 from ..amqp.binding import Binding
+from ..amqp.broker.declaring import declare_on
 from ..amqp.broker.topology import (
     OWNED_ARGUMENTS,
     control_queue_arguments,
     dead_letter_queue_arguments,
+    declare_shared,
     dlx_guard_arguments,
     dropped_queue_arguments,
     job_queue_arguments,
@@ -19,6 +21,7 @@ from ..amqp.broker.topology import (
 from ..amqp.job_channel import JobConnection
 from ..celery.events import events_exchange
 from ..spec.backpressure import drops_head, rejects_when_full
+from ..spec.delays import SCHEDULE_LEVELS
 from ..spec.naming import TopologyNames
 from .broker import (
     binding_of,
@@ -50,34 +53,45 @@ def topology() -> None:
 
 @topology.command()
 @queue_option
-@click.option("--schedule", is_flag=True,
-              help="Also declare the scheduling ladder and bind the queues to it.")
+@click.option("--schedule", is_flag=True, hidden=True,
+              help="Accepted for compatibility: the scheduling ladder is always declared.")
 @common_options
 @click.pass_context
 def declare(ctx: click.Context, queues: tuple[str, ...], schedule: bool) -> None:
-    """Declare the OJS topology of each QUEUE (idempotent).
+    """Declare the OJS topology of each QUEUE and everything the queues share
+    (idempotent): the operator's command.
 
     Both exchanges, ojs.queue.{q}, ojs.queue.dlx.{q}, ojs.queue.control.{q}
     (ojs.queue.dropped.{q} for drop_oldest queues) and their bindings, exactly
-    as ojs_kombu workers and producers declare them.
-    A queue that exists with other arguments is left alone and reported
-    (exit 1).
+    as ojs_kombu declares them with full permissions; then the shared entities
+    (ojs.exchange.retry, ojs.exchange.events, the scheduling ladder's 32 levels,
+    ojs.queue.dlx.unroutable) and each queue's way out of the ladder.  Scoped
+    producers and workers (docs/production.rst) declare none of these: they
+    only check them.  A queue that exists with other arguments is left alone
+    and reported (exit 1).
     """
     names = [queue_name(q) for q in queues]
     with connect(options(ctx)) as connection:
         amqp_connection: JobConnection = connection.connection
         binding = binding_of(connection)
+        settings = binding.settings
+        declare_on(amqp_connection, declare_shared, settings.schedule_arguments(),
+                   settings.unroutable_dead_letter_arguments())
+        declare_on(amqp_connection, lambda channel, topo: channel.exchange_declare(
+            events_exchange(topo), "topic", durable=True, auto_delete=False))
         declared = []
         for queue in names:
-            if schedule:
-                amqp_connection.ensure_schedule(queue)
-            else:
-                amqp_connection.ensure_topology(queue)
+            amqp_connection.ensure_schedule(queue)
             declared.append(expected_topology(binding, queue))
-    emit(ctx, {"declared": declared}, lambda: _print_declared(declared))
+    shared = {"exchanges": binding.names.exchanges(delayed=False),
+              "queues": [binding.names.dlx_unroutable_queue,
+                         binding.names.schedule_unroutable_queue,
+                         *(binding.names.schedule_queue(k) for k in range(SCHEDULE_LEVELS))]}
+    emit(ctx, {"declared": declared, "shared": shared},
+         lambda: _print_declared(declared, shared))
 
 
-def _print_declared(declared: list[dict[str, Any]]) -> None:
+def _print_declared(declared: list[dict[str, Any]], shared: dict[str, list[str]]) -> None:
     for topo in declared:
         click.echo(f"declared queue {topo['queue']}:")
         for exchange in topo["exchanges"]:
@@ -87,6 +101,8 @@ def _print_declared(declared: list[dict[str, Any]]) -> None:
         for b in topo["bindings"]:
             click.echo(f"  binding  {b['source']} -> {b['destination']} "
                        f"(routing key {b['routing_key']})")
+    click.echo(f"declared the shared entities: {len(shared['exchanges'])} exchanges, "
+               f"{len(shared['queues'])} queues (the scheduling ladder's included)")
 
 
 def expected_topology(binding: Binding, queue: str) -> dict[str, Any]:

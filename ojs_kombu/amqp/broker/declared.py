@@ -3,6 +3,12 @@
 The declarations themselves are :mod:`ojs_kombu.amqp.broker.topology`'s; this room
 remembers which of them a connection made (and re-declares an idle retry queue
 before its ``x-expires`` could remove it).
+
+A connection first tries to declare ``ojs.exchange.direct``.  A user that may (the
+operator, or one with ``.*``) declares everything as it goes, shared entities
+included.  A user that may not is *scoped* (:mod:`.permissions`): it declares only
+its own retry queues and checks the rest passively; anything missing or refused is
+one :class:`~ojs_kombu.spec.errors.TopologyPermissionError`.
 """
 
 from __future__ import annotations
@@ -16,11 +22,18 @@ from amqp.exceptions import AccessRefused, NotFound, PreconditionFailed
 
 from ..job_channel import Declarer
 from .declaring import declare_on, declare_spread
-from .permissions import permission_error, topology_exists
+from .permissions import (
+    consumed_topology_exists,
+    ladder_exists,
+    permission_error,
+    published_topology_exists,
+    scoped_error,
+)
 from .topology import (
     RETRY_QUEUE_IDLE_MS,
     bind_scheduled_delivery,
     declare_delayed_exchange,
+    declare_job_exchange,
     declare_queue_topology,
     declare_retry_queue,
     declare_schedule_ladder,
@@ -43,22 +56,38 @@ class DeclaredTopology:
         self._scheduled: set[str] = set()
         self._ladder = False
         self._retry_declared: dict[tuple[str, int], float] = {}
+        #: whether the user may not declare the shared entities (found once, kept
+        #: across :meth:`forget`: it is the user's, not the broker's state)
+        self._scoped: bool | None = None
+
+    @property
+    def scoped(self) -> bool:
+        """The user may not declare ``ojs.exchange.direct``: a scoped producer or worker."""
+        if self._scoped is None:
+            try:
+                declare_on(self._connection, declare_job_exchange)
+                self._scoped = False
+            except AccessRefused:
+                self._scoped = True
+        return self._scoped
 
     def ensure(self, queue: str, via: Declarer | None = None) -> None:
         """The OJS topology of ``queue``; ``via`` runs the declarations another way (the
-        outcome channel's, without waiting for replies), by default :func:`declare_on`."""
+        outcome channel's, without waiting for replies), by default :func:`declare_on`.
+        A scoped user checks what a publish needs (a scoped worker's start checked the
+        rest: ``via`` then checks nothing)."""
         if queue in self._declared:
             return
         ojs = self._connection.ojs
-        try:
-            (via or self._declare)(declare_queue_topology, queue, ojs.declare_arguments(queue),
-                                   ojs.settings.unroutable_dead_letter_arguments())
-        except AccessRefused as exc:  # a producer's user: the topology that exists
-            if via is not None:
-                raise permission_error(exc) from None
+        if self.scoped:
+            if via is None:
+                self._check(published_topology_exists, queue)
+        else:
             try:
-                declare_on(self._connection, topology_exists, queue)
-            except NotFound:
+                (via or self._declare)(declare_queue_topology, queue,
+                                       ojs.declare_arguments(queue),
+                                       ojs.settings.unroutable_dead_letter_arguments())
+            except AccessRefused as exc:
                 raise permission_error(exc) from None
         self._declared.add(queue)
 
@@ -70,6 +99,11 @@ class DeclaredTopology:
         if not todo:
             return
         ojs = self._connection.ojs
+        if self.scoped:
+            for queue in todo:
+                self._check(consumed_topology_exists, queue, ojs.declare_arguments(queue))
+            self._declared.update(todo)
+            return
         unroutable = ojs.settings.unroutable_dead_letter_arguments()
         try:
             declare_spread(self._connection, declare_queue_topology,
@@ -90,14 +124,31 @@ class DeclaredTopology:
         if declared is not None and monotonic() - declared < RETRY_QUEUE_IDLE_MS / 2000:
             return
         (via or self._declare)(declare_retry_queue, queue, delay_ms,
-                               self._connection.ojs.declare_arguments(queue))
+                               self._connection.ojs.declare_arguments(queue), not self.scoped)
         self._retry_declared[key] = monotonic()
+
+    def retry_route(self, queue: str, delay_ms: int) -> tuple[str, str]:
+        """Exchange and routing key of a retry of ``queue`` waiting ``delay_ms``:
+        ``ojs.exchange.retry``, ``{queue}.{delay_ms}`` (section 5.4).  A scoped worker's
+        user may not read that exchange (whoever may can bind its own queues to any
+        queue's retries), so it has no binding there: it publishes to its retry queue
+        through the default exchange, the queue the binding would route to."""
+        names = self._connection.ojs.names
+        if self.scoped:
+            return "", names.retry_queue(queue, delay_ms)
+        return names.retry_exchange, f"{queue}.{delay_ms}"
 
     def ensure_schedule(self, queue: str, via: Declarer | None = None) -> None:
         """The scheduling ladder (once per connection) and ``queue``'s way out of it."""
         if queue in self._scheduled:
             return
         self.ensure(queue, via)
+        if self.scoped:  # the operator's ladder and bindings: its levels exist
+            if via is None and not self._ladder:
+                self._check(ladder_exists)
+                self._ladder = True
+            self._scheduled.add(queue)
+            return
         declare = via or self._declare
         if not self._ladder:
             declare(declare_schedule_ladder,
@@ -112,6 +163,11 @@ class DeclaredTopology:
         if queue in self._scheduled:
             return
         self.ensure(queue)
+        if self.scoped:  # the operator declared and bound it
+            self._check(lambda channel, names: channel.exchange_declare(
+                names.delayed_exchange, "x-delayed-message", passive=True))
+            self._scheduled.add(queue)
+            return
         probe = self._connect()
         try:
             declare_on(probe, declare_delayed_exchange, queue,
@@ -143,3 +199,11 @@ class DeclaredTopology:
 
     def _declare(self, declare: Callable[..., Any], *args: Any) -> None:
         declare_on(self._connection, declare, *args, pipelined=True)
+
+    def _check(self, check: Callable[..., Any], *args: Any) -> None:
+        """A scoped user's passive ``check``: a refusal or a missing entity raises
+        :func:`~.permissions.scoped_error`."""
+        try:
+            declare_on(self._connection, check, *args)
+        except (AccessRefused, NotFound) as exc:
+            raise scoped_error(exc) from None

@@ -203,12 +203,36 @@ def retry_queue_arguments(names: TopologyNames, queue: str, delay_ms: int,
 
 
 def declare_retry_queue(channel: DeclaringChannel, names: TopologyNames, queue: str,
-                        delay_ms: int, job_arguments: Mapping[str, Any] | None = None) -> None:
-    """``ojs.exchange.retry`` and the retry queue of ``queue`` for ``delay_ms``."""
-    _exchange(channel, names.retry_exchange)
+                        delay_ms: int, job_arguments: Mapping[str, Any] | None = None,
+                        bound: bool = True) -> None:
+    """The retry queue of ``queue`` for ``delay_ms``, and ``ojs.exchange.retry`` with the
+    queue bound to it unless ``bound`` is false (a scoped worker, which publishes its
+    retries to the queue itself: :meth:`.declared.DeclaredTopology.retry_route`)."""
     name = names.retry_queue(queue, delay_ms)
+    if bound:
+        _exchange(channel, names.retry_exchange)
     _queue(channel, name, retry_queue_arguments(names, queue, delay_ms, job_arguments))
-    channel.queue_bind(name, names.retry_exchange, routing_key=f"{queue}.{delay_ms}")
+    if bound:
+        channel.queue_bind(name, names.retry_exchange, routing_key=f"{queue}.{delay_ms}")
+
+
+def declare_shared(channel: DeclaringChannel, names: TopologyNames,
+                   schedule_arguments: Mapping[str, Any] | None = None,
+                   unroutable_arguments: Mapping[str, Any] | None = None) -> None:
+    """Every entity the queues of ``names`` share, declared by the operator
+    (``ojs-kombu topology declare``): ``ojs.exchange.direct``, the dead-letter exchanges
+    and ``ojs.queue.dlx.unroutable``, ``ojs.exchange.retry`` and the whole scheduling
+    ladder (its 32 levels are fixed, :data:`~ojs_kombu.spec.delays.SCHEDULE_LEVELS`)."""
+    _exchange(channel, names.direct_exchange)
+    declare_dead_letter_exchanges(channel, names, unroutable_arguments)
+    _exchange(channel, names.retry_exchange)
+    declare_schedule_ladder(channel, names, schedule_arguments)
+
+
+def declare_job_exchange(channel: DeclaringChannel, names: TopologyNames) -> None:
+    """``ojs.exchange.direct`` alone: whether this user may declare it tells an operator
+    (or a ``.*`` user) from a scoped producer or worker (:mod:`.declared`)."""
+    _exchange(channel, names.direct_exchange)
 
 
 def declare_schedule_ladder(channel: DeclaringChannel, names: TopologyNames,

@@ -101,8 +101,9 @@ def _retry(channel: JobChannel, delivery: JobDelivery, delivery_tag: int, outcom
                                    due=now + timedelta(seconds=min(outcome.delay_s, MAX_DUE_S)))
     headers["x-ojs-attempt"] = delivery.attempt + 1
     queue, connection = delivery.queue, channel.connection
+    exchange, routing_key = connection.retry_route(queue, delay_ms)
     _send(channel, "retry", delivery, delivery_tag, _copy(delivery, body, headers),
-          connection.ojs.names.retry_exchange, f"{queue}.{delay_ms}",
+          exchange, routing_key,
           lambda via: connection.ensure_retry_queue(queue, delay_ms, via), on_settled)
     logger.info("job %s failed attempt %d (%s: %s); retrying in %.3f s", delivery.job_id,
                 delivery.attempt, outcome.failure.code, outcome.failure.message,

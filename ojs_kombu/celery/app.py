@@ -40,7 +40,7 @@ from .dropped import DroppedJobs
 from .events import WorkerEvents
 from .inline_acks import InlineJobAcks
 from .preflight import OJSPreflight
-from .reconnect import ConsumerReconnections
+from .reconnect import ConsumerReconnections, PermanentConnectFailure
 from .task import OJSTask
 from .task_ids import use_uuid7_task_ids
 
@@ -99,5 +99,5 @@ def _refuse_started(app: Celery) -> None:
 def _add_bootsteps(app: Celery) -> None:
     app.steps["worker"].add(OJSPreflight)
     for step in (WorkerEvents, ControlQueues, DroppedJobs, ConsumerReconnections,
-                 InlineJobAcks):
+                 PermanentConnectFailure, InlineJobAcks):
         app.steps["consumer"].add(step)

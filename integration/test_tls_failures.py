@@ -34,7 +34,8 @@ from ojs_kombu.events.observer import Observer
 from .apps import make_app
 from .conftest import HOST, PORT, wait_until
 from .rabbitmq_node import TLSNode, free_port
-from .test_tls import ROOT, cli, node, tls_env
+from .test_tls import ROOT, cli, consumers, node, tls_env
+from .workers import launch_worker
 
 __all__ = ["node"]  # the TLS node fixture of test_tls
 
@@ -244,3 +245,30 @@ def test_a_broker_that_is_down_is_still_retried(node: TLSNode, tmp_path: Path) -
     finally:
         process.terminate()
         process.wait(60)
+
+
+def test_a_failover_url_whose_tls_fails_for_good_hands_over_to_the_next(
+        node: TLSNode, tmp_path: Path) -> None:
+    """``ojss://127.0.0.2...;ojss://127.0.0.1...``: the first address is not in the
+    certificate, the second is; a worker consumes through the second and a producer
+    publishes through it.  When every URL fails so, the worker stops as above."""
+    bad = f"ojss://guest:guest@127.0.0.2:{node.port}/"
+    urls = f"{bad};{_url(node)}"
+    done_file = tmp_path / "done"
+    process = launch_worker(urls, "integration.tlsapp", "tls-failover", pool="prefork",
+                            concurrency=1, hostname="tls-failover@%h", without=(),
+                            options=("-E",), log=tmp_path / "worker.log",
+                            env=tls_env(node, done_file, url=urls), ready=False)
+    try:
+        wait_until(lambda: consumers(node, "tls-failover"), 120, "the worker's consumer")
+        app, _ = producer(urls, node.ssl_options())
+        sent = app.send_task("tls.record", args=["x"], queue="tls-failover").id
+        wait_until(lambda: done_file.exists() and done_file.read_text().split() == [sent], 60,
+                   "the job to run")
+        assert "hostname_mismatch" in (tmp_path / "worker.log").read_text()
+    finally:
+        process.stop()
+    both_bad = f"{bad};{_url(node)}"
+    ended = worker(tls_env(node, done_file, url=both_bad,
+                           replace=node.ssl_options(server_hostname="wrong.example")))
+    assert ended.returncode == 1 and "hostname_mismatch" in ended.stderr, ended.stderr[-3000:]

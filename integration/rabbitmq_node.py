@@ -54,11 +54,29 @@ def make_cert(folder: Path, name: str, ca: str, subject: str, san: str | None = 
             "-out", f"{name}.pem", cwd=folder)
 
 
+def make_expired_cert(folder: Path, name: str, ca: str, subject: str) -> None:
+    """``{name}.pem``/``{name}.key`` signed by the CA ``ca``, valid for one day of 2020."""
+    (folder / f"{name}.index").write_text("")
+    (folder / f"{name}.serial").write_text("1000\n")
+    (folder / f"{name}.cnf").write_text(
+        f"[ca]\ndefault_ca = d\n[d]\ndatabase = {folder / f'{name}.index'}\n"
+        f"new_certs_dir = {folder}\nserial = {folder / f'{name}.serial'}\n"
+        "default_md = sha256\npolicy = p\nunique_subject = no\n[p]\ncommonName = supplied\n")
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={subject}",
+            "-keyout", f"{name}.key", "-out", f"{name}.csr", cwd=folder)
+    openssl("ca", "-config", f"{name}.cnf", "-batch", "-notext", "-cert", f"{ca}.pem",
+            "-keyfile", f"{ca}.key", "-startdate", "20200101000000Z",
+            "-enddate", "20200102000000Z", "-in", f"{name}.csr", "-out", f"{name}.pem",
+            cwd=folder)
+
+
 @dataclass
 class TLSNode:
     name: str
     port: int
-    folder: Path  # ca.pem, client.pem/.key, other-ca.pem (a CA that signed nothing here)
+    #: ca.pem, client.pem/.key, other-ca.pem (a CA that signed nothing here but
+    #: rogue-client), expired-client (ca's, expired), rogue-server (ca's, for another name)
+    folder: Path
 
     def ctl(self, *args: str) -> str:
         result = subprocess.run(rabbitmqctl_command(*args, node=self.name), capture_output=True,
@@ -69,13 +87,14 @@ class TLSNode:
         return result.stdout
 
     def ssl_options(self, **changes: object) -> dict[str, object]:
-        """Celery's ``broker_use_ssl`` for this node: its CA, the client certificate."""
+        """Celery's ``broker_use_ssl`` for this node as docs/production.rst writes it (its
+        CA, the client certificate, ``CERT_REQUIRED``; no ``server_hostname``)."""
         import ssl
 
         return {"ca_certs": str(self.folder / "ca.pem"),
                 "certfile": str(self.folder / "client.pem"),
                 "keyfile": str(self.folder / "client.key"),
-                "cert_reqs": ssl.CERT_REQUIRED, "server_hostname": "localhost", **changes}
+                "cert_reqs": ssl.CERT_REQUIRED, **changes}
 
     def url(self, vhost: str = "") -> str:
         return f"ojss://guest:guest@localhost:{self.port}/{vhost}"
@@ -96,7 +115,8 @@ def cannot_start_reason() -> str | None:
 
 @contextmanager
 def tls_node() -> Iterator[TLSNode]:
-    """A node whose only AMQP listener is TLS (verify_peer, client certificate required)."""
+    """A node whose only AMQP listeners are TLS (verify_peer, client certificate required),
+    on 127.0.0.1 (in the server certificate) and 127.0.0.2 (not in it)."""
     folder = Path(tempfile.mkdtemp(prefix="ojs-tls-"))
     name = f"ojs-tls-{os.getpid()}-{uuid.uuid4().hex[:4]}@localhost"
     port, dist_port = free_port(), free_port()
@@ -106,10 +126,15 @@ def tls_node() -> Iterator[TLSNode]:
         make_ca(folder, "other-ca")
         make_cert(folder, "server", "ca", "localhost", "DNS:localhost,IP:127.0.0.1")
         make_cert(folder, "client", "ca", "ojs-kombu test client")
+        make_cert(folder, "rogue-client", "other-ca", "ojs-kombu test client")
+        make_expired_cert(folder, "expired-client", "ca", "ojs-kombu test client")
+        make_cert(folder, "rogue-server", "ca", "rogue.example", "DNS:rogue.example")
         extra = os.environ.get("OJS_RABBITMQ_EXTRA_CONF")
         (folder / "rabbitmq.conf").write_text(
             "listeners.tcp = none\n"
             f"listeners.ssl.local = 127.0.0.1:{port}\n"
+            # an address of this machine the server certificate does not hold
+            f"listeners.ssl.other = 127.0.0.2:{port}\n"
             f"ssl_options.cacertfile = {folder / 'ca.pem'}\n"
             f"ssl_options.certfile = {folder / 'server.pem'}\n"
             f"ssl_options.keyfile = {folder / 'server.key'}\n"

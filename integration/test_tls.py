@@ -5,7 +5,9 @@ certificates made here with ``openssl``, a CA, a server certificate for
 ``localhost``/``127.0.0.1``, a client certificate; no plain TCP listener), under
 ``OJS_RABBITMQ_EXEC`` when set (RabbitMQ 4.x in CI) or this machine's RabbitMQ.
 Workers are ``celery -A integration.tlsapp worker`` subprocesses; the CLI is the
-installed ``ojs-kombu``.
+installed ``ojs-kombu``.  Every client uses ``broker_use_ssl`` as docs/production.rst
+writes it (no ``server_hostname``: the URL's host is checked).  What fails for good,
+and a broker that is down, is :mod:`integration.test_tls_failures`.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,9 +44,14 @@ def node() -> Iterator[TLSNode]:
         yield started
 
 
-def tls_env(node: TLSNode, done_file: Path, **ssl_changes: Any) -> dict[str, str]:
-    return {**os.environ, "OJS_TEST_BROKER_URL": node.url(), "OJS_BROKER_URL": node.url(),
-            "OJS_TEST_BROKER_USE_SSL": json.dumps(node.ssl_options(**ssl_changes)),
+def tls_env(node: TLSNode, done_file: Path, url: str | None = None, replace: Any = None,
+            **ssl_changes: Any) -> dict[str, str]:
+    """The environment of ``integration.tlsapp``: the node's URL (or ``url``) and its
+    ``broker_use_ssl`` with ``ssl_changes`` (or ``replace`` in its place)."""
+    url = url or node.url()
+    ssl_options = node.ssl_options(**ssl_changes) if replace is None else replace
+    return {**os.environ, "OJS_TEST_BROKER_URL": url, "OJS_BROKER_URL": url,
+            "OJS_TEST_BROKER_USE_SSL": json.dumps(ssl_options),
             "OJS_TEST_DONE_FILE": str(done_file)}
 
 
@@ -142,10 +148,12 @@ def test_worker_and_producer_reconnect_after_the_tls_connection_is_cut(
         worker.stop()
 
 
-def cli(node: TLSNode, tmp_path: Path, *args: str, **ssl_changes: Any
-        ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([cli_path(), *args], env=tls_env(node, tmp_path / "done", **ssl_changes),
-                          capture_output=True, text=True, timeout=300, cwd=ROOT, check=False)
+def cli(node: TLSNode, tmp_path: Path, *args: str, url: str | None = None,
+        ssl_options: Any = None) -> subprocess.CompletedProcess[str]:
+    """The installed ``ojs-kombu`` with the environment of :func:`tls_env`."""
+    env = tls_env(node, tmp_path / "done", url=url, replace=ssl_options)
+    return subprocess.run([cli_path(), *args], env=env, capture_output=True, text=True,
+                          timeout=300, cwd=ROOT, check=False)
 
 
 def test_the_cli_over_tls(node: TLSNode, tmp_path: Path) -> None:
@@ -178,38 +186,3 @@ def test_the_cli_over_tls(node: TLSNode, tmp_path: Path) -> None:
         worker.stop()
     migrate = cli(node, tmp_path, "migrate", "check", "-A", "integration.tlsapp", "--json")
     assert migrate.returncode == 0, migrate.stdout + migrate.stderr
-
-
-MISMATCHES = {"hostname": ({"server_hostname": "wrong.example"}, "Hostname mismatch"),
-              "CA": ({"ca_certs": "other-ca.pem"}, "certificate verify failed")}
-
-
-@pytest.mark.parametrize("mismatch", list(MISMATCHES))
-def test_a_certificate_mismatch_ends_in_one_clear_error(node: TLSNode, tmp_path: Path,
-                                                       mismatch: str) -> None:
-    changes, named = MISMATCHES[mismatch]
-    if "ca_certs" in changes:
-        changes = {"ca_certs": str(node.folder / changes["ca_certs"])}
-    # the CLI: one line, exit 3, in seconds
-    started = time.monotonic()
-    result = cli(node, tmp_path, "dlq", "list", "-q", "tls-cli", "-A", "integration.tlsapp",
-                 **changes)
-    assert result.returncode == 3, result.stderr
-    assert named in result.stderr and "Traceback" not in result.stderr
-    assert time.monotonic() - started < 60
-    # a producer: one exception naming it, no retry loop
-    app = producer(node, **changes)
-    started = time.monotonic()
-    with pytest.raises(Exception) as raised:
-        app.send_task("math.add", args=[1, 2], queue="tls-readme")
-    assert named in str(raised.value), repr(raised.value)
-    assert time.monotonic() - started < 30
-    # a worker: says so at start and exits non-zero
-    worker = subprocess.run(
-        [sys.executable, "-m", "celery", "-A", "integration.tlsapp", "worker", "-Q", "tls-cli",
-         "--pool", "solo", "--without-mingle", "--without-gossip"],
-        cwd=ROOT, env=tls_env(node, tmp_path / "done", **changes), capture_output=True,
-        text=True, timeout=120, check=False)
-    assert worker.returncode != 0
-    assert named in worker.stderr, worker.stderr[-3000:]
-    assert "Trying again" not in worker.stderr

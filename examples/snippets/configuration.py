@@ -34,6 +34,7 @@ def tls_app() -> Celery:
         "certfile": "/etc/ojs/client.pem",   # this client's certificate (for verify_peer)
         "keyfile": "/etc/ojs/client.key",
         "cert_reqs": ssl.CERT_REQUIRED,
+        # no server_hostname needed: the URL's host (rabbit1.example.com) is checked
     }
     # [/tls]
     return app

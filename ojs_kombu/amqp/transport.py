@@ -12,7 +12,6 @@ ojs_kombu uses of it is :class:`ojs_kombu.amqp.job_channel.JobConnection`.
 from __future__ import annotations
 
 import logging
-import ssl
 import threading
 import time
 import weakref
@@ -20,13 +19,14 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from amqp.exceptions import AMQPError, ConsumerCancelled, RecoverableConnectionError
+from amqp.transport import to_host_port
 from kombu.transport import pyamqp
 
 from ..events.metrics import track_connection
-from ..spec.errors import BrokerCertificateError
 from ..spec.settings import BINDING_OPTION
 from .binding import Binding
 from .broker.declared import DeclaredTopology
+from .broker.tls import TLSTransport, permanent_failure, plaintext_to_tls
 from .channel import Channel
 from .consuming.outcomes import OutcomePublisher
 from .job_channel import Declarer
@@ -96,13 +96,18 @@ class Connection(pyamqp.Connection):
         track_connection(self)
 
     def connect(self, *args: Any, **kwargs: Any) -> Any:
-        """py-amqp's connect; a broker certificate that fails verification is a
-        :class:`~ojs_kombu.spec.errors.BrokerCertificateError`, which kombu does not
-        retry (an ``OSError`` it would retry for ever)."""
+        """py-amqp's connect; a TLS failure no retry mends (:mod:`.broker.tls`) is a
+        :class:`~ojs_kombu.spec.errors.BrokerTLSError`, which kombu does not retry
+        (an ``OSError`` it would retry for ever)."""
         try:
             return super().connect(*args, **kwargs)
-        except ssl.SSLCertVerificationError as exc:
-            raise BrokerCertificateError(str(self.host), str(exc)) from None
+        except OSError as exc:
+            host, port = to_host_port(str(self.host))
+            permanent = (permanent_failure(exc, host, port) if self.ssl else
+                         plaintext_to_tls(exc, host, port, self.connect_timeout))
+            if permanent is None:
+                raise
+            raise permanent from None
 
     def _connect_another(self) -> Connection:
         """Another connection to the same broker, with the same binding, connected."""
@@ -116,7 +121,11 @@ class Connection(pyamqp.Connection):
                   **kwargs: Any) -> Any:
         """py-amqp's socket transport (py-amqp passes the first five positionally);
         over plain TCP the one that reads ahead (:mod:`ojs_kombu.amqp.wire.read_ahead`)."""
-        if ssl or not read_ahead():
+        if ssl:  # the broker's host name checked by default (.broker.tls)
+            return TLSTransport(host, connect_timeout=connect_timeout, ssl=ssl,
+                                read_timeout=read_timeout, write_timeout=write_timeout,
+                                **kwargs)
+        if not read_ahead():
             return super().Transport(host, connect_timeout, ssl, read_timeout, write_timeout,
                                      **kwargs)
         return ReadAheadTCPTransport(host, connect_timeout=connect_timeout,

@@ -53,7 +53,7 @@ from .events import WorkerEvents
 from .inline_acks import InlineJobAcks
 from .preflight import OJSPreflight
 from .purge import wire_purge_command
-from .reconnect import ConsumerReconnections
+from .reconnect import ConsumerReconnections, PermanentConnectFailure
 from .task import OJSTask
 from .task_ids import use_uuid7_task_ids
 
@@ -179,5 +179,5 @@ def _refuse_started(app: Celery) -> None:
 def _add_bootsteps(app: Celery) -> None:
     app.steps["worker"].add(OJSPreflight)
     for step in (WorkerEvents, ControlQueues, DroppedJobs, ConsumerReconnections,
-                 InlineJobAcks):
+                 PermanentConnectFailure, InlineJobAcks):
         app.steps["consumer"].add(step)

@@ -8,18 +8,30 @@ queue) and registers every consumer again with the same prefetch count.
 :class:`ConsumerReconnections` runs after that restart and reports it: a log
 line, ``ojs_amqp_reconnections_total{outcome="succeeded", role="worker"}``
 and a ``connection.reconnected`` event naming the queues and the prefetch.
+
+A connection that no retry can establish (a TLS handshake the broker or the
+client refuses for good: :class:`~ojs_kombu.spec.errors.BrokerTLSError`) is
+not a lost connection: :class:`PermanentConnectFailure` stops the worker with
+one error line and Celery's exit code for a failed start (1), at start or on
+a later reconnection, where Celery would log the exception's traceback.
 """
 
 from __future__ import annotations
 
+import logging
 from time import monotonic
 from typing import Any
 
 from celery import bootsteps
+from celery.exceptions import WorkerShutdown
+from celery.platforms import EX_FAILURE
 from celery.worker import state as worker_state
 
 from ..amqp.broker.connection import report_reconnection
+from ..spec.errors import BrokerTLSError
 from .events import consumed_queues
+
+logger = logging.getLogger(__name__)
 
 
 class ConsumerReconnections(bootsteps.StartStopStep):
@@ -54,3 +66,22 @@ def _prefetch(parent: Any) -> int | None:
     qos = getattr(parent, "qos", None)
     value = getattr(qos, "value", None)
     return int(value) if value is not None else None
+
+
+class PermanentConnectFailure(bootsteps.Step):
+    """Consumer bootstep: a consumer connection that fails for good stops the worker."""
+
+    name = "ojs_kombu.permanent_connect_failure"
+
+    def __init__(self, parent: Any, **kwargs: Any) -> None:
+        super().__init__(parent, **kwargs)
+        connect = parent.connect  # what Celery's Connection step calls, each (re)start
+
+        def connect_or_stop() -> Any:
+            try:
+                return connect()
+            except BrokerTLSError as exc:
+                logger.critical("worker %s stops: %s", parent.hostname, exc)
+                raise WorkerShutdown(EX_FAILURE) from exc
+
+        parent.connect = connect_or_stop

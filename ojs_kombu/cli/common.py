@@ -22,7 +22,7 @@ import kombu.exceptions
 
 from ..amqp.broker.permissions import is_permission_refusal, permission_error
 from ..spec.errors import (
-    BrokerCertificateError,
+    BrokerTLSError,
     ControlError,
     ControlTimeout,
     DeadLetterNotFound,
@@ -181,7 +181,7 @@ def classify(exc: BaseException) -> CLIError | None:
         return CLIError(text, EXIT_FAILED, "failed")
     if isinstance(exc, DeadLetterNotFound):
         return CLIError(text, EXIT_NOT_FOUND, "not_found")
-    if isinstance(exc, BrokerCertificateError):
+    if isinstance(exc, BrokerTLSError):  # for good: no retry, one line (kind in the text)
         return CLIError(f"cannot reach the broker: {text}", EXIT_UNREACHABLE, "unreachable")
     if isinstance(exc, TopologyPermissionError):
         return CLIError(text, EXIT_FAILED, "permission_refused")

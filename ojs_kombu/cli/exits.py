@@ -22,7 +22,8 @@ EXIT_CODES = {
                  "answered INFO with an error, or a confirmation was declined",
     EXIT_USAGE: "usage error or invalid input (bad option, invalid JSON, job id, type, queue "
                 "or broker URL, an app that cannot be imported)",
-    EXIT_UNREACHABLE: "the broker cannot be reached (connection refused, DNS, login, vhost), "
+    EXIT_UNREACHABLE: "the broker cannot be reached (connection refused, DNS, login, vhost, a "
+                      "TLS handshake refused for good), "
                       "or the dedup store cannot",
     EXIT_NOT_FOUND: "unknown queue, unknown job (info: not_found or unknown), no such "
                     "dead letter, or no such dedup record",

@@ -9,7 +9,8 @@ The tree, rooted at :class:`OJSError` (a second base where callers catch the
 builtin: ``LookupError``, ``TimeoutError``, ``ValueError``)::
 
     OJSConfigurationError    JobTypeError, QueueNameError, TopologyConflictError,
-                             TopologyPermissionError, BrokerCertificateError,
+                             TopologyPermissionError, BrokerTLSError
+                             (BrokerCertificateError),
                              RetryPolicyError, DedupNotConfigured,
                              UnsupportedDependencyError
     JobPublishError
@@ -109,17 +110,46 @@ class TopologyPermissionError(OJSConfigurationError):
         )
 
 
-class BrokerCertificateError(OJSConfigurationError):
+class BrokerTLSError(OJSConfigurationError):
+    """The TLS handshake with the broker failed in a way no retry mends: a certificate
+    either side refuses, a port that does not speak TLS (or a TLS port spoken to in
+    plain AMQP), the client's own certificate files.  kombu and Celery do not retry
+    it: a worker stops at start, a producer and ``ojs-kombu`` raise at once.
+    ``kind`` says which (``client_certificate_required``, ``client_certificate_rejected``,
+    ``client_certificate_expired``, ``client_certificate_unusable``, ``hostname_mismatch``,
+    ``server_certificate_untrusted``, ``server_certificate_expired``,
+    ``server_certificate_not_yet_valid``, ``handshake_refused``, ``not_tls``,
+    ``tls_port``)."""
+
+    def __init__(self, host: str, port: int | None, reason: str,
+                 kind: str = "handshake_refused") -> None:
+        self.host = host
+        self.port = port
+        self.reason = reason
+        self.kind = kind
+        where = f"{host}:{port}" if port is not None else host
+        super().__init__(f"TLS with the broker at {where} failed for good ({kind}): "
+                         f"{reason}. {self.advice}")
+
+    advice = ("Retrying cannot help: check broker_use_ssl (certfile and keyfile: a client "
+              "certificate the broker's CA signed, not expired) and the URL's scheme and port.")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.host, self.port, self.reason, self.kind)
+
+
+class BrokerCertificateError(BrokerTLSError):
     """The broker's TLS certificate failed verification: retrying cannot help."""
 
-    def __init__(self, host: str, reason: str) -> None:
-        self.host = host
-        self.reason = reason
-        super().__init__(
-            f"the TLS certificate of the broker at {host} failed verification: {reason}. "
-            "Check broker_use_ssl: ca_certs (the CA that signed the broker's certificate) "
-            "and server_hostname (a name the certificate holds)."
-        )
+    advice = ("Check broker_use_ssl: ca_certs (the CA that signed the broker's certificate) "
+              "and the URL's host (or server_hostname: a name the certificate holds).")
+
+    def __init__(self, host: str, reason: str, port: int | None = None,
+                 kind: str = "server_certificate_untrusted") -> None:
+        super().__init__(host, port, reason, kind)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.host, self.reason, self.port, self.kind)
 
 
 class AppNotInstalledError(OJSConfigurationError):

@@ -23,6 +23,8 @@ worker's ``broker_connection_retry`` loop and ``apply_async``'s
   re-established connection is logged and emitted as ``connection.reconnected``
   (through the binding's hook: ``ojs_kombu.subscribe``), also when kombu closed the lost
   connection first (its producer pool does so after a failed publish);
+* a TLS handshake that fails for good (:mod:`.tls`) is not retried; with several
+  URLs the next one is tried, and the error raised once every URL failed so;
 * a connection error names the broker it came from
   (``kombu.exceptions.OperationalError: ... (broker ojs://guest:**@host:5672//)``):
   that is what a producer whose publish failed sees.
@@ -37,19 +39,20 @@ the queues it consumes when its consumer restarts.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from itertools import count
 from time import monotonic
 from typing import Any
 
 import kombu
+from amqp.exceptions import RecoverableConnectionError
 from kombu.connection import ConnectionPool as KombuConnectionPool
 from kombu.connection import PooledConnection
 from kombu.exceptions import OperationalError
 from kombu.utils.functional import retry_over_time
 
-from ...spec.errors import BrokerBackingOff
+from ...spec.errors import BrokerBackingOff, BrokerTLSError
 from ..binding import Binding, registered_binding
 from ..wire.kombu_seam import (
     connection_factory,
@@ -134,10 +137,32 @@ class BrokerConnection(kombu.Connection):
 
         with library_errors(self) if reraise_as_library_errors else no_translation(self):
             return retry_over_time(
-                connection_factory(self), self.recoverable_connection_errors, (), {},
+                self._failing_over(connection_factory(self)),
+                self.recoverable_connection_errors, (), {},
                 on_error, max_retries, policy.initial, 0, policy.max_delay, callback,
                 timeout=timeout,
             )
+
+    def _failing_over(self, connect: Callable[[], Any]) -> Callable[[], Any]:
+        """``connect``, where a URL of several (``ojss://h1;ojss://h2``) whose TLS fails for
+        good (:class:`~ojs_kombu.spec.errors.BrokerTLSError`) hands over to the next one
+        as a failed attempt; the error is raised once every URL failed that way."""
+        urls = len(set(self.alt))
+        if urls <= 1:
+            return connect
+        refused: dict[str, BrokerTLSError] = {}
+
+        def attempt() -> Any:
+            try:
+                return connect()
+            except BrokerTLSError as exc:
+                refused[self.as_uri(include_password=True)] = exc
+                if len(refused) >= urls:
+                    raise
+                logger.error("%s; trying the next broker URL", exc)
+                raise RecoverableConnectionError(str(exc)) from exc
+
+        return attempt
 
     def on_connected(self) -> None:
         """After each connect (kombu's ``_connection_factory``, :mod:`.kombu_seam`)."""

@@ -25,6 +25,8 @@ CHECKED = "5.3.1, 5.4.2"
 #: Fallbacks (:func:`fallbacks` holds the ones in force).
 NO_READ_AHEAD = "reading frames with py-amqp's own reader (no read-ahead)"
 NO_LOOP_ACKS = "acking each delivery at once (no acks collected per loop iteration)"
+NO_TLS_ALERT = ("a client certificate the broker refuses under TLS 1.3 is retried as a lost "
+                "connection (its alert is not read)")
 
 _T = TypeVar("_T")
 
@@ -35,6 +37,7 @@ def _hook(owner: Any, member: str, why: str, params: tuple[str, ...] | None = No
 
 
 TCP = amqp_transport.TCPTransport
+SSL = amqp_transport.SSLTransport
 HOOKS: tuple[Hook, ...] = (
     _hook(TCP, "_read", "reading the socket ahead (amqp/wire/read_ahead.py)",
           ("n", "initial", "_errnos"), fallback=NO_READ_AHEAD),
@@ -60,6 +63,9 @@ HOOKS: tuple[Hook, ...] = (
     _hook(amqp.Channel, "_on_close", "a confirm channel whose close is reported to its "
           "publisher instead of raised into the loop (amqp/consuming/outcomes.py)",
           ("reply_code", "reply_text", "class_id", "method_id")),
+    _hook(SSL, "_init_socket", "reading the broker's TLS alert behind the protocol header's "
+          "failed write (a client certificate refused under TLS 1.3: amqp/broker/tls.py)",
+          ("socket_settings", "read_timeout", "write_timeout"), fallback=NO_TLS_ALERT),
     _hook(serialization.GenericContent, "_serialize_properties",
           "encoding message properties the fast encoder does not handle", ()),
 )
@@ -135,4 +141,25 @@ def close_hook(cls: type[_T]) -> type[_T]:
         self.on_broker_close(reply_code, reply_text)
 
     cls._on_close = _on_close  # type: ignore[attr-defined]
+    return cls
+
+
+def write_failure_hook(cls: type[_T]) -> type[_T]:
+    """When the set-up of ``cls``'s socket (a py-amqp ``SSLTransport``: the TLS handshake,
+    then the AMQP protocol header's write) fails with an ``OSError``, what ``cls``'s
+    ``on_setup_failed(exc)`` returns is raised (``exc`` itself: unchanged), with the
+    socket still open; unless :data:`NO_TLS_ALERT` is in force."""
+
+    def _init_socket(self: Any, socket_settings: Any, read_timeout: Any,
+                     write_timeout: Any) -> None:
+        try:
+            super(cls, self)._init_socket(socket_settings, read_timeout, write_timeout)
+        except OSError as exc:
+            raised = self.on_setup_failed(exc)
+            if raised is exc:
+                raise
+            raise raised from exc
+
+    if NO_TLS_ALERT not in fallbacks():
+        cls._init_socket = _init_socket  # type: ignore[attr-defined]
     return cls

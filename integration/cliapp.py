@@ -4,7 +4,8 @@
 for workers whose INFO answers depend on it; ``OJS_TEST_CANCEL_GRACE`` sets
 ``ojs_cancel_grace``; ``OJS_TEST_BROKER_HEARTBEAT`` sets ``broker_heartbeat``;
 ``OJS_TEST_CONFORMANCE_PROBES`` registers the tasks
-``ojs-kombu conformance`` sends.
+``ojs-kombu conformance`` sends; ``OJS_TEST_EVENT_SINKS`` sets ``ojs_event_sinks``
+(comma-separated).
 """
 
 import os
@@ -22,3 +23,5 @@ if os.environ.get("OJS_TEST_CONFORMANCE_PROBES"):
     ojs_kombu.register_conformance_probes(app)
 if "OJS_TEST_BROKER_HEARTBEAT" in os.environ:
     app.conf.broker_heartbeat = float(os.environ["OJS_TEST_BROKER_HEARTBEAT"])
+if os.environ.get("OJS_TEST_EVENT_SINKS"):
+    app.conf.ojs_event_sinks = os.environ["OJS_TEST_EVENT_SINKS"].split(",")

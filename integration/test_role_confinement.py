@@ -106,15 +106,28 @@ def billing(urls: dict[str, str]) -> dict[str, int]:
 def email_worker(urls: dict[str, str], billing: dict[str, int],
                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
     """A default ``celery worker -Q email -E`` (gossip, mingle, heartbeats on) as the
-    ``email`` worker's user."""
+    ``email`` worker's user, its OJS events on the ``"amqp"`` sink; a queue of the
+    operator's gets them."""
+    operator = _amqp(urls["operator"])
+    try:
+        channel = operator.channel()
+        channel.queue_declare(EVENTS_QUEUE, durable=True, auto_delete=False)
+        channel.queue_bind(EVENTS_QUEUE, "ojs.exchange.events", "job.#")
+    finally:
+        operator.close()
     log = tmp_path_factory.mktemp("confine") / "worker.log"
     worker = launch_worker(urls["email-worker"], "integration.cliapp", "email", log=log,
                            without=(), options=("-E",),
-                           env={"OJS_TEST_RESULT_BACKEND": "none"})
+                           env={"OJS_TEST_RESULT_BACKEND": "none",
+                                "OJS_TEST_EVENT_SINKS": "amqp"})
     try:
         yield worker
     finally:
         worker.stop()
+
+
+#: The operator's queue bound to ``ojs.exchange.events`` (the ``email`` worker's sink).
+EVENTS_QUEUE = "ojs.queue.test-events"
 
 
 #: Each attack: what it does, given a channel.  ``{q}`` is a ladder level.
@@ -213,5 +226,17 @@ def test_email_roles_still_do_their_work(urls: dict[str, str], email_worker: Wor
             connection.close()
 
     wait_until(lambda: dead_letters() == 1, 90, "the failing job's dead letter (3 attempts)")
+
+    def events() -> int:
+        connection = _amqp(urls["operator"])
+        try:
+            return int(connection.channel().queue_declare(
+                EVENTS_QUEUE, passive=True).message_count)
+        finally:
+            connection.close()
+
+    # the scoped worker's "amqp" sink checks the operator's exchange passively
+    wait_until(lambda: events() > 0, 60, "the email worker's job events")
     assert "ACCESS_REFUSED" not in log.read_text()
+    assert "could not deliver" not in log.read_text()
     assert _counts(urls["operator"]) == billing

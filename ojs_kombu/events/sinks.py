@@ -359,10 +359,21 @@ class AMQPSink(BackgroundSink):
 
     def _open(self) -> Any:
         if self._channel is None:
+            from amqp.exceptions import AccessRefused
+
             self._connection = self.connect()
             self._connection.ensure_connection(max_retries=1)
             channel = self._connection.connection.channel()
-            channel.exchange_declare(self.exchange, "topic", durable=True, auto_delete=False)
+            try:
+                channel.exchange_declare(self.exchange, "topic", durable=True,
+                                         auto_delete=False)
+            except AccessRefused:
+                # a scoped worker's user may not declare shared exchanges: the operator
+                # did (``ojs-kombu topology declare``); check it exists, on a new
+                # channel (the refusal closed this one)
+                channel = self._connection.connection.channel()
+                channel.exchange_declare(self.exchange, "topic", durable=True,
+                                         auto_delete=False, passive=True)
             self._channel = channel
         return self._channel
 

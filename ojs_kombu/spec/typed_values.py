@@ -30,6 +30,7 @@ from decimal import Decimal
 from typing import Any
 from uuid import UUID
 
+from .errors import Picklable
 from .x_celery import EMBED_KEYS, X_CELERY
 
 #: The ``meta`` key of the type map.
@@ -100,7 +101,7 @@ def registered_decoder(marker: str) -> Callable[[Any], Any] | None:
     return _registry.decoder(marker)
 
 
-class UnencodableValue(TypeError):
+class UnencodableValue(Picklable, TypeError):
     """A value no JSON form and no registered type carries, at ``path``."""
 
     def __init__(self, path: Path, value: Any, advice: str) -> None:

@@ -18,7 +18,11 @@ from ojs_kombu.spec.envelope import CONTENT_TYPE
 from ojs_kombu.spec.errors import JobRejected, OJSConfigurationError
 from ojs_kombu.spec.job_ids import new_job_id
 from ojs_kombu.spec.settings import OJSSettings
-from ojs_kombu.spec.strict_input import INVALID_ENVELOPE, UNSUPPORTED_CONTENT_TYPE
+from ojs_kombu.spec.strict_input import (
+    INVALID_ENVELOPE,
+    JOB_TOO_LARGE,
+    UNSUPPORTED_CONTENT_TYPE,
+)
 from ojs_kombu.spec.typed_values import TYPE_MAP_TOO_LARGE, TYPES_KEY
 
 PROPS = {"content_type": CONTENT_TYPE, "content_encoding": "utf-8"}
@@ -108,3 +112,12 @@ def test_the_limits_are_settings_validated_at_start(value: Any) -> None:
     for name in ("ojs_max_type_map_entries", "ojs_chord_unlock_max_retries"):
         with pytest.raises(OJSConfigurationError, match=name.removeprefix("ojs_")):
             OJSSettings.from_options({name: value}, source="app.conf")
+
+
+def test_a_body_over_ojs_max_job_bytes_is_refused_before_it_is_parsed() -> None:
+    body = json.dumps(job(["x" * 2000])).encode()
+    assert consume(body, max_job_bytes=len(body)).payload[0] == ["x" * 2000]
+    rejected = refused(body[:-1] + b"garbage", max_job_bytes=len(body))  # not even JSON
+    assert rejected.code == JOB_TOO_LARGE
+    assert f"{len(body) + 6} bytes" in rejected.message
+    assert f"ojs_max_job_bytes={len(body)}" in rejected.message

@@ -22,7 +22,7 @@ from .envelope import JobEnvelope
 from .errors import JobRejected
 from .job_ids import JOB_ID_HEADER, TASK_ID_KEY
 from .job_types import JobTypeRegistry
-from .strict_input import INVALID_ENVELOPE, check_content_type, parse_envelope
+from .strict_input import INVALID_ENVELOPE, check_body_size, check_content_type, parse_envelope
 from .times import celery_time
 from .typed_values import (
     DEFAULT_MAX_TYPE_MAP_ENTRIES,
@@ -92,6 +92,7 @@ def decode_job_message(
     argsrepr: Callable[[Any], str] = repr,
     queue: str | None = None,
     max_type_map_entries: int = DEFAULT_MAX_TYPE_MAP_ENTRIES,
+    max_job_bytes: int | None = None,
 ) -> IncomingJob:
     """Validate a consumed OJS job and build the Celery v2 headers and payload for it.
 
@@ -105,9 +106,11 @@ def decode_job_message(
     (``resolve_task`` is then a :class:`~ojs_kombu.spec.job_types.JobTypeRegistry`'s
     ``task_for``; with any other callable, only a type other than the task's name does).
     ``TYPE_MAP_TOO_LARGE`` for a type map (``meta.x_celery_types``) of more than
-    ``max_type_map_entries`` entries, or of more entries than values to type.
+    ``max_type_map_entries`` entries, or of more entries than values to type;
+    ``JOB_TOO_LARGE`` for a body over ``max_job_bytes``, before it is parsed.
     """
     check_content_type(properties.get("content_type"), properties.get("content_encoding"))
+    check_body_size(body, max_job_bytes)
     envelope = parse_envelope(body)
     if queue is not None and envelope.queue != queue:
         raise JobRejected(

@@ -73,9 +73,11 @@ class OJSSettings(BaseModel):
     #: accepted (``UnroutableJobError``, ``JobNackedError``, ``PublishConfirmTimeout``),
     #: in the publishing thread.  ``None``: they are raised instead (see above).
     on_publish_error: Any = None
-    #: Largest job body (the envelope's JSON, in bytes) a producer publishes; a bigger
-    #: one raises ``JobTooLargeError`` before anything is sent.  The default is
-    #: RabbitMQ's default ``max_message_size`` (128 MiB); ``None``: no check.
+    #: Largest job body (the envelope's JSON, in bytes) a producer publishes and a worker
+    #: reads: a bigger one raises ``JobTooLargeError`` before anything is sent, and a
+    #: worker dead-letters one it consumes as ``JOB_TOO_LARGE`` before parsing it (a
+    #: parse costs about twenty times the body in memory).  The default is RabbitMQ's
+    #: default ``max_message_size`` (128 MiB); ``None``: no check.
     max_job_bytes: int | None = Field(default=134_217_728, ge=1)
     #: Most entries of a consumed job's type map (``meta.x_celery_types``); a job with
     #: more is dead-lettered as ``TYPE_MAP_TOO_LARGE`` before any entry is read (a map

@@ -10,12 +10,16 @@ import json
 from datetime import date
 from typing import Any
 
+import amqp
 import pytest
 
+from ojs_kombu.amqp.consuming.delivery import JobMessage
+from ojs_kombu.amqp.job_channel import JobDelivery
 from ojs_kombu.spec.decode import decode_job_message
 from ojs_kombu.spec.encode import CELERY_CALL, encode_task_message
 from ojs_kombu.spec.envelope import CONTENT_TYPE
 from ojs_kombu.spec.errors import JobRejected, OJSConfigurationError
+from ojs_kombu.spec.failures import Action
 from ojs_kombu.spec.job_ids import new_job_id
 from ojs_kombu.spec.settings import OJSSettings
 from ojs_kombu.spec.strict_input import (
@@ -24,6 +28,8 @@ from ojs_kombu.spec.strict_input import (
     UNSUPPORTED_CONTENT_TYPE,
 )
 from ojs_kombu.spec.typed_values import TYPE_MAP_TOO_LARGE, TYPES_KEY
+
+from .test_delivery import SettlingChannel
 
 PROPS = {"content_type": CONTENT_TYPE, "content_encoding": "utf-8"}
 EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
@@ -121,3 +127,36 @@ def test_a_body_over_ojs_max_job_bytes_is_refused_before_it_is_parsed() -> None:
     assert rejected.code == JOB_TOO_LARGE
     assert f"{len(body) + 6} bytes" in rejected.message
     assert f"ojs_max_job_bytes={len(body)}" in rejected.message
+
+
+def test_a_job_message_kombu_cannot_decode_is_dead_lettered_not_acked() -> None:
+    """Celery acks what kombu cannot decode ("Can't decode message body"); a job is
+    dead-lettered ``INVALID_PAYLOAD`` instead."""
+    channel = SettlingChannel()
+    raw = amqp.Message(b'{"not": "gzip"}', message_id="j-1", content_type=CONTENT_TYPE,
+                       application_headers={"compression": "application/x-gzip"})
+    raw.delivery_info = {"delivery_tag": 3, "exchange": "ojs.exchange.direct",
+                         "routing_key": "billing", "redelivered": False}
+    message = JobMessage(raw, channel=channel)
+    message.ojs = JobDelivery("billing", "j-1", raw.body, dict(raw.properties), "b.c")
+    assert message.errors  # kombu's decompression failed
+    message.ack()
+    [(_, tag, outcome)] = channel.settled
+    assert (tag, outcome.action, outcome.failure.code) == (3, Action.DEAD_LETTER,
+                                                           "INVALID_PAYLOAD")
+    assert "could not be decoded" in outcome.failure.message
+    assert message.acknowledged
+
+
+def test_a_decoded_job_message_is_acked_as_usual() -> None:
+    channel = SettlingChannel()
+    raw = amqp.Message(b"{}", message_id="j-2", content_type=CONTENT_TYPE)
+    raw.delivery_info = {"delivery_tag": 4, "exchange": "ojs.exchange.direct",
+                         "routing_key": "billing", "redelivered": False}
+    message = JobMessage(raw, channel=channel)
+    message.ojs = JobDelivery("billing", "j-2", raw.body, dict(raw.properties), "b.c")
+    acked: list[int] = []
+    channel.no_ack_consumers = None  # type: ignore[attr-defined]
+    channel.basic_ack = lambda tag, multiple=False: acked.append(tag)  # type: ignore[attr-defined]
+    message.ack()
+    assert acked == [4] and channel.settled == []

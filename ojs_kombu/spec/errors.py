@@ -34,6 +34,9 @@ builtin: ``LookupError``, ``TimeoutError``, ``ValueError``)::
     ControlError             ControlTimeout (TimeoutError)
     BrokerBackingOff         an on-demand connection waits out its reconnect backoff
     InvalidEventData, InvalidEventMessage   (ValueError)
+
+Every one pickles with its message and attributes (:class:`Picklable`): Celery's
+prefork pool sends what a task raised to the worker's main process.
 """
 
 from __future__ import annotations

@@ -31,6 +31,7 @@ from celery.utils.serialization import raise_with_context
 from celery.worker import state as worker_state
 
 from ..events.job_info import JobInfo
+from ..spec.decode import CHORD_UNLOCK
 from ..spec.envelope import RetryPolicy
 from ..spec.failures import HANDLER_ERROR, NON_RETRYABLE_ERROR
 from ..spec.job_ids import JOB_ID_HEADER
@@ -242,6 +243,10 @@ class OJSTask(Task):
         if request.called_directly or not _delivered_by_ojs(request):
             return super().retry(args, kwargs, exc, throw, eta, countdown, max_retries,
                                  **options)
+        if max_retries is None and self.max_retries is None and self.name == CHORD_UNLOCK:
+            # Celery polls a chord's header forever; a job naming a chord that never
+            # completes (forged by a producer, or its header lost) must end.
+            max_retries = self.app.amqp.binding.settings.chord_unlock_max_retries
         if args is not None or kwargs is not None or options:
             # Celery publishes the new message itself; mark the Retry so the worker
             # only acks this delivery instead of republishing it too.

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import click
 
+from ..spec.errors import Picklable
+
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -32,7 +34,7 @@ EXIT_CODES = {
 }
 
 
-class CLIError(click.ClickException):
+class CLIError(Picklable, click.ClickException):
     """An error with its exit code and a short machine-readable kind."""
 
     def __init__(self, message: str, exit_code: int = EXIT_FAILED, kind: str = "failed") -> None:

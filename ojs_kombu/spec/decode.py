@@ -22,9 +22,18 @@ from .envelope import JobEnvelope
 from .errors import JobRejected
 from .job_ids import JOB_ID_HEADER, TASK_ID_KEY
 from .job_types import JobTypeRegistry
-from .strict_input import INVALID_ENVELOPE, check_content_type, parse_envelope
+from .strict_input import INVALID_ENVELOPE, check_body_size, check_content_type, parse_envelope
 from .times import celery_time
-from .typed_values import TYPES_KEY, TypeMapError, check_type_map, restore
+from .typed_values import (
+    DEFAULT_MAX_TYPE_MAP_ENTRIES,
+    TYPE_MAP_TOO_LARGE,
+    TYPES_KEY,
+    TypeMapError,
+    TypeMapTooLarge,
+    check_type_map,
+    check_type_map_size,
+    restore,
+)
 from .unique import UNIQUE_HEADER, fingerprint
 from .x_celery import EMBED_KEYS, HEADER_DEFAULTS, X_CELERY, check_x_celery, retypable
 
@@ -39,6 +48,9 @@ CELERY_JOB_HEADER = "ojs_celery_job"
 #: ``celery.group``, ``celery.chain``, ``celery.chord``, ``celery.map``, ``celery.starmap``,
 #: ``celery.chunks``, ``celery.backend_cleanup``) start with this.
 CELERY_BUILTIN_PREFIX = "celery."
+#: Celery's built-in task that polls a chord's header, retrying itself until the header
+#: is ready (forever by Celery's default; ``ojs_chord_unlock_max_retries`` bounds it).
+CHORD_UNLOCK = "celery.chord_unlock"
 
 
 @dataclass(slots=True)
@@ -79,6 +91,8 @@ def decode_job_message(
     resolve_task: Callable[[str], str | None],
     argsrepr: Callable[[Any], str] = repr,
     queue: str | None = None,
+    max_type_map_entries: int = DEFAULT_MAX_TYPE_MAP_ENTRIES,
+    max_job_bytes: int | None = None,
 ) -> IncomingJob:
     """Validate a consumed OJS job and build the Celery v2 headers and payload for it.
 
@@ -91,8 +105,12 @@ def decode_job_message(
     (``celery.group`` ...) unless ``ojs_job_types`` maps that task onto it
     (``resolve_task`` is then a :class:`~ojs_kombu.spec.job_types.JobTypeRegistry`'s
     ``task_for``; with any other callable, only a type other than the task's name does).
+    ``TYPE_MAP_TOO_LARGE`` for a type map (``meta.x_celery_types``) of more than
+    ``max_type_map_entries`` entries, or of more entries than values to type;
+    ``JOB_TOO_LARGE`` for a body over ``max_job_bytes``, before it is parsed.
     """
     check_content_type(properties.get("content_type"), properties.get("content_encoding"))
+    check_body_size(body, max_job_bytes)
     envelope = parse_envelope(body)
     if queue is not None and envelope.queue != queue:
         raise JobRejected(
@@ -110,8 +128,11 @@ def decode_job_message(
     if meta and TYPES_KEY in meta:  # values JSON has no type for: their Python types back
         try:
             types = meta[TYPES_KEY]
-            typed = restore({"args": args, X_CELERY: x_celery}, types,
-                            check_type_map(types, retypable))
+            members = {"args": args, X_CELERY: x_celery}
+            check_type_map_size(types, members, max_type_map_entries)
+            typed = restore(members, types, check_type_map(types, retypable))
+        except TypeMapTooLarge as exc:
+            raise JobRejected(TYPE_MAP_TOO_LARGE, str(exc)) from None
         except TypeMapError as exc:
             raise JobRejected(INVALID_ENVELOPE, str(exc)) from None
         args, x_celery = typed["args"], typed[X_CELERY]

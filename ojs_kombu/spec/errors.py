@@ -35,6 +35,9 @@ builtin: ``LookupError``, ``TimeoutError``, ``ValueError``)::
     ControlError             ControlTimeout (TimeoutError)
     BrokerBackingOff         an on-demand connection waits out its reconnect backoff
     InvalidEventData, InvalidEventMessage   (ValueError)
+
+Every one pickles with its message and attributes (:class:`Picklable`): Celery's
+prefork pool sends what a task raised to the worker's main process.
 """
 
 from __future__ import annotations
@@ -45,7 +48,30 @@ from typing import Any
 from kombu.exceptions import EncodeError
 
 
-class OJSError(Exception):
+def _rebuilt(cls: type[BaseException], args: tuple[Any, ...], state: dict[str, Any]
+             ) -> BaseException:
+    """An exception :meth:`Picklable.__reduce__` wrote, back without calling its
+    ``__init__`` (whose parameters are not its ``args``)."""
+    exc = cls.__new__(cls, *args)
+    exc.args = args
+    exc.__dict__.update(state)
+    return exc
+
+
+class Picklable:
+    """Mixin of an exception whose ``__init__`` takes other arguments than it passes
+    to ``Exception``: pickling (the default re-calls ``cls(*self.args)``) keeps its
+    message and attributes instead.  Celery's prefork pool pickles what a task raised
+    (also inside ``Reject`` and ``Retry``) to the worker's main process; an exception
+    that fails to unpickle there stops the worker consuming."""
+
+    args: tuple[Any, ...]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _rebuilt, (type(self), self.args, dict(vars(self)))
+
+
+class OJSError(Picklable, Exception):
     """Base class of every ojs_kombu error."""
 
 
@@ -429,9 +455,6 @@ class InvalidEventData(OJSError, ValueError):
             f"{'.'.join(['data', *map(str, e['loc'])])}: {e['msg']}" for e in errors
         )
         super().__init__(f"invalid data for {event_type!r} event: {self.detail}")
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return type(self), (self.event_type, self.errors, self.detail)
 
 
 class InvalidEventMessage(OJSError, ValueError):

@@ -22,6 +22,7 @@ from .backpressure import (
 )
 from .errors import OJSConfigurationError
 from .naming import DEFAULT_QUEUE_ALIASES, check_queue_name
+from .typed_values import DEFAULT_MAX_TYPE_MAP_ENTRIES
 
 logger = logging.getLogger("ojs_kombu")
 
@@ -72,10 +73,22 @@ class OJSSettings(BaseModel):
     #: accepted (``UnroutableJobError``, ``JobNackedError``, ``PublishConfirmTimeout``),
     #: in the publishing thread.  ``None``: they are raised instead (see above).
     on_publish_error: Any = None
-    #: Largest job body (the envelope's JSON, in bytes) a producer publishes; a bigger
-    #: one raises ``JobTooLargeError`` before anything is sent.  The default is
-    #: RabbitMQ's default ``max_message_size`` (128 MiB); ``None``: no check.
+    #: Largest job body (the envelope's JSON, in bytes) a producer publishes and a worker
+    #: reads: a bigger one raises ``JobTooLargeError`` before anything is sent, and a
+    #: worker dead-letters one it consumes as ``JOB_TOO_LARGE`` before parsing it (a
+    #: parse costs about twenty times the body in memory).  The default is RabbitMQ's
+    #: default ``max_message_size`` (128 MiB); ``None``: no check.
     max_job_bytes: int | None = Field(default=134_217_728, ge=1)
+    #: Most entries of a consumed job's type map (``meta.x_celery_types``); a job with
+    #: more is dead-lettered as ``TYPE_MAP_TOO_LARGE`` before any entry is read (a map
+    #: may never hold more entries than ``args`` and ``x_celery`` hold values, either).
+    max_type_map_entries: int = Field(default=DEFAULT_MAX_TYPE_MAP_ENTRIES, ge=0)
+    #: How many times Celery's ``celery.chord_unlock`` polls a chord's header (each poll
+    #: one retry, Celery's ``result_chord_retry_interval`` apart) when the chord gives no
+    #: ``max_retries`` (Celery's default: forever); then the chord fails with
+    #: ``ChordError`` and the job is dead-lettered.  A job naming a chord that never
+    #: completes (forged, or its header lost) thus ends.
+    chord_unlock_max_retries: int = Field(default=3600, ge=0)
     #: How a worker sends its acks (see :mod:`ojs_kombu.amqp.wire.acks`).  ``"batched"``: the
     #: acks of jobs that end in the same event-loop iteration go out in one write,
     #: one ``Basic.Ack(multiple=false)`` per job (the binding's section 5.3).

@@ -24,6 +24,8 @@ from .errors import JobRejected
 INVALID_PAYLOAD = "INVALID_PAYLOAD"
 INVALID_ENVELOPE = "INVALID_ENVELOPE"
 UNSUPPORTED_CONTENT_TYPE = "UNSUPPORTED_CONTENT_TYPE"
+#: A body larger than the worker reads (``ojs_max_job_bytes``), refused before it is parsed.
+JOB_TOO_LARGE = "JOB_TOO_LARGE"
 
 
 _UTF_8 = ("utf-8", None)
@@ -45,6 +47,16 @@ def check_content_type(content_type: str | None, content_encoding: str | None) -
             UNSUPPORTED_CONTENT_TYPE,
             f"content_encoding is {content_encoding!r}; OJS job bodies are utf-8",
         )
+
+
+def check_body_size(body: bytes | str, limit: int | None) -> None:
+    """Refuse, as ``JOB_TOO_LARGE``, a body over ``limit`` bytes (``None``: no limit)
+    before it is parsed: parsing a job costs about twenty times its body in memory."""
+    if limit is not None and len(body) > limit:
+        raise JobRejected(
+            JOB_TOO_LARGE,
+            f"message body has {len(body)} bytes, more than this worker reads "
+            f"(ojs_max_job_bytes={limit})")
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

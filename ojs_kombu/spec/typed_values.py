@@ -30,6 +30,7 @@ from decimal import Decimal
 from typing import Any
 from uuid import UUID
 
+from .errors import Picklable
 from .x_celery import EMBED_KEYS, X_CELERY
 
 #: The ``meta`` key of the type map.
@@ -100,7 +101,7 @@ def registered_decoder(marker: str) -> Callable[[Any], Any] | None:
     return _registry.decoder(marker)
 
 
-class UnencodableValue(TypeError):
+class UnencodableValue(Picklable, TypeError):
     """A value no JSON form and no registered type carries, at ``path``."""
 
     def __init__(self, path: Path, value: Any, advice: str) -> None:
@@ -227,6 +228,58 @@ def natural(value: Any, path: Path, types: dict[str, str]) -> Any:
 
 class TypeMapError(ValueError):
     """A consumed job's type map cannot be applied: the message names the entry."""
+
+
+#: ``ojs_max_type_map_entries``' default: far more typed values than a call carries.
+DEFAULT_MAX_TYPE_MAP_ENTRIES = 10_000
+#: ``x-ojs-error-code`` of a job whose type map is over its bounds (:func:`check_type_map_size`).
+TYPE_MAP_TOO_LARGE = "TYPE_MAP_TOO_LARGE"
+
+
+class TypeMapTooLarge(TypeMapError):
+    """A consumed job's type map has more entries than the worker reads
+    (``ojs_max_type_map_entries``) or than its values (one entry types one value)."""
+
+
+def check_type_map_size(types: Any, members: Mapping[str, Any], limit: int) -> None:
+    """Refuse a type map larger than ``limit`` entries, or than the values of
+    ``members`` (``args``, ``x_celery``) it could type, before any entry is read: what
+    each entry costs (a parsed pointer, a copied container) stays proportional to the
+    job's own values and under a bound the worker sets."""
+    if not isinstance(types, dict):
+        return  # check_type_map names the problem
+    size = len(types)
+    if size > limit:
+        raise TypeMapTooLarge(
+            f"meta.{TYPES_KEY} has {size} entries, more than this worker reads "
+            f"(ojs_max_type_map_entries={limit})")
+    if size and _values_fewer_than(size, [members[name] for name in TYPED_ROOTS
+                                          if name in members]):
+        raise TypeMapTooLarge(
+            f"meta.{TYPES_KEY} has {size} entries, more than the values of "
+            f"{' and '.join(TYPED_ROOTS)} (one entry types one value)")
+
+
+def _values_fewer_than(count: int, roots: list[Any]) -> bool:
+    """Whether the JSON values inside ``roots`` (nested containers counted: a registered
+    type may read back from an object or an array) are fewer than ``count``; stops
+    counting once there are enough."""
+    stack: list[Any] = []
+    for root in roots:
+        stack.extend(_children(root))
+    seen = 0
+    while stack:
+        seen += 1
+        if seen >= count:
+            return False
+        stack.extend(_children(stack.pop()))
+    return True
+
+
+def _children(value: Any) -> Any:
+    if isinstance(value, dict):
+        return value.values()
+    return value if isinstance(value, list) else ()
 
 
 #: A list index in a pointer (RFC 6901: no sign, no leading zero, ASCII digits).

@@ -127,6 +127,7 @@ X_CELERY_RESERVED: dict[str, str] = {
     "task": "the envelope's type carries it",
     "eta": "the envelope's scheduled_at carries it",
     "expires": "the envelope's expires_at carries it",
+    "compression": "OJS job bodies are plain JSON, never compressed",
     **dict.fromkeys(("args", "called_directly", "children", "correlation_id", "delivery_info",
                      "headers", "hostname", "is_eager", "logfile", "loglevel", "properties",
                      "reply_to", "soft_time_limit", "taskset", "time_limit", "utc",

@@ -9,6 +9,7 @@ from kombu.exceptions import MessageStateError
 from kombu.transport import pyamqp
 
 from ...spec.failures import HANDLER_ERROR, Delivered, Happened, JobFailure, Outcome, decide
+from ...spec.strict_input import INVALID_PAYLOAD
 from ..job_channel import JobChannel, JobDelivery
 
 logger = logging.getLogger(__name__)
@@ -29,6 +30,20 @@ class JobMessage(pyamqp.Message):
 
     ojs: JobDelivery
     ojs_outcome: Outcome | None = None
+
+    def ack(self, multiple: bool = False) -> None:
+        """Celery acks a message kombu could not decode (its ``on_decode_error``): a
+        job is dead-lettered ``INVALID_PAYLOAD`` instead, never acked and dropped.
+        (The transport's own checks refuse every such job first; this is the net.)"""
+        if self.errors and self.ojs_outcome is None:
+            exc = self.errors[0][1]
+            self.ojs_outcome = decide(Delivered(Happened.INVALID, JobFailure(
+                INVALID_PAYLOAD, INVALID_PAYLOAD,
+                f"the message could not be decoded: {type(exc).__name__}: {exc}")),
+                self.ojs.attempt)
+            logger.error("job %s could not be decoded; dead-lettering it", self.ojs.job_id)
+            return self.reject()
+        return super().ack(multiple)
 
     def reject(self, requeue: bool = False) -> None:
         if self.acknowledged:

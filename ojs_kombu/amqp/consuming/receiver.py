@@ -144,6 +144,8 @@ class JobReceiver:
         channel = self._channel
         ojs = channel.ojs
         resolve_task = ojs.job_types.task_for
+        max_type_map_entries = ojs.settings.max_type_map_entries
+        max_job_bytes = ojs.settings.max_job_bytes
         hook = ojs.hook
 
         def receive_job(raw: amqp.Message) -> Any:
@@ -156,7 +158,9 @@ class JobReceiver:
                                         f"properties could not be decoded ({undecodable})")
             try:
                 job = decode_job_message(raw.body, raw.properties, resolve_task=resolve_task,
-                                         argsrepr=_argsrepr, queue=queue)
+                                         argsrepr=_argsrepr, queue=queue,
+                                         max_type_map_entries=max_type_map_entries,
+                                         max_job_bytes=max_job_bytes)
             except JobRejected as rejected:
                 return self.dead_letter(raw, queue, rejected.code, rejected.message)
             except Exception as exc:  # never let one message stop the worker

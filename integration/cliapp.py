@@ -4,9 +4,11 @@
 for workers whose INFO answers depend on it; ``OJS_TEST_CANCEL_GRACE`` sets
 ``ojs_cancel_grace``; ``OJS_TEST_BROKER_HEARTBEAT`` sets ``broker_heartbeat``;
 ``OJS_TEST_CONFORMANCE_PROBES`` registers the tasks
-``ojs-kombu conformance`` sends.
+``ojs-kombu conformance`` sends; ``OJS_TEST_CONTROL_USERS`` (JSON) sets
+``ojs_control_users``.
 """
 
+import json
 import os
 
 import ojs_kombu
@@ -22,3 +24,5 @@ if os.environ.get("OJS_TEST_CONFORMANCE_PROBES"):
     ojs_kombu.register_conformance_probes(app)
 if "OJS_TEST_BROKER_HEARTBEAT" in os.environ:
     app.conf.broker_heartbeat = float(os.environ["OJS_TEST_BROKER_HEARTBEAT"])
+if "OJS_TEST_CONTROL_USERS" in os.environ:
+    app.conf.ojs_control_users = json.loads(os.environ["OJS_TEST_CONTROL_USERS"])

@@ -188,14 +188,14 @@ class ControlClient:
         with self._lock:
             reply_queue = self._ensure_reply_queue()
             waiting: dict[str, str] = {}
-            for job_id, queue in jobs:
-                correlation_id = new_job_id()
-                waiting[correlation_id] = job_id
-                self._send_control(queue, control_message(
-                    INFO, {"job_id": job_id}, reply_to=reply_queue,
-                    correlation_id=correlation_id))
-            self._waiting.update(waiting)
             try:
+                for job_id, queue in jobs:
+                    correlation_id = new_job_id()
+                    # before the publish: its answer can come while the confirm is awaited
+                    waiting[correlation_id] = self._waiting[correlation_id] = job_id
+                    self._send_control(queue, control_message(
+                        INFO, {"job_id": job_id}, reply_to=reply_queue,
+                        correlation_id=correlation_id))
                 if not drain_until(self._amqp,
                                    lambda: all(c in self._replies for c in waiting), timeout):
                     missing = sorted(job for c, job in waiting.items()

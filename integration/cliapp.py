@@ -5,9 +5,10 @@ for workers whose INFO answers depend on it; ``OJS_TEST_CANCEL_GRACE`` sets
 ``ojs_cancel_grace``; ``OJS_TEST_BROKER_HEARTBEAT`` sets ``broker_heartbeat``;
 ``OJS_TEST_CONFORMANCE_PROBES`` registers the tasks
 ``ojs-kombu conformance`` sends; ``OJS_TEST_EVENT_SINKS`` sets ``ojs_event_sinks``
-(comma-separated).
+(comma-separated); ``OJS_TEST_CONTROL_USERS`` (JSON) sets ``ojs_control_users``.
 """
 
+import json
 import os
 
 import ojs_kombu
@@ -25,3 +26,5 @@ if "OJS_TEST_BROKER_HEARTBEAT" in os.environ:
     app.conf.broker_heartbeat = float(os.environ["OJS_TEST_BROKER_HEARTBEAT"])
 if os.environ.get("OJS_TEST_EVENT_SINKS"):
     app.conf.ojs_event_sinks = os.environ["OJS_TEST_EVENT_SINKS"].split(",")
+if "OJS_TEST_CONTROL_USERS" in os.environ:
+    app.conf.ojs_control_users = json.loads(os.environ["OJS_TEST_CONTROL_USERS"])

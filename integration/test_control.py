@@ -69,10 +69,12 @@ def test_cancel_before_start_means_never_start(app: Celery, worker: Any, broker_
 
 def test_raw_amqp_cancel_from_the_spec_text(app: Celery, worker: Any,
                                             amqp_channel: amqp.Channel) -> None:
-    """Section 5.6: type ojs.control.cancel, body {"job_id": ...}, to ojs.queue.control.{q}."""
+    """Section 5.6: type ojs.control.cancel, body {"job_id": ...}, to ojs.queue.control.{q},
+    with the sender's broker user as ``user_id`` (workers refuse a CANCEL without it)."""
     result = app.tasks["email.send"].apply_async(("a@b.c", "raw"), queue="email", countdown=3)
     publish_raw(amqp_channel,
-                amqp.Message(json.dumps({"job_id": result.id}), type="ojs.control.cancel"),
+                amqp.Message(json.dumps({"job_id": result.id}), type="ojs.control.cancel",
+                             user_id="guest"),
                 "ojs.queue.control.email", exchange="")
     with pytest.raises(TaskRevokedError):
         result.get(timeout=20)

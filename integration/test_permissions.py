@@ -77,12 +77,15 @@ def worker_run(url: str, queue: str, timeout: float = 90) -> subprocess.Complete
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False)
 
 
-def worker_start(url: str, queue: str, log: Path) -> WorkerProcess:
-    """The one launcher; the test waits for what this role may see itself."""
+def worker_start(url: str, queue: str, log: Path, control_users: tuple[str, ...] = ()
+                 ) -> WorkerProcess:
+    """The one launcher; the test waits for what this role may see itself.
+    ``control_users``: whose CANCEL and INFO it honours besides its own user's."""
     return launch_worker(url, "integration.cliapp", queue, pool="threads", concurrency=4,
                          log=log, env={"OJS_TEST_RESULT_BACKEND": "none",
-                                       "OJS_TEST_CONFORMANCE_PROBES": "1"}, ready=False,
-                         without=(), options=("-E",))
+                                       "OJS_TEST_CONFORMANCE_PROBES": "1",
+                                       "OJS_TEST_CONTROL_USERS": json.dumps(control_users)},
+                         ready=False, without=(), options=("-E",))
 
 
 def cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -125,7 +128,8 @@ def test_each_role_does_its_work_and_nothing_else(users: dict[str, str], tmp_pat
 
     # the worker runs them (one fails into the dead-letter queue)
     log = tmp_path / "worker.log"
-    worker = worker_start(users["worker"], QUEUE, log)
+    operator = users["operator"].split("//", 1)[1].split(":", 1)[0]  # conformance's CANCEL, INFO
+    worker = worker_start(users["worker"], QUEUE, log, control_users=(operator,))
     try:
         wait_until(lambda: depth(users["operator"], f"ojs.queue.dlx.{QUEUE}") == 1, 60,
                    "the failing job's dead letter")

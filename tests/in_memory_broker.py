@@ -223,6 +223,8 @@ class BrokerChannel:
         """``no_ack`` false: deliveries wait for their acks, at most ``basic_qos``'s
         prefetch at a time (the default here is true: the control clients' replies)."""
         tag = consumer_tag or f"ctag-{next(self._tags)}"
+        if queue == "amq.rabbitmq.reply-to":  # direct reply-to: the broker's own queue
+            self.broker.queues.setdefault(queue, deque())
         self.consumers[tag] = (queue, callback or (lambda message: None))
         if not no_ack:
             self.acked_consumers.add(tag)

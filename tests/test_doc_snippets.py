@@ -112,6 +112,8 @@ def test_the_configuration_snippets_are_valid_settings(app: Celery) -> None:
     assert app.conf.broker_url.count("ojss://") == 3
     configuration.event_sinks(app)
     assert len(settings_of(app).event_sinks) == 3
+    configuration.control_users(app)
+    assert settings_of(app).control_users_of("billing") == {"ojs-operator", "billing-producer"}
     tls = configuration.tls_app()
     assert tls.conf.broker_use_ssl["cert_reqs"] is not None
     settings_of(tls)

@@ -27,7 +27,7 @@ def test_a_burst_of_info_requests_uses_a_few_threads_and_drops_beyond_the_backlo
     answered: list[str] = []
     lock = threading.Lock()
 
-    def slow_answer(app: Any, job_id: str, reply_to: str, correlation_id: Any) -> None:
+    def slow_answer(app: Any, job_id: str, reply_to: str, correlation_id: Any, *_: Any) -> None:
         with lock:
             running.add(threading.get_ident())
         release.wait(10)

@@ -15,13 +15,16 @@ import {
 } from './ojs.js';
 
 export class Producer {
-  static async open(url) {
+  static async open(url = process.env.OJS_AMQP_URL ?? 'amqp://guest:guest@localhost:5672') {
     const conn = await connect(url);
-    return new Producer(conn, await conn.createConfirmChannel());
+    return new Producer(conn, await conn.createConfirmChannel(), loginUser(url));
   }
 
-  constructor(conn, channel) {
+  constructor(conn, channel, userId = 'guest') {
     this.conn = conn;
+    // CANCEL and INFO carry the connection's broker user: RabbitMQ checks user_id
+    // against it, and ojs_kombu's workers honour only users authorised for the queue.
+    this.userId = userId;
     this.channel = channel; // publisher confirms on every publish (AMQP-014)
     this.returned = new Map(); // messageId -> reason, filled by Basic.Return (AMQP-016)
     this.declared = new Set();
@@ -74,10 +77,12 @@ export class Producer {
   // CANCEL: a control message to the queue's control queue.
   async cancel(queue, jobId, reason) {
     const body = reason ? { job_id: jobId, reason } : { job_id: jobId };
-    await this.publish(DIRECT, controlQueue(queue), body, controlProperties(CONTROL.cancel));
+    await this.publish(DIRECT, controlQueue(queue), body,
+      { ...controlProperties(CONTROL.cancel), userId: this.userId });
   }
 
-  // INFO: RPC with an exclusive, auto-delete reply queue and a correlation id.
+  // INFO: RPC with an exclusive, auto-delete (server-named) reply queue and a correlation
+  // id; ojs_kombu's workers answer only into such a queue or RabbitMQ's direct reply-to.
   async info(queue, jobId, timeoutMs = 5000) {
     const ch = await this.conn.createChannel();
     try {
@@ -89,7 +94,7 @@ export class Producer {
         }, { noAck: true });
       });
       await this.publish(DIRECT, controlQueue(queue), { job_id: jobId },
-        { ...controlProperties(CONTROL.info), replyTo, correlationId });
+        { ...controlProperties(CONTROL.info), replyTo, correlationId, userId: this.userId });
       let timer;
       const timeout = new Promise((_, reject) => {
         timer = setTimeout(() => reject(new Error(`no INFO answer for ${jobId} within ${timeoutMs} ms`)), timeoutMs);
@@ -107,6 +112,11 @@ export class Producer {
 function controlProperties(type) {
   return { type, messageId: newJobId(), contentType: 'application/json', contentEncoding: 'utf-8',
     persistent: true, appId: 'ojs', timestamp: Math.floor(Date.now() / 1000) };
+}
+
+// The user a URL logs in as (amqplib's default: guest).
+function loginUser(url) {
+  return decodeURIComponent(new URL(url).username) || 'guest';
 }
 
 function option(argv, name) {

@@ -124,7 +124,7 @@ export async function runWorker({ queue, handlers, prefetch = 4, url }) {
       if (msg.properties.type === CONTROL.cancel) {
         cancelled.add(body.job_id);
         log({ event: 'cancel', id: body.job_id, running: running.has(body.job_id) });
-      } else if (msg.properties.type === CONTROL.info && msg.properties.replyTo) {
+      } else if (msg.properties.type === CONTROL.info && isOwnReplyQueue(msg.properties.replyTo)) {
         const known = states.get(body.job_id);
         const answer = { job_id: body.job_id, state: known?.state ?? 'not_found',
           ...(known && { attempt: known.attempt, worker_id: workerId }) };
@@ -182,4 +182,11 @@ if (import.meta.url === pathToFileURL(process.argv[1]).href) {
   for (const signal of ['SIGTERM', 'SIGINT']) {
     process.once(signal, () => stop().then(() => process.exit(0)));
   }
+}
+
+// Answer INFO only into a reply queue of the requester's own (direct reply-to, or a
+// server-named queue), never into a job, dead-letter or control queue named by the
+// request: the default exchange would reach any of them.
+function isOwnReplyQueue(replyTo) {
+  return /^(amq\.rabbitmq\.reply-to\.|amq\.gen-)./.test(replyTo ?? '');
 }

@@ -1,4 +1,5 @@
-"""docs/topology.rst, docs/production.rst, docs/unique-jobs.rst: settings."""
+"""docs/topology.rst, docs/production.rst, docs/unique-jobs.rst, docs/control-plane.rst:
+settings."""
 
 from __future__ import annotations
 
@@ -46,6 +47,15 @@ def cluster(app: Celery) -> None:
                                    for n in (1, 2, 3))
     app.conf.ojs_queue_defaults = {"type": "quorum"}
     # [/cluster]
+
+
+def control_users(app: Celery) -> None:
+    # [control-users]
+    app.conf.ojs_control_users = {
+        "*": ["ojs-operator"],            # ojs-kombu cancel/info, conformance
+        "billing": ["billing-producer"],  # e.g. ojs_unique on_conflict "replace"
+    }
+    # [/control-users]
 
 
 def event_sinks(app: Celery) -> None:

@@ -70,15 +70,16 @@ class JobRecord(NamedTuple):
     cancel: Any = None
     job_id: str | None = None
     task_id: str | None = None
+    queue: str | None = None  # the job's OJS queue: INFO answers only asks through it
 
     @classmethod
-    def of(cls, state: str, attempt: int | None, worker_id: str, ids: tuple[str, ...]
-           ) -> JobRecord:
-        """The record of the job of ``ids`` (:func:`job_ids_of`): with a CANCEL its pool
-        could not carry out, and with both ids when its OJS id differs from its task id
-        (INFO is asked by either)."""
-        return cls(state, attempt, worker_id, unstoppable.get(ids[0]),
-                   *((ids[1], ids[0]) if len(ids) > 1 else ()))
+    def of(cls, state: str, attempt: int | None, worker_id: str, ids: tuple[str, ...],
+           queue: str | None = None) -> JobRecord:
+        """The record of the job of ``ids`` (:func:`job_ids_of`) of OJS ``queue``: with a
+        CANCEL its pool could not carry out, and with both ids when its OJS id differs
+        from its task id (INFO is asked by either)."""
+        job_id, task_id = (ids[1], ids[0]) if len(ids) > 1 else (None, None)
+        return cls(state, attempt, worker_id, unstoppable.get(ids[0]), job_id, task_id, queue)
 
     def answer(self) -> dict[str, Any]:
         answer: dict[str, Any] = {"state": self.state, "attempt": self.attempt,
@@ -90,27 +91,45 @@ class JobRecord(NamedTuple):
         return answer
 
 
-#: job id -> (reason, cancelled_by) of cancellations seen by this worker
+#: job id -> (reason, cancelled_by, queue) of cancellations seen by this worker; a
+#: ``queue`` (a CANCEL from a control queue) cancels only a job of that OJS queue
 cancellations = _Recent()
 #: job id -> :class:`JobRecord` of jobs this worker finished (bounded: an idle
 #: worker's memory grows by this record's ~2.7 MiB over its first 10,000 jobs, then stays)
 outcomes = _Recent()
 
 
+def queue_of(request: Any) -> str | None:
+    """The OJS queue of a job held by this worker (``None``: not an OJS job)."""
+    message = request.message
+    return message.ojs.queue if isinstance(message, JobMessage) else None
+
+
 @control_command(args=[("job_id", str), ("reason", str), ("cancelled_by", str),
-                       ("terminate", bool)])
+                       ("terminate", bool), ("queue", str)])
 def ojs_cancel(state: Any, job_id: str, reason: str | None = None,
-               cancelled_by: str | None = None, terminate: bool = False) -> dict[str, Any]:
-    """Cancel ``job_id`` on this worker (and keep it from starting here later)."""
+               cancelled_by: str | None = None, terminate: bool = False,
+               queue: str | None = None) -> dict[str, Any]:
+    """Cancel ``job_id`` on this worker (and keep it from starting here later); with
+    ``queue`` (a CANCEL that came through that queue's control queue) only a job of
+    that OJS queue: a job held here is checked now, one not here yet when it arrives
+    (:meth:`~ojs_kombu.celery.request.JobRequest.revoked`)."""
     from celery.worker.control import revoke
 
-    cancellations.remember(job_id, (reason, cancelled_by))
     held = _held(job_id)
+    if queue is not None and held is not None and queue_of(held[1]) != queue:
+        logger.warning("cancel of job %s refused: it is not a job of queue %r", job_id, queue)
+        return {"refused": f"job {job_id} is not a job of queue {queue!r}"}
+    cancellations.remember(job_id, (reason, cancelled_by, queue))
+    if held is None and queue is not None:
+        logger.info("cancel of job %s: not on this worker now; it will not start here",
+                    job_id)
+        return {"ok": f"job {job_id} cancelled", "held": None}
     # By its OJS id or its Celery task id: a job not here yet is kept from starting by
     # either (JobRequest.revoked), one held here is revoked by its task id.
     revoke(state, job_id, terminate=terminate, signal="SIGTERM")
     if held is not None and held[1].id != job_id:
-        cancellations.remember(held[1].id, (reason, cancelled_by))
+        cancellations.remember(held[1].id, (reason, cancelled_by, queue))
         revoke(state, held[1].id, terminate=terminate, signal="SIGTERM")
     if held is not None and held[0] == "active" and not terminate:
         pool = getattr(state.consumer, "pool", None)
@@ -121,18 +140,22 @@ def ojs_cancel(state: Any, job_id: str, reason: str | None = None,
     return {"ok": f"job {job_id} cancelled", "held": held}
 
 
-@control_command(args=[("job_id", str)])
-def ojs_job_info(state: Any, job_id: str) -> dict[str, Any] | None:
-    """What this worker knows of ``job_id``: held now, or finished recently."""
+@control_command(args=[("job_id", str), ("queue", str)])
+def ojs_job_info(state: Any, job_id: str, queue: str | None = None) -> dict[str, Any] | None:
+    """What this worker knows of ``job_id``: held now, or finished recently; with
+    ``queue``, only as a job of that OJS queue (an INFO asked through its control
+    queue learns nothing of another queue's jobs)."""
     held = _held(job_id)
-    if held is not None:
+    if held is not None and queue in (None, queue_of(held[1])):
         request = held[1]
         message = request.message
         attempt = message.ojs.attempt if isinstance(message, JobMessage) else None
         return JobRecord.of("active" if held[0] == "active" else "available", attempt,
                             state.consumer.hostname, job_ids_of(request)).answer()
     finished = outcomes.get(job_id)
-    return finished.answer() if finished is not None else None
+    if finished is None or queue not in (None, finished.queue):
+        return None
+    return finished.answer()
 
 
 #: job id -> why a CANCEL could not stop it (its pool cannot end a running job)
@@ -228,13 +251,17 @@ def _held(job_id: str) -> tuple[str, Any] | None:
     return None
 
 
-def job_info(app: Celery, job_id: str, timeout: float = 1.0) -> dict[str, Any]:
+def job_info(app: Celery, job_id: str, timeout: float = 1.0, queue: str | None = None
+             ) -> dict[str, Any]:
     """The OJS state of ``job_id``: from the workers, then the result backend (``scheduled``
     with ``scheduled_at`` for a delayed job its producer recorded; ``unknown``, with a
-    reason, when there is none or it cannot be asked).  Never raises: what went
-    wrong is in this worker's log, the answer says where to look."""
+    reason, when there is none or it cannot be asked).  With ``queue``, a job the workers
+    know of another OJS queue, or that the result backend records in another queue
+    (``result_extended``), is ``not_found``.  Never raises: what went wrong is in this
+    worker's log, the answer says where to look."""
+    arguments = {"job_id": job_id} if queue is None else {"job_id": job_id, "queue": queue}
     try:
-        replies = app.control.broadcast("ojs_job_info", arguments={"job_id": job_id},
+        replies = app.control.broadcast("ojs_job_info", arguments=arguments,
                                         reply=True, timeout=timeout) or []
     except Exception:
         logger.exception("INFO for job %s: the other workers could not be asked", job_id)
@@ -254,6 +281,8 @@ def job_info(app: Celery, job_id: str, timeout: float = 1.0) -> dict[str, Any]:
             state = result.state
         except NotImplementedError:  # a backend that cannot look results up
             state = "PENDING"
+        if queue is not None and not _recorded_in(app, result, queue):
+            return {"job_id": job_id, "state": "not_found"}
         scheduled_at = recorded_scheduled_at(state, result.info if state == "PENDING" else None)
         if scheduled_at is not None:  # recorded by its producer: it waits in the schedule
             return {"job_id": job_id, "state": "scheduled", "scheduled_at": scheduled_at}
@@ -263,3 +292,15 @@ def job_info(app: Celery, job_id: str, timeout: float = 1.0) -> dict[str, Any]:
     if state in BACKEND_STATES:
         return {"job_id": job_id, "state": BACKEND_STATES[state]}
     return {"job_id": job_id, "state": "not_found"}
+
+
+def _recorded_in(app: Celery, result: Any, queue: str) -> bool:
+    """Whether the result backend's record of ``result`` may be of a job of OJS
+    ``queue``: it names no queue (``result_extended`` off) or names this one."""
+    try:
+        recorded = result.queue
+    except (AttributeError, NotImplementedError):
+        return True
+    if not recorded:
+        return True
+    return bool(app.amqp.binding.names.ojs_queue(str(recorded)) == queue)

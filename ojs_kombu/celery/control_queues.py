@@ -5,6 +5,13 @@ worker consumes (AMQP binding sections 5.6 to 5.8), hands each message to
 :mod:`ojs_kombu.celery.control` (CANCEL broadcast, INFO answered from a
 bounded pool of threads), consumes a deleted control queue again on the
 reconnection schedule (AMQP-026/027) and publishes job heartbeats.
+
+A CANCEL or INFO is honoured only from a broker user authorised for the queue
+whose control queue it came through (its broker-checked ``user_id``: the
+worker's own user, or one ``ojs_control_users`` lists), and only for a job of
+that queue; an INFO answer goes only to a reply queue of the requester's own.
+Anything else is refused, logged (once per reason and queue), counted
+(``ojs.control.refused``) and acked.
 """
 
 from __future__ import annotations
@@ -22,10 +29,21 @@ import amqp
 from celery import Celery, bootsteps
 from celery.worker import state as worker_state
 
-from ..amqp.broker.control import CANCEL, HEARTBEAT, INFO, control_message, parse_control
+from ..amqp.broker.control import (
+    CANCEL,
+    FORBIDDEN,
+    HEARTBEAT,
+    INFO,
+    control_message,
+    login_user,
+    parse_control,
+    reply_queue_problem,
+    reply_to_problem,
+)
 from ..amqp.broker.reconnect import DEFAULT_POLICY
 from ..amqp.consuming.delivery import JobMessage
 from ..amqp.job_channel import JobChannel, JobConnection
+from ..events.metrics import OJSMetrics
 from ..spec.times import format_time
 from .control import ANSWER_FAILED, job_info
 from .events import consumed_queues
@@ -55,9 +73,12 @@ class ControlQueues(bootsteps.StartStopStep):
         # a bounded backlog waits, the rest are dropped (their callers time out).
         self._info_pool = ThreadPoolExecutor(INFO_THREADS, thread_name_prefix="ojs-info")
         self._info_slots = threading.BoundedSemaphore(INFO_BACKLOG)
+        self._own_user: str | None = None
+        self._refusals_logged: set[tuple[str, str, str]] = set()
 
     def start(self, parent: Any) -> None:
         binding = parent.app.amqp.binding
+        self._own_user = login_user(parent.connection)
         channel = parent.connection.channel()
         if binding.settings.control_queues:
             channel.basic_qos(0, CONTROL_PREFETCH, False)
@@ -75,7 +96,7 @@ class ControlQueues(bootsteps.StartStopStep):
     def _consume(self, parent: Any, channel: JobChannel, queue: str) -> None:
         channel.basic_consume(
             parent.app.amqp.binding.names.control_queue(queue),
-            callback=lambda message, p=parent: self.on_message(p, message),
+            callback=lambda message, p=parent, q=queue: self.on_message(p, message, q),
             on_cancel=lambda tag, p=parent, q=queue: self._cancelled(p, q, tag))
 
     def _cancelled(self, parent: Any, queue: str, consumer_tag: str) -> None:
@@ -156,37 +177,90 @@ class ControlQueues(bootsteps.StartStopStep):
         self.stop(parent)
         self._info_pool.shutdown(wait=False, cancel_futures=True)
 
-    def on_message(self, parent: Any, message: amqp.Message) -> None:
+    def on_message(self, parent: Any, message: amqp.Message, queue: str) -> None:
         try:
-            self.handle(parent, message)
+            self.handle(parent, message, queue)
         except Exception:  # a control message must never stop the worker
             logger.exception("control message %s could not be handled",
                              message.properties.get("message_id"))
-        message.channel.basic_ack(message.delivery_tag)
+        message.channel.basic_ack(message.delivery_tag)  # a request, not a job: never kept
 
-    def handle(self, parent: Any, message: amqp.Message) -> None:
+    def handle(self, parent: Any, message: amqp.Message, queue: str) -> None:
+        """One message of OJS ``queue``'s control queue."""
         try:
             kind, body = parse_control(message)
         except ValueError as exc:
             logger.warning("ignoring control message %s: %s",
                            message.properties.get("message_id"), exc)
+            return
+        if kind == HEARTBEAT:
+            logger.debug("heartbeat of job %s from %s", body["job_id"], body.get("worker_id"))
+            return
+        user = message.properties.get("user_id")
+        allowed = self.authorised(parent.app, user, queue)
+        if kind == CANCEL:
+            if not allowed:
+                self.refuse(parent.app, queue, CANCEL, self.user_reason(user),
+                            f"CANCEL of job {body['job_id']}: {self.who(user, queue)}")
+                return
+            logger.info("cancel of job %s of queue %r requested by broker user %r",
+                        body["job_id"], queue, user)
+            parent.app.control.broadcast("ojs_cancel", arguments={
+                "job_id": body["job_id"], "reason": body.get("reason"),
+                "cancelled_by": body.get("cancelled_by") or f"user:{user}",
+                "terminate": bool(body.get("terminate")), "queue": queue})
+            return
+        reply_to = message.properties.get("reply_to")
+        problem = reply_to_problem(reply_to)
+        if problem is not None:
+            self.refuse(parent.app, queue, INFO, "reply_to",
+                        f"INFO for job {body['job_id']} dropped: {problem}")
+            return
+        if not allowed:
+            self.refuse(parent.app, queue, INFO, self.user_reason(user),
+                        f"INFO for job {body['job_id']}: {self.who(user, queue)}; "
+                        f"answered {FORBIDDEN}")
+        self.answer_later(parent.app, body["job_id"], reply_to,
+                          message.properties.get("correlation_id"), queue, allowed)
+
+    def authorised(self, app: Celery, user: str | None, queue: str) -> bool:
+        """Whether broker user ``user`` (``user_id``, checked by the broker) may CANCEL
+        and INFO ``queue``'s jobs: this worker's own user, or one ``ojs_control_users``
+        lists for the queue."""
+        if not user:
+            return False
+        return user == self._own_user or \
+            user in app.amqp.binding.settings.control_users_of(queue)
+
+    @staticmethod
+    def user_reason(user: str | None) -> str:
+        return "user" if user else "no_user_id"
+
+    @staticmethod
+    def who(user: str | None, queue: str) -> str:
+        if not user:
+            return "refused: the request has no user_id (the sender's broker user)"
+        return (f"refused: broker user {user!r} is not authorised for queue {queue!r} "
+                "(ojs_control_users)")
+
+    def refuse(self, app: Celery, queue: str, kind: str, reason: str, text: str) -> None:
+        """Log a refused request (a warning the first time for each kind, reason and
+        queue, so a flood of them does not flood the log) and count it."""
+        key = (kind, reason, queue)
+        if key in self._refusals_logged:
+            logger.debug("%s", text)
         else:
-            if kind == CANCEL:
-                parent.app.control.broadcast("ojs_cancel", arguments={
-                    "job_id": body["job_id"], "reason": body.get("reason"),
-                    "cancelled_by": body.get("cancelled_by"),
-                    "terminate": bool(body.get("terminate"))})
-            elif kind == INFO:
-                reply_to = message.properties.get("reply_to")
-                if reply_to:
-                    self.answer_later(parent.app, body["job_id"], reply_to,
-                                      message.properties.get("correlation_id"))
-            elif kind == HEARTBEAT:
-                logger.debug("heartbeat of job %s from %s", body["job_id"],
-                             body.get("worker_id"))
+            self._refusals_logged.add(key)
+            logger.warning("%s (further %s refusals for this reason on queue %r are counted "
+                           "in ojs.control.refused and logged at debug level)", text,
+                           kind.rsplit(".", 1)[-1].upper(), queue)
+        settings = app.amqp.binding.settings
+        OJSMetrics(settings.meter_provider).control_refused.add(1, {
+            "queue": queue, "request": kind.rsplit(".", 1)[-1], "reason": reason})
 
     def answer_later(self, app: Celery, job_id: str, reply_to: str,
-                     correlation_id: str | None) -> bool:
+                     correlation_id: str | None, queue: str | None = None,
+                     allowed: bool = True) -> bool:
         """Queue an INFO reply; ``False`` (and a warning) when the backlog is full."""
         if not self._info_slots.acquire(blocking=False):
             logger.warning("dropping INFO request for job %s: %d INFO requests are already "
@@ -195,7 +269,10 @@ class ControlQueues(bootsteps.StartStopStep):
 
         def run() -> None:
             try:
-                self.answer(app, job_id, reply_to, correlation_id)
+                problem = self.answer(app, job_id, reply_to, correlation_id, queue, allowed)
+                if problem is not None:
+                    self.refuse(app, queue or "", INFO, "reply_queue",
+                                f"INFO for job {job_id} dropped: {problem}")
             except Exception:
                 logger.exception("INFO reply for job %s could not be sent", job_id)
             finally:
@@ -209,18 +286,31 @@ class ControlQueues(bootsteps.StartStopStep):
         return True
 
     @staticmethod
-    def answer(app: Celery, job_id: str, reply_to: str, correlation_id: str | None) -> None:
+    def answer(app: Celery, job_id: str, reply_to: str, correlation_id: str | None,
+               queue: str | None = None, allowed: bool = True) -> str | None:
         """INFO reply, on an INFO pool thread and a producer connection of its own (it waits
-        for the other workers' answers)."""
-        try:
-            answer = job_info(app, job_id)
-        except Exception:  # never a Python error text in an answer
-            logger.exception("INFO for job %s failed", job_id)
-            answer = {"job_id": job_id, "state": "unknown", "reason": ANSWER_FAILED}
+        for the other workers' answers), once ``reply_to`` proved the requester's own;
+        why not (and nothing sent) when it did not.  A requester not ``allowed`` is told
+        ``forbidden`` and nothing of the job."""
+        with app.producer_or_acquire() as producer:
+            problem = reply_queue_problem(producer.connection.connection, reply_to)
+        if problem is not None:
+            return problem
+        if not allowed:
+            answer = {"job_id": job_id, "state": FORBIDDEN, "reason": (
+                "the requester's broker user (user_id) is not authorised for CANCEL "
+                f"and INFO on queue {queue!r} (ojs_control_users)")}
+        else:
+            try:
+                answer = job_info(app, job_id, queue=queue)
+            except Exception:  # never a Python error text in an answer
+                logger.exception("INFO for job %s failed", job_id)
+                answer = {"job_id": job_id, "state": "unknown", "reason": ANSWER_FAILED}
         with app.producer_or_acquire() as producer:
             producer.publish(json.dumps(answer), exchange="", routing_key=reply_to,
                              correlation_id=correlation_id, content_type="application/json",
                              content_encoding="utf-8", serializer=None, retry=True)
+        return None
 
     def beat(self, parent: Any, interval: float) -> None:
         """BEAT (section 5.7) for every job running longer than ``interval`` seconds."""

@@ -40,7 +40,7 @@ from ..spec.failures import (
 )
 from ..spec.retry import Backoff
 from .celery_seam import request_context, request_hooks
-from .control import JobRecord, cancellations, job_ids_of, outcomes
+from .control import JobRecord, cancellations, job_ids_of, outcomes, queue_of
 from .events import count_completed
 from .retries import failure_retryable, job_retry_policy
 from .task import REPUBLISHED, JobCancelled, not_retried_code
@@ -121,19 +121,30 @@ class JobRequest(Request):
         return due if due is not None and due > datetime.now(UTC) else None
 
     def revoked(self) -> bool:
-        """Celery's check, by the job's OJS id too: a CANCEL by the OJS id of a job whose
-        Celery task id differs may reach this worker before the job does."""
+        """Celery's check, by the job's OJS id too (a CANCEL by the OJS id of a job whose
+        Celery task id differs may reach this worker before the job does), and for a
+        CANCEL of a job of this job's queue that came before the job."""
         ids = job_ids_of(self)
-        if len(ids) > 1 and ids[1] in worker_state.revoked and self.id not in worker_state.revoked:
+        if self.id not in worker_state.revoked and (
+                (len(ids) > 1 and ids[1] in worker_state.revoked) or self._ojs_cancel_here(ids)):
             worker_state.revoked.add(self.id)
         return bool(super().revoked())
+
+    def _ojs_cancel_here(self, ids: tuple[str, ...]) -> bool:
+        """A CANCEL that came through this job's own queue's control queue (one that
+        came through another queue's names another queue's job: not this one)."""
+        for job_id in ids:
+            cancel = cancellations.get(job_id)
+            if cancel is not None and cancel[2] is not None and cancel[2] == queue_of(self):
+                return True
+        return False
 
     def _ojs_cancellation(self) -> tuple[str | None, str | None]:
         """``(reason, cancelled_by)`` of the CANCEL that stopped this job, by either id."""
         for job_id in job_ids_of(self):
             if job_id in cancellations:
-                reason: tuple[str | None, str | None] = cancellations[job_id]
-                return reason
+                reason, by, _ = cancellations[job_id]
+                return reason, by
         return None, None
 
     def on_accepted(self, pid: Any, time_accepted: float) -> None:
@@ -231,7 +242,7 @@ class JobRequest(Request):
 
     def _remember(self, state: str, message: JobMessage) -> None:
         ids = job_ids_of(self)
-        record = JobRecord.of(state, message.ojs.attempt, self.hostname, ids)
+        record = JobRecord.of(state, message.ojs.attempt, self.hostname, ids, message.ojs.queue)
         for job_id in ids:
             outcomes.remember(job_id, record)
 

@@ -109,6 +109,10 @@ class OJSMetrics:
         self.dedup_degraded = Tally(meter,
             "ojs.dedup.degraded", unit="{job}",
             description="Keyed or unique jobs run or retried without the dedup store")
+        self.control_refused = Tally(meter,
+            "ojs.control.refused", unit="{request}",
+            description="CANCEL and INFO requests a worker refused "
+                        "(reason: user, no_user_id, reply_to, reply_queue)")
         self._pressure_observed = self._queues_observed = False
         histograms = (self.duration, self.wait, self.confirm_latency)
         # Reports nothing itself: its callback runs on every collection, before the

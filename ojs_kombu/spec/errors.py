@@ -32,7 +32,7 @@ builtin: ``LookupError``, ``TimeoutError``, ``ValueError``)::
     JobRejected              a consumed message is no runnable job
     DedupUnavailable         the unique/idempotency store did not answer
     DeadLetterNotFound       (LookupError)
-    ControlError             ControlTimeout (TimeoutError)
+    ControlError             ControlTimeout (TimeoutError), ControlForbidden
     BrokerBackingOff         an on-demand connection waits out its reconnect backoff
     InvalidEventData, InvalidEventMessage   (ValueError)
 
@@ -429,6 +429,11 @@ class ControlError(OJSError):
 
 class ControlTimeout(ControlError, TimeoutError):
     """No answer to an INFO request in time."""
+
+
+class ControlForbidden(ControlError):
+    """A worker refused an INFO request: the requester's broker user is not
+    authorised for the queue (``ojs_control_users``)."""
 
 
 class BrokerBackingOff(OJSError):

@@ -135,6 +135,12 @@ class OJSSettings(BaseModel):
     #: test suites): each eager call is first encoded as its publish would be, raising
     #: the same ``JobEncodeError`` subclass a publish raises (docs/testing.rst).
     eager_encode: bool = False
+    #: Broker users whose CANCEL and INFO requests a worker honours, besides its own
+    #: broker user (always honoured): a list (for every queue) or a mapping of OJS queue
+    #: (``"*"``: every queue) to a list.  A request names its sender in the ``user_id``
+    #: property, which RabbitMQ checks against the connection's user; one without it,
+    #: or from a user not listed for the queue, is refused (see :ref:`control-plane`).
+    control_users: list[str] | dict[str, list[str]] = Field(default_factory=list)
     #: OpenTelemetry ``MeterProvider`` for ojs_kombu's metrics (default: the global one).
     meter_provider: Any = None
     #: Per OJS queue: bounds and backpressure strategy, priorities, queue type
@@ -179,6 +185,13 @@ class OJSSettings(BaseModel):
             raise ValueError(f"ojs_on_publish_error must be callable, not {value!r}")
         return value
 
+    def control_users_of(self, queue: str) -> frozenset[str]:
+        """The users ``control_users`` authorises for CANCEL and INFO on OJS ``queue``."""
+        users = self.control_users
+        if isinstance(users, list):
+            return frozenset(users)
+        return frozenset((*users.get("*", ()), *users.get(queue, ())))
+
     def schedule_arguments(self) -> dict[str, Any]:
         """``Queue.Declare`` arguments of the scheduling ladder, which every queue shares:
         ``schedule_queue_arguments`` as given, else quorum queues with at-least-once
@@ -218,6 +231,10 @@ class OJSSettings(BaseModel):
             raise OJSConfigurationError(f"invalid ojs_kombu setting in {source}: {exc}") from None
         for queue in settings.queue_arguments:
             check_queue_name(queue)
+        if isinstance(settings.control_users, dict):
+            for queue in settings.control_users:
+                if queue != "*":
+                    check_queue_name(queue)
         check_config("ojs_queue_defaults", settings.queue_defaults,
                      where="ojs_queue_defaults")
         for queue, config in settings.queues.items():

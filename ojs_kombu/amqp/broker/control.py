@@ -4,10 +4,17 @@ Control messages go to ``ojs.exchange.direct`` with the control queue's name
 as routing key, into ``ojs.queue.control.{q}``; the body is JSON and the
 ``type`` property says what it is.  :class:`ControlClient` is the client side,
 usable from any Python process with only a broker URL.
+
+Every producer can publish to every control queue (RabbitMQ checks *write* on
+the exchange, never the routing key), so a worker trusts only what the broker
+vouches for: the ``user_id`` property (RabbitMQ refuses a publish whose
+``user_id`` is not the connection's user) and a ``reply_to`` that is the
+requester's own reply queue (:func:`reply_to_problem`, :func:`reply_queue_problem`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -17,7 +24,7 @@ from typing import Any
 import amqp
 from kombu import Connection
 
-from ...spec.errors import BrokerBackingOff, ControlError, ControlTimeout
+from ...spec.errors import BrokerBackingOff, ControlError, ControlForbidden, ControlTimeout
 from ...spec.job_ids import is_task_id, new_job_id
 from ..binding import Binding
 from ..job_channel import JobChannel, JobConnection
@@ -28,6 +35,64 @@ CANCEL = "ojs.control.cancel"
 HEARTBEAT = "ojs.control.heartbeat"
 INFO = "ojs.control.info"
 CONTROL_TYPES = (CANCEL, HEARTBEAT, INFO)
+#: RabbitMQ's direct reply-to: a requester consuming it sends this as ``reply_to``,
+#: and the broker rewrites it to ``amq.rabbitmq.reply-to.<its channel>``.
+DIRECT_REPLY_TO = "amq.rabbitmq.reply-to"
+#: The names RabbitMQ gives the queues it names (``queue.declare`` with no name).
+SERVER_NAMED = "amq.gen-"
+#: The ``state`` of an INFO answer refused to its requester (nothing about the job).
+FORBIDDEN = "forbidden"
+
+
+def reply_to_problem(reply_to: str | None) -> str | None:
+    """Why an INFO answer must not go to ``reply_to`` (``None``: it has the form of a
+    requester's own reply queue; a server-named one still needs
+    :func:`reply_queue_problem`).
+
+    Only direct reply-to as the broker rewrote it and server-named queues: any other
+    name could be a job, dead-letter or control queue the requester may not write
+    (the worker publishes through the default exchange, which reaches every queue).
+    The bare ``amq.rabbitmq.reply-to`` is what a requester wrote itself; publishing
+    to it closes the worker's connection on RabbitMQ 3.x (541)."""
+    if not reply_to:
+        return "it has no reply_to"
+    if reply_to.startswith(DIRECT_REPLY_TO + ".") and len(reply_to) > len(DIRECT_REPLY_TO) + 1:
+        return None
+    if reply_to.startswith(SERVER_NAMED) and len(reply_to) > len(SERVER_NAMED):
+        return None
+    return (f"reply_to {reply_to[:200]!r} is not a reply queue of the requester's own "
+            f"(direct reply-to {DIRECT_REPLY_TO!r} or an exclusive server-named "
+            f"{SERVER_NAMED}* queue)")
+
+
+def reply_queue_problem(connection: amqp.Connection, reply_to: str) -> str | None:
+    """Why the server-named ``reply_to`` is not a reply queue of the requester's own:
+    it must be exclusive to another connection than ``connection``, which RabbitMQ
+    shows by refusing a passive declare with 405 RESOURCE_LOCKED.  On a throwaway
+    channel: a refused passive declare closes its channel."""
+    if not reply_to.startswith(SERVER_NAMED):
+        return None  # direct reply-to: nothing to declare
+    channel = connection.channel()
+    try:
+        channel.queue_declare(reply_to, passive=True)
+    except amqp.exceptions.ResourceLocked:
+        return None
+    except amqp.exceptions.NotFound:
+        return f"reply_to {reply_to!r} does not exist"
+    except amqp.exceptions.ChannelError as exc:
+        return f"reply_to {reply_to!r} could not be checked ({exc.reply_code})"
+    with contextlib.suppress(Exception):
+        channel.close()
+    return f"reply_to {reply_to!r} is not exclusive to the requester's connection"
+
+
+def login_user(connection: Connection) -> str | None:
+    """The broker user ``connection`` logs in as (what RabbitMQ checks ``user_id``
+    against), ``None`` when the broker derives it (EXTERNAL: a client certificate)."""
+    if str(connection.login_method or "").upper() == "EXTERNAL":
+        return None
+    user = connection.userid or connection.transport.default_connection_params.get("userid")
+    return str(user) if user else None
 
 
 def control_message(kind: str, body: Mapping[str, Any], **properties: Any) -> amqp.Message:
@@ -56,14 +121,19 @@ def parse_control(message: amqp.Message) -> tuple[str, dict[str, Any]]:
 
 
 class ControlClient:
-    """Sends CANCEL and INFO requests; one connection, one exclusive reply queue.
+    """Sends CANCEL and INFO requests; one connection, answers by direct reply-to.
 
     ``ControlClient("ojs://guest:guest@localhost//")`` or ``ControlClient(app)``.
-    Thread-safe: INFO replies are matched by ``correlation_id``, so requests made
-    at the same time (or with :meth:`info_many`) never get each other's answer.
+    Thread-safe: INFO replies are matched by ``correlation_id`` (and the answer must
+    name the job asked about), so requests made at the same time (or with
+    :meth:`info_many`) never get each other's answer.  Every request carries
+    ``user_id``: the connection's user, or ``user_id=`` when the broker derives the
+    user (EXTERNAL login with a client certificate); workers honour it only for
+    users ``ojs_control_users`` authorises.
     """
 
-    def __init__(self, app_or_url: Any, connect_timeout: float = 5.0, prefix: str = "") -> None:
+    def __init__(self, app_or_url: Any, connect_timeout: float = 5.0, prefix: str = "",
+                 user_id: str | None = None) -> None:
         if isinstance(app_or_url, str):
             options = {"ojs_prefix": prefix} if prefix else {}
             self._connection = Connection(app_or_url, connect_timeout=connect_timeout,
@@ -81,11 +151,13 @@ class ControlClient:
         if not isinstance(amqp_connection, JobConnection):
             raise ControlError("control requests need an ojs:// broker URL")
         self._amqp = amqp_connection
+        self.user_id = user_id or login_user(self._connection)
         self.binding: Binding = amqp_connection.ojs
         self._lock = threading.Lock()
         self._channel: JobChannel = amqp_connection.channel()
         self._reply_queue: str | None = None
         self._replies: dict[str, dict[str, Any]] = {}
+        self._waiting: dict[str, str] = {}  # correlation id -> job id asked about
 
     # -- CANCEL ------------------------------------------------------------------
 
@@ -116,35 +188,60 @@ class ControlClient:
         with self._lock:
             reply_queue = self._ensure_reply_queue()
             waiting: dict[str, str] = {}
-            for job_id, queue in jobs:
-                correlation_id = new_job_id()
-                waiting[correlation_id] = job_id
-                self._send_control(queue, control_message(
-                    INFO, {"job_id": job_id}, reply_to=reply_queue,
-                    correlation_id=correlation_id))
-            if not drain_until(self._amqp, lambda: all(c in self._replies for c in waiting),
-                               timeout):
-                missing = sorted(job for c, job in waiting.items() if c not in self._replies)
-                raise ControlTimeout(f"no INFO answer within {timeout}s for job(s) "
-                                     f"{', '.join(missing)}: is a worker consuming "
-                                     "their queue?")
-            return {waiting[c]: self._replies.pop(c) for c in list(waiting)}
+            try:
+                for job_id, queue in jobs:
+                    correlation_id = new_job_id()
+                    # before the publish: its answer can come while the confirm is awaited
+                    waiting[correlation_id] = self._waiting[correlation_id] = job_id
+                    self._send_control(queue, control_message(
+                        INFO, {"job_id": job_id}, reply_to=reply_queue,
+                        correlation_id=correlation_id))
+                if not drain_until(self._amqp,
+                                   lambda: all(c in self._replies for c in waiting), timeout):
+                    missing = sorted(job for c, job in waiting.items()
+                                     if c not in self._replies)
+                    raise ControlTimeout(f"no INFO answer within {timeout}s for job(s) "
+                                         f"{', '.join(missing)}: is a worker consuming "
+                                         "their queue?")
+                answers = {waiting[c]: self._replies.pop(c) for c in list(waiting)}
+            finally:
+                for correlation_id in waiting:
+                    self._waiting.pop(correlation_id, None)
+                    self._replies.pop(correlation_id, None)
+        for job_id, answer in answers.items():
+            if answer.get("state") == FORBIDDEN:
+                raise ControlForbidden(f"INFO for job {job_id} refused: "
+                                       f"{answer.get('reason') or 'not authorised'}")
+        return answers
 
     def _ensure_reply_queue(self) -> str:
+        """RabbitMQ's direct reply-to on the channel the requests go out on: no queue to
+        declare (any broker user can ask INFO), and no name another party could use."""
         if self._reply_queue is None:
-            name, _, _ = self._channel.queue_declare("", exclusive=True, auto_delete=True)
-            self._channel.basic_consume(name, no_ack=True, callback=self._on_reply)
-            self._reply_queue = name
+            self._channel.basic_consume(DIRECT_REPLY_TO, no_ack=True, callback=self._on_reply)
+            self._reply_queue = DIRECT_REPLY_TO
         return self._reply_queue
 
     def _on_reply(self, message: amqp.Message) -> None:
+        """Keep an answer to a request of ours about the job it was asked for; anything
+        else in the reply queue (a stray or planted message) is dropped."""
         correlation_id = message.properties.get("correlation_id")
+        job_id = self._waiting.get(correlation_id)
+        if job_id is None:
+            return
         try:
-            self._replies[correlation_id] = json.loads(message.body)
+            answer = json.loads(message.body)
         except ValueError:
-            self._replies[correlation_id] = {"state": "error", "error": "unreadable answer"}
+            answer = {"state": "error", "error": "unreadable answer"}
+        if not isinstance(answer, dict):
+            answer = {"state": "error", "error": "unreadable answer"}
+        elif job_id not in (answer.get("job_id", job_id), answer.get("task_id")):
+            return  # an answer about another job under our correlation id
+        self._replies[correlation_id] = answer
 
     def _send_control(self, queue: str, message: amqp.Message) -> None:
+        if self.user_id:
+            message.properties["user_id"] = self.user_id
         ojs_queue = self.binding.names.ojs_queue(queue)
         self._amqp.ensure_topology(ojs_queue)
         control = self.binding.names.control_queue(ojs_queue)

@@ -66,6 +66,11 @@ def read_ahead() -> bool:
     return NO_READ_AHEAD not in py_amqp_fallbacks() | kombu_fallbacks()
 
 
+#: The ``(host, port)`` pairs this process has spoken plain AMQP with: a connection
+#: closed there before the broker's first frame is not probed for TLS again.
+_SPOKE_PLAIN_AMQP: set[tuple[str, int]] = set()
+
+
 class Connection(pyamqp.Connection):
     """py-amqp connection that knows its OJS binding and the queues it declared."""
 
@@ -99,15 +104,24 @@ class Connection(pyamqp.Connection):
         """py-amqp's connect; a TLS failure no retry mends (:mod:`.broker.tls`) is a
         :class:`~ojs_kombu.spec.errors.BrokerTLSError`, which kombu does not retry
         (an ``OSError`` it would retry for ever)."""
+        host, port = to_host_port(str(self.host))
         try:
-            return super().connect(*args, **kwargs)
+            connected = super().connect(*args, **kwargs)
         except OSError as exc:
-            host, port = to_host_port(str(self.host))
-            permanent = (permanent_failure(exc, host, port) if self.ssl else
-                         plaintext_to_tls(exc, host, port, self.connect_timeout))
+            if self.ssl:
+                permanent = permanent_failure(exc, host, port)
+            elif (host, port) in _SPOKE_PLAIN_AMQP:
+                # it answered plain AMQP before: a cut or a proxy in an outage, not a
+                # TLS port (probing it again would double every reconnection attempt)
+                permanent = None
+            else:
+                permanent = plaintext_to_tls(exc, host, port, self.connect_timeout)
             if permanent is None:
                 raise
             raise permanent from None
+        if not self.ssl:
+            _SPOKE_PLAIN_AMQP.add((host, port))
+        return connected
 
     def _connect_another(self) -> Connection:
         """Another connection to the same broker, with the same binding, connected."""

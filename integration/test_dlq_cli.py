@@ -1,0 +1,126 @@
+"""``ojs-kombu dlq`` on dead letters a real worker made and on any a producer can leave.
+
+The worker is ``celery -A integration.cliapp worker`` with gossip, mingle and
+heartbeats on and ojs_kombu's default ``ojs_dead_letter_mode`` (``republish``):
+a discarded job's dead letter carries its last error itself, so every DLQ
+reader (other languages' too) sees why it died.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import amqp
+import pytest
+
+from ojs_kombu.spec.job_ids import is_job_id
+
+from .apps import make_app
+from .conftest import queue_depth, wait_until
+from .test_cli import run, run_json
+
+DEFAULT_MODE = {"OJS_TEST_DEAD_LETTER_MODE": "republish"}
+OJS = "application/openjobspec+json"
+
+
+def dead_letters(broker_url: str, queue: str) -> list[dict[str, Any]]:
+    code, listed = run_json(broker_url, "dlq", "list", "-q", queue)
+    assert code == 0, listed
+    return list(listed["dead_letters"])
+
+
+def test_a_discarded_job_says_why_and_is_found_by_the_callers_task_id(
+        worker_launcher: Any, broker_url: str, amqp_channel: amqp.Channel) -> None:
+    queue = "dlq-why"
+    producer = make_app("dlq-producer", broker_url)
+    with worker_launcher("integration.cliapp", queue, without=(), env=DEFAULT_MODE):
+        producer.tasks["reject.value"].apply_async(queue=queue, task_id="order-999-validate")
+        wait_until(lambda: queue_depth(amqp_channel, f"ojs.queue.dlx.{queue}") == 1,
+                   timeout=60, what="the discarded job in its DLQ")
+    [dead] = dead_letters(broker_url, queue)
+    assert dead["task_id"] == "order-999-validate" and is_job_id(dead["job_id"])
+    assert (dead["error_code"], dead["error_type"], dead["error_message"]) == (
+        "NON_RETRYABLE_ERROR", "ValueError", "invalid input is not worth retrying")
+    assert dead["death_reason"] is None and dead["error_source"] == "headers"
+    listed = run(broker_url, "dlq", "list", "-q", queue).stdout.splitlines()
+    assert listed[1:] == [f"  {dead['job_id']}  reject.value  attempt 1  NON_RETRYABLE_ERROR  "
+                          "ValueError: invalid input is not worth retrying",
+                          "    task id: order-999-validate"]
+    shown = run(broker_url, "dlq", "show", "-q", queue, "order-999-validate")
+    assert shown.returncode == 0, shown.stderr
+    assert {"error_code: NON_RETRYABLE_ERROR", "error_type: ValueError",
+            f"job_id: {dead['job_id']}"} <= set(shown.stdout.splitlines())
+    replayed = run(broker_url, "dlq", "replay", "-q", queue, "order-999-validate")
+    assert replayed.stdout == f"replayed {dead['job_id']} to ojs.queue.{queue}\n"
+    assert queue_depth(amqp_channel, f"ojs.queue.{queue}") == 1
+    assert queue_depth(amqp_channel, f"ojs.queue.dlx.{queue}") == 0
+
+
+def test_an_expired_job_reads_as_expired(worker_launcher: Any, broker_url: str,
+                                         amqp_channel: amqp.Channel) -> None:
+    queue = "dlq-expired"
+    producer = make_app("dlq-producer", broker_url)
+    expires = datetime.now(UTC) + timedelta(seconds=1)
+    result = producer.tasks["math.add"].apply_async((1, 2), queue=queue, expires=expires)
+    # the job must be past its expires_at when a worker first sees it
+    time.sleep(max(0.0, (expires - datetime.now(UTC)).total_seconds()) + 0.1)
+    with worker_launcher("integration.cliapp", queue, without=(), env=DEFAULT_MODE):
+        wait_until(lambda: queue_depth(amqp_channel, f"ojs.queue.dlx.{queue}") == 1,
+                   timeout=60, what="the expired job in its DLQ")
+    [dead] = dead_letters(broker_url, queue)
+    assert (dead["job_id"], dead["error_code"]) == (result.id, "EXPIRED")
+    assert "expired" in dead["error_message"]
+
+
+def hostile() -> dict[str, tuple[bytes, dict[str, Any]]]:
+    deep = b"[" * 100_000 + b"]" * 100_000
+    return {
+        "deep": (deep, {"content_type": OJS}),
+        "no message_id": (json.dumps({"type": "x.y", "args": []}).encode(),
+                          {"content_type": OJS}),
+        "not UTF-8": (b"\xff\xfe\x00", {"content_type": OJS, "message_id": "not-utf8"}),
+        "foreign": (b"\x80\x04K\x01.", {"content_type": "application/x-python-serialize"}),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(hostile()))
+def test_any_dead_letter_goes_through_every_verb(broker_url: str, amqp_channel: amqp.Channel,
+                                                 name: str) -> None:
+    """Listed with why it is no job, shown and replayed by its key, then removed; each
+    ``--json`` answer is one JSON document and each exit code 0."""
+    queue = "dlq-any-" + name.replace(" ", "-").replace("_", "-").lower()
+    body, properties = hostile()[name]
+    dlq = f"ojs.queue.dlx.{queue}"
+    make_app("dlq-topology", broker_url).tasks["math.add"].apply_async((0, 0), queue=queue)
+    amqp_channel.queue_purge(f"ojs.queue.{queue}")
+    amqp_channel.basic_publish(amqp.Message(body, **properties), "", dlq)
+    wait_until(lambda: queue_depth(amqp_channel, dlq) == 1, what="the dead letter")
+    [dead] = dead_letters(broker_url, queue)
+    key = dead["key"]
+    assert dead["problems"] and (key == properties.get("message_id")
+                                 or key.startswith("sha256:"))
+    for args in (["list"], ["show", key]):
+        text = run(broker_url, "dlq", *args, "-q", queue)
+        assert text.returncode == 0 and "Traceback" not in text.stderr, text.stderr
+        assert "not a job: " in text.stdout
+        code, data = run_json(broker_url, "dlq", *args, "-q", queue)
+        assert code == 0 and data
+    code, data = run_json(broker_url, "dlq", "replay", "-q", queue, key)
+    assert (code, data["replayed"]) == (0, [key])
+    assert queue_depth(amqp_channel, dlq) == 0
+    # back as it came; the worker-less queue keeps it, as it came, for us to dead-letter again
+    message = amqp_channel.basic_get(f"ojs.queue.{queue}", no_ack=True)
+    assert message is not None and bytes(message.body) == body
+    amqp_channel.basic_publish(amqp.Message(body, **properties), "", dlq)
+    wait_until(lambda: queue_depth(amqp_channel, dlq) == 1, what="the dead letter again")
+    code, data = run_json(broker_url, "dlq", "replay", "-q", queue, "--all")
+    assert (code, data["replayed"]) == (0, [key])
+    amqp_channel.queue_purge(f"ojs.queue.{queue}")
+    amqp_channel.basic_publish(amqp.Message(body, **properties), "", dlq)
+    wait_until(lambda: queue_depth(amqp_channel, dlq) == 1, what="the dead letter again")
+    code, data = run_json(broker_url, "dlq", "purge", "-q", queue, key, "--yes")
+    assert (code, data["deleted"]) == (0, 1)
+    assert queue_depth(amqp_channel, dlq) == 0

@@ -19,7 +19,7 @@ import pytest
 from ojs_kombu.spec.job_ids import is_job_id
 
 from .apps import make_app
-from .conftest import queue_depth, wait_until
+from .conftest import body_of, get_message, queue_depth, wait_until
 from .test_cli import run, run_json
 
 DEFAULT_MODE = {"OJS_TEST_DEAD_LETTER_MODE": "republish"}
@@ -57,6 +57,26 @@ def test_a_discarded_job_says_why_and_is_found_by_the_callers_task_id(
     assert replayed.stdout == f"replayed {dead['job_id']} to ojs.queue.{queue}\n"
     assert queue_depth(amqp_channel, f"ojs.queue.{queue}") == 1
     assert queue_depth(amqp_channel, f"ojs.queue.dlx.{queue}") == 0
+
+
+def test_a_job_out_of_attempts_carries_its_last_error_and_its_history(
+        worker_launcher: Any, broker_url: str, amqp_channel: amqp.Channel) -> None:
+    """On the wire: the dead letter is the worker's confirmed copy, not a nack (no
+    ``x-death``), with the third attempt's error in its headers and all three in its
+    envelope; the job ran three times and nothing is left in its queue."""
+    queue = "dlq-attempts"
+    producer = make_app("dlq-producer", broker_url)
+    with worker_launcher("integration.cliapp", queue, without=(), env=DEFAULT_MODE):
+        result = producer.tasks["always.fail"].apply_async(queue=queue)
+        dead = get_message(amqp_channel, f"ojs.queue.dlx.{queue}", timeout=60)
+        assert queue_depth(amqp_channel, f"ojs.queue.{queue}") == 0
+    headers = dead.properties["application_headers"]
+    assert dead.properties["message_id"] == result.id and "x-death" not in headers
+    assert (headers["x-ojs-error-code"], headers["x-ojs-error-message"]) == (
+        "HANDLER_ERROR", "boom")
+    envelope = body_of(dead)
+    assert envelope["state"] == "discarded" and envelope["error"]["type"] == "RuntimeError"
+    assert [e["attempt"] for e in envelope["errors"]] == [1, 2, 3]
 
 
 def test_an_expired_job_reads_as_expired(worker_launcher: Any, broker_url: str,

@@ -294,3 +294,23 @@ def test_the_queue_goes_through_the_aliases(broker: Broker) -> None:
     code, data = dlq_json(broker, "list", "-q", "celery")
     assert (code, data["queue"], data["dead_letter_queue"]) == (0, "default",
                                                                 "ojs.queue.dlx.default")
+
+
+def test_an_unroutable_dead_letter_with_no_usable_queue_is_listed_and_refused_a_replay(
+        broker: Broker) -> None:
+    """``--queue unroutable`` replays each dead letter to its own queue: one whose queue
+    is no OJS queue name is listed and shown with why, and its replay exits 2 with the
+    reason (as one JSON document with ``--json``), leaving it in place."""
+    unroutable = "ojs.queue.dlx.unroutable"
+    broker.declare(unroutable)
+    broker.put(unroutable, b"{}", message_id="m-1", content_type="application/openjobspec+json",
+               application_headers={"x-ojs-queue": "Not A Queue!"})
+    code, listed = dlq_json(broker, "list", "-q", "unroutable")
+    assert code == 0
+    [dead] = listed["dead_letters"]
+    assert dead["queue"] == "Not A Queue!"
+    assert any(p.startswith("its own queue:") for p in dead["problems"])
+    assert dlq(broker, "show", "-q", "unroutable", "m-1").exit_code == 0
+    code, error = dlq_json(broker, "replay", "-q", "unroutable", "m-1")
+    assert (code, error["error"]) == (2, "invalid_input") and "Not A Queue!" in error["message"]
+    assert ids_in(broker, unroutable) == ["m-1"]

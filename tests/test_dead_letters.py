@@ -252,3 +252,13 @@ def test_replay_each_goes_window_by_window_and_stops_between_windows(
     assert ids_in(broker, JOB_QUEUE) == ids[:4] and ids_in(broker, DLQ) == ids[4:]
     assert dead_letters.replay_each(seen.append) == 1
     assert ids_in(broker, JOB_QUEUE) == ids and ids_in(broker, DLQ) == []
+
+
+def test_a_listing_without_bodies_keeps_what_each_dead_letter_says(
+        broker: Broker, dead_letters: DeadLetterQueue) -> None:
+    jid = put_dead_job(broker, 1, reason=None)
+    [with_body] = dead_letters.list()
+    [without] = dead_letters.list(bodies=False)
+    assert (without.body, without.envelope) == (b"", None) and with_body.body
+    assert (without.key, without.task_id, without.why, without.problems) == (
+        jid, jid, with_body.why, ())

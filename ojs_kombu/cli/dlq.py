@@ -93,7 +93,7 @@ def list_(ctx: click.Context, queue: str, limit: int) -> None:
     """List the dead letters of QUEUE, oldest first; none is removed."""
     with open_dlq(ctx, queue) as dead_letters:
         total = len(dead_letters)
-        found = [dead_letter_data(d) for d in dead_letters.list(limit=limit)]
+        found = [dead_letter_data(d) for d in dead_letters.list(limit=limit, bodies=False)]
 
     def human() -> None:
         click.echo(f"{total} dead letter(s) in {dead_letters.dlq}")

@@ -166,12 +166,15 @@ class DeadLetterQueue:
         return self._with_channel(lambda ch: ch.queue_declare(self.dlq, passive=True)
                                   .message_count)
 
-    def list(self, limit: int | None = None) -> list[DeadLetter]:
-        """Up to ``limit`` dead letters, oldest first; none is removed."""
+    def list(self, limit: int | None = None, *, bodies: bool = True) -> list[DeadLetter]:
+        """Up to ``limit`` dead letters, oldest first; none is removed.  ``bodies=False``
+        keeps what they say (ids, why, problems, headers) without their bodies and
+        envelopes, so that listing huge dead letters takes no more memory than one."""
         def browse(channel: JobChannel) -> list[DeadLetter]:
             found = []
             for message in self._browse(channel):
-                found.append(self._dead_letter(message))
+                dead = self._dead_letter(message)
+                found.append(dead if bodies else replace(dead, body=b"", envelope=None))
                 if limit is not None and len(found) >= limit:
                     break
             return found

@@ -9,6 +9,7 @@ import signal
 from typing import Any
 
 import pytest
+from celery import Celery
 from click.testing import CliRunner, Result
 
 from ojs_kombu.amqp.broker import dead_letters
@@ -314,3 +315,23 @@ def test_an_unroutable_dead_letter_with_no_usable_queue_is_listed_and_refused_a_
     code, error = dlq_json(broker, "replay", "-q", "unroutable", "m-1")
     assert (code, error["error"]) == (2, "invalid_input") and "Not A Queue!" in error["message"]
     assert ids_in(broker, unroutable) == ["m-1"]
+
+
+def test_a_nacked_job_gets_its_exception_from_the_apps_result_backend(
+        broker: Broker) -> None:
+    """``ojs_dead_letter_mode="nack"``: the dead letter does not say why; with ``-A`` the
+    tools read the failure the worker stored in the app's result backend."""
+    app = Celery("shop", backend="cache+memory://", set_as_current=False)
+    nacked = put_dead_job(broker, 1)
+    unknown = put_dead_job(broker, 2)
+    app.backend.mark_as_failure(nacked, KeyError("sku-42"))
+    result = CliRunner().invoke(cli, ["dlq", "list", "-q", "email", "--json"],
+                                obj=BrokerOptions(broker, _app=app))
+    first, second = json.loads(result.stdout)["dead_letters"]
+    assert (first["error_type"], first["error_message"], first["error_source"]) == (
+        "KeyError", "'sku-42'", "result backend")
+    assert first["error_code"] is None and first["earlier_error"]["code"] == "HANDLER_ERROR"
+    assert second["job_id"] == unknown and second["error_source"] == "x-death"
+    shown = CliRunner().invoke(cli, ["dlq", "show", "-q", "email", nacked],
+                               obj=BrokerOptions(broker, _app=app)).stdout.splitlines()
+    assert {"error_type: KeyError", "error_message: 'sku-42'"} <= set(shown)

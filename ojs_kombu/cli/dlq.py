@@ -20,6 +20,7 @@ from typing import Any
 import click
 
 from ..amqp.broker.dead_letters import DeadLetter, DeadLetterQueue
+from ..celery.dead_letters import stored_failure
 from ..spec.naming import UNROUTABLE
 from .broker import binding_of, connect, queue_name, require_queue
 from .common import (
@@ -62,8 +63,11 @@ def open_dlq(ctx: click.Context, queue: str) -> Iterator[DeadLetterQueue]:
         yield DeadLetterQueue(connection, ojs_queue)
 
 
-def dead_letter_data(dead: DeadLetter, full: bool = False) -> dict[str, Any]:
-    """A dead letter as ``dlq list`` (and, ``full``, ``dlq show``) print it."""
+def dead_letter_data(dead: DeadLetter, full: bool = False, app: Any = None) -> dict[str, Any]:
+    """A dead letter as ``dlq list`` (and, ``full``, ``dlq show``) print it.
+
+    One that does not say why (nacked, ``ojs_dead_letter_mode="nack"``) gets the
+    exception the ``-A`` app's result backend stored for its task, if any."""
     data: dict[str, Any] = {
         "key": dead.key, "job_id": dead.job_id, "task_id": dead.task_id,
         "type": dead.job_type, "queue": dead.queue, "attempt": dead.attempt,
@@ -71,6 +75,12 @@ def dead_letter_data(dead: DeadLetter, full: bool = False) -> dict[str, Any]:
         "error_type": dead.error_type, "error_source": dead.why.source,
         "earlier_error": dead.why.earlier, "death_reason": dead.death_reason,
         "problems": list(dead.problems)}
+    if app is not None and dead.error_code is None and dead.why.source == "x-death" \
+            and dead.death_reason == "rejected" and dead.task_id:
+        stored = stored_failure(app, dead.task_id)
+        if stored is not None:
+            data["error_type"], data["error_message"] = stored
+            data["error_source"] = "result backend"
     if full:
         data["content_type"] = dead.content_type
         data["headers"] = dead.headers
@@ -93,7 +103,9 @@ def list_(ctx: click.Context, queue: str, limit: int) -> None:
     """List the dead letters of QUEUE, oldest first; none is removed."""
     with open_dlq(ctx, queue) as dead_letters:
         total = len(dead_letters)
-        found = [dead_letter_data(d) for d in dead_letters.list(limit=limit, bodies=False)]
+        app = options(ctx).app()
+        found = [dead_letter_data(d, app=app)
+                 for d in dead_letters.list(limit=limit, bodies=False)]
 
     def human() -> None:
         click.echo(f"{total} dead letter(s) in {dead_letters.dlq}")
@@ -137,7 +149,7 @@ def show(ctx: click.Context, queue: str, ident: str | None, legacy_id: str | Non
     if found_id is None:
         raise click.UsageError("give the ID of the dead letter")
     with open_dlq(ctx, queue) as dead_letters:
-        data = dead_letter_data(dead_letters.get(found_id), full=True)
+        data = dead_letter_data(dead_letters.get(found_id), full=True, app=options(ctx).app())
 
     def human() -> None:
         for key in ("key", "job_id", "task_id", "type", "queue", "attempt", "content_type",

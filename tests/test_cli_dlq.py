@@ -335,3 +335,33 @@ def test_a_nacked_job_gets_its_exception_from_the_apps_result_backend(
     shown = CliRunner().invoke(cli, ["dlq", "show", "-q", "email", nacked],
                                obj=BrokerOptions(broker, _app=app)).stdout.splitlines()
     assert {"error_type: KeyError", "error_message: 'sku-42'"} <= set(shown)
+
+
+def test_replay_all_puts_back_hundreds_of_mixed_dead_letters_across_windows(
+        broker: Broker) -> None:
+    """Good jobs among hostile dead letters, more than one replay window: every one is
+    listed and replayed once, in order, none lost or doubled."""
+    hostile = [case for name, case in sorted(hostile_dead_letters().items())
+               if name not in ("huge", "deep, no id", "deep, with id")]
+    broker.declare(DLQ)
+    broker.declare(JOB_QUEUE)
+    bodies = []
+    for n in range(600):
+        if n % 3:
+            body, properties = hostile[n % len(hostile)]
+            broker.put(DLQ, body, **properties)
+            bodies.append(body)
+        else:
+            put_dead_job(broker, n + 1)
+            bodies.append(None)
+    code, listed = dlq_json(broker, "list", "-q", "email", "--limit", "450")
+    assert (code, listed["count"], len(listed["dead_letters"])) == (0, 600, 450)
+    code, replayed = dlq_json(broker, "replay", "-q", "email", "--all")
+    assert code == 0 and len(replayed["replayed"]) == 600
+    back = broker.messages(JOB_QUEUE)
+    assert broker.messages(DLQ) == [] and len(back) == 600
+    for body, message in zip(bodies, back, strict=True):
+        if body is not None:
+            assert message.body == body  # no job: back as it came
+        else:
+            assert json.loads(message.body)["state"] == "available"

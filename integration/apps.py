@@ -74,9 +74,6 @@ class CallLog:
 def make_app(name: str, broker_url: str, backend: str | None = None, **conf: Any) -> Celery:
     app = Celery(name, broker=broker_url, backend=backend, set_as_current=False)
     ojs_kombu.install(app)
-    # the suites assert the binding's Basic.Nack (AMQP-009); integration/test_dlq_cli.py
-    # runs the default, ojs_dead_letter_mode="republish"
-    conf.setdefault("ojs_dead_letter_mode", "nack")
     app.conf.update(broker_connection_retry_on_startup=False, **conf)
     app.calls = CallLog()  # type: ignore[attr-defined]
     register_tasks(app)
@@ -242,5 +239,4 @@ def cli_app() -> Celery:
                     ojs_worker_heartbeat=1, ojs_job_heartbeat=1,
                     ojs_control_queues=not os.environ.get("OJS_TEST_NO_CONTROL"),
                     ojs_acks=os.environ.get("OJS_TEST_ACKS", "batched"),
-                    ojs_dead_letter_mode=os.environ.get("OJS_TEST_DEAD_LETTER_MODE", "nack"),
                     ojs_retry_semantics=os.environ.get("OJS_TEST_RETRY_SEMANTICS", "celery"))

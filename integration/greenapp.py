@@ -36,8 +36,7 @@ def make_app(broker: str, backend: str, redis_url: str, prefix: str, control: st
     ojs_kombu.install(app)
     app.conf.update(broker_connection_retry_on_startup=True, worker_hijack_root_logger=False,
                     control_exchange=control, result_expires=600,
-                    ojs_worker_heartbeat=1, ojs_job_heartbeat=1,
-                    ojs_dead_letter_mode="nack")  # the test asserts Basic.Nack's x-death
+                    ojs_worker_heartbeat=1, ojs_job_heartbeat=1)
     store = redis.Redis.from_url(redis_url)
 
     def ran(job_id: str | None, **fields: Any) -> int:

@@ -115,9 +115,8 @@ def test_an_invalid_delivery_keeps_its_error_headers_and_body(
 
 
 def test_a_discarded_job_is_nacked_and_the_dlq_says_so(app: Celery, worker: Any) -> None:
-    """AMQP-009 with ``ojs_dead_letter_mode="nack"`` (the suite's app): the broker
-    dead-letters the delivery (``x-death`` reason ``rejected``), and the dead-letter API
-    tells a user that is what happened."""
+    """AMQP-009 by default: the broker dead-letters the delivery (``x-death`` reason
+    ``rejected``), and the dead-letter API tells a user that is what happened."""
     import pytest
 
     import ojs_kombu

@@ -10,10 +10,13 @@ from typing import Any
 
 import pytest
 from celery import Celery
+from celery.exceptions import TimeLimitExceeded
 from click.testing import CliRunner, Result
 
+import ojs_kombu
 from ojs_kombu.amqp.broker import dead_letters
 from ojs_kombu.cli import cli
+from ojs_kombu.spec.dead_letter import NOT_RECORDED_HINT
 
 from .dead_jobs import DLQ, JOB_QUEUE, hostile_dead_letters, ids_in, job_id, put_dead_job
 from .in_memory_broker import Broker, BrokerOptions, Stored
@@ -65,12 +68,13 @@ def test_list_shows_the_task_id_and_says_why_a_nacked_or_expired_job_died(
                application_headers={"x-ojs-error-code": "HANDLER_ERROR",
                                     "x-ojs-error-message": "card declined"})
     lines = dlq(broker, "list", "-q", "email").stdout.splitlines()
-    assert lines[1] == (f"  {nacked}  email.send  attempt 1  -  nacked without a reason "
-                        "(Basic.Nack carries none): see the job.discarded event or the result "
-                        "backend")
-    assert lines[2] == (f"  {expired}  email.send  attempt 1  EXPIRED  its time to live in "
+    # nacked, and no -A app whose result backend keeps its failure: both remedies named
+    assert lines[1:3] == [f"  {nacked}  email.send  attempt 1  -",
+                          f"    why: {NOT_RECORDED_HINT}"]
+    assert "result backend" in NOT_RECORDED_HINT and "'republish'" in NOT_RECORDED_HINT
+    assert lines[3] == (f"  {expired}  email.send  attempt 1  EXPIRED  its time to live in "
                         f"{JOB_QUEUE} ran out (x-death expired)")
-    assert lines[3:] == [f"  {job_id(3)}  shop.validate  attempt -  HANDLER_ERROR  card declined",
+    assert lines[4:] == [f"  {job_id(3)}  shop.validate  attempt -  HANDLER_ERROR  card declined",
                          "    task id: order-999-validate"]
 
 
@@ -82,8 +86,8 @@ def test_list_as_json(broker: Broker) -> None:
     assert data["dead_letters"] == [{
         "key": jid, "job_id": jid, "task_id": jid, "type": "email.send", "queue": "email",
         "attempt": 3, "error_code": "HANDLER_ERROR", "error_message": "SMTP timeout 2",
-        "error_type": "TimeoutError", "error_source": "headers", "earlier_error": None,
-        "death_reason": None, "problems": []}]
+        "error_type": "TimeoutError", "error_source": "headers", "why": None,
+        "earlier_error": None, "death_reason": None, "problems": []}]
 
 
 @pytest.mark.parametrize("command", [["list"], ["show", job_id(1)], ["replay", "--all"],
@@ -317,24 +321,60 @@ def test_an_unroutable_dead_letter_with_no_usable_queue_is_listed_and_refused_a_
     assert ids_in(broker, unroutable) == ["m-1"]
 
 
-def test_a_nacked_job_gets_its_exception_from_the_apps_result_backend(
-        broker: Broker) -> None:
-    """``ojs_dead_letter_mode="nack"``: the dead letter does not say why; with ``-A`` the
-    tools read the failure the worker stored in the app's result backend."""
+@pytest.fixture
+def shop() -> Celery:
+    """An installed app with a result backend and the task of ``email.send`` jobs, whose
+    policy gives up at once on a ``KeyError`` and after 3 attempts otherwise."""
     app = Celery("shop", backend="cache+memory://", set_as_current=False)
-    nacked = put_dead_job(broker, 1)
-    unknown = put_dead_job(broker, 2)
-    app.backend.mark_as_failure(nacked, KeyError("sku-42"))
+    ojs_kombu.install(app)
+
+    @app.task(name="email.send", shared=False, ojs_retry={"max_attempts": 3,
+                                                          "non_retryable_errors": ["KeyError"]})
+    def send(address: str) -> None:
+        raise AssertionError("not run here")
+
+    return app
+
+
+def test_a_nacked_job_gets_its_failure_and_error_code_from_the_apps_result_backend(
+        broker: Broker, shop: Celery) -> None:
+    """``ojs_dead_letter_mode="nack"`` (the default): the dead letter does not say why;
+    with ``-A`` the tools read the failure the worker stored in the app's result backend
+    and name it with the code the worker's failure decision gave it."""
+    non_retryable = put_dead_job(broker, 1, attempt=1)
+    exhausted = put_dead_job(broker, 2, attempt=3)
+    timed_out = put_dead_job(broker, 3, attempt=1)
+    unknown = put_dead_job(broker, 4)
+    shop.backend.mark_as_failure(non_retryable, KeyError("sku-42"))
+    shop.backend.mark_as_failure(exhausted, ConnectionError("SMTP down"))
+    shop.backend.mark_as_failure(timed_out, TimeLimitExceeded(5.0))
     result = CliRunner().invoke(cli, ["dlq", "list", "-q", "email", "--json"],
-                                obj=BrokerOptions(broker, _app=app))
-    first, second = json.loads(result.stdout)["dead_letters"]
-    assert (first["error_type"], first["error_message"], first["error_source"]) == (
-        "KeyError", "'sku-42'", "result backend")
-    assert first["error_code"] is None and first["earlier_error"]["code"] == "HANDLER_ERROR"
-    assert second["job_id"] == unknown and second["error_source"] == "x-death"
+                                obj=BrokerOptions(broker, _app=shop))
+    listed = json.loads(result.stdout)["dead_letters"]
+    said = [(d["error_code"], d["error_type"], d["error_message"], d["error_source"])
+            for d in listed]
+    assert said == [
+        ("NON_RETRYABLE_ERROR", "KeyError", "'sku-42'", "result backend"),
+        ("HANDLER_ERROR", "ConnectionError", "SMTP down", "result backend"),
+        ("HANDLER_TIMEOUT", "TimeLimitExceeded", "TimeLimitExceeded(5.0,)", "result backend"),
+        (None, None, None, "not recorded")]
+    assert listed[0]["earlier_error"]["code"] == "HANDLER_ERROR"
+    assert listed[3]["job_id"] == unknown and listed[3]["why"] == NOT_RECORDED_HINT
+    shown = CliRunner().invoke(cli, ["dlq", "show", "-q", "email", non_retryable],
+                               obj=BrokerOptions(broker, _app=shop)).stdout.splitlines()
+    assert {"error_code: NON_RETRYABLE_ERROR", "error_type: KeyError",
+            "error_message: 'sku-42'"} <= set(shown)
+    assert not any(line.startswith("why:") for line in shown)
+
+
+def test_a_nacked_job_of_an_app_without_a_result_backend_is_not_recorded(
+        broker: Broker) -> None:
+    app = Celery("shop", set_as_current=False)
+    ojs_kombu.install(app)
+    nacked = put_dead_job(broker, 1)
     shown = CliRunner().invoke(cli, ["dlq", "show", "-q", "email", nacked],
                                obj=BrokerOptions(broker, _app=app)).stdout.splitlines()
-    assert {"error_type: KeyError", "error_message: 'sku-42'"} <= set(shown)
+    assert f"why: {NOT_RECORDED_HINT}" in shown and "error_code: -" in shown
 
 
 def test_replay_all_puts_back_hundreds_of_mixed_dead_letters_across_windows(

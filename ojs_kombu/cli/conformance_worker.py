@@ -197,9 +197,9 @@ def discard_verdict(dead: amqp.Message, queue: str, names: TopologyNames) -> tup
     if headers.get("x-ojs-error-code"):
         return "warn", (f"a worker of {queue} published the failing {FAIL_TYPE} job to the "
                         "DLX with its error (x-ojs-error-code) and acked it, instead of "
-                        "Basic.Nack: ojs_dead_letter_mode='republish', ojs_kombu's default (a "
-                        "documented deviation, so the dead letter says why); "
-                        "ojs_dead_letter_mode='nack' meets AMQP-009 as written")
+                        "Basic.Nack: ojs_dead_letter_mode='republish', an opt-in (a documented "
+                        "deviation, so the dead letter says why); ojs_dead_letter_mode='nack', "
+                        "the default, meets AMQP-009 as written")
     return "fail", (f"the failing {FAIL_TYPE} job reached the DLQ without a worker's "
                     "Basic.Nack (no x-death 'rejected') nor its error (no x-ojs-error-code)")
 

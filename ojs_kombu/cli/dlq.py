@@ -20,7 +20,8 @@ from typing import Any
 import click
 
 from ..amqp.broker.dead_letters import DeadLetter, DeadLetterQueue
-from ..celery.dead_letters import stored_failure
+from ..celery.dead_letters import explained
+from ..spec.dead_letter import NOT_RECORDED, NOT_RECORDED_HINT
 from ..spec.naming import UNROUTABLE
 from .broker import binding_of, connect, queue_name, require_queue
 from .common import (
@@ -52,7 +53,8 @@ def dlq() -> None:
 
 @contextmanager
 def open_dlq(ctx: click.Context, queue: str) -> Iterator[DeadLetterQueue]:
-    """The DLQ of ``queue``; exit 4 when the queue has none (nothing is declared)."""
+    """The DLQ of ``queue``; exit 4 when the queue has none (nothing is declared).  With
+    the ``-A`` app, a nacked dead letter says why from its result backend."""
     ojs_queue = queue if queue == UNROUTABLE else queue_name(queue)
     with connect(options(ctx)) as connection:
         names = binding_of(connection).names
@@ -60,27 +62,22 @@ def open_dlq(ctx: click.Context, queue: str) -> Iterator[DeadLetterQueue]:
                     else names.dead_letter_queue(ojs_queue))
         require_queue(connection.connection, dlq_name,
                       f"no dead-letter queue for OJS queue {ojs_queue!r}")
-        yield DeadLetterQueue(connection, ojs_queue)
+        app = options(ctx).app()
+        yield DeadLetterQueue(connection, ojs_queue,
+                              explained(app) if app is not None else None)
 
 
-def dead_letter_data(dead: DeadLetter, full: bool = False, app: Any = None) -> dict[str, Any]:
-    """A dead letter as ``dlq list`` (and, ``full``, ``dlq show``) print it.
-
-    One that does not say why (nacked, ``ojs_dead_letter_mode="nack"``) gets the
-    exception the ``-A`` app's result backend stored for its task, if any."""
+def dead_letter_data(dead: DeadLetter, full: bool = False) -> dict[str, Any]:
+    """A dead letter as ``dlq list`` (and, ``full``, ``dlq show``) print it; ``why`` is
+    what to do when nothing recorded why it died (else ``None``)."""
     data: dict[str, Any] = {
         "key": dead.key, "job_id": dead.job_id, "task_id": dead.task_id,
         "type": dead.job_type, "queue": dead.queue, "attempt": dead.attempt,
         "error_code": dead.error_code, "error_message": dead.error_message,
         "error_type": dead.error_type, "error_source": dead.why.source,
+        "why": NOT_RECORDED_HINT if dead.why.source == NOT_RECORDED else None,
         "earlier_error": dead.why.earlier, "death_reason": dead.death_reason,
         "problems": list(dead.problems)}
-    if app is not None and dead.error_code is None and dead.why.source == "x-death" \
-            and dead.death_reason == "rejected" and dead.task_id:
-        stored = stored_failure(app, dead.task_id)
-        if stored is not None:
-            data["error_type"], data["error_message"] = stored
-            data["error_source"] = "result backend"
     if full:
         data["content_type"] = dead.content_type
         data["headers"] = dead.headers
@@ -103,9 +100,7 @@ def list_(ctx: click.Context, queue: str, limit: int) -> None:
     """List the dead letters of QUEUE, oldest first; none is removed."""
     with open_dlq(ctx, queue) as dead_letters:
         total = len(dead_letters)
-        app = options(ctx).app()
-        found = [dead_letter_data(d, app=app)
-                 for d in dead_letters.list(limit=limit, bodies=False)]
+        found = [dead_letter_data(d) for d in dead_letters.list(limit=limit, bodies=False)]
 
     def human() -> None:
         click.echo(f"{total} dead letter(s) in {dead_letters.dlq}")
@@ -114,6 +109,8 @@ def list_(ctx: click.Context, queue: str, limit: int) -> None:
                        f"{error_text(d, 120)}")
             if d["task_id"] not in (None, d["key"]):
                 click.echo(f"    task id: {d['task_id']}")
+            if d["why"]:
+                click.echo(f"    why: {d['why']}")
             if d["problems"]:
                 click.echo(f"    not a job: {'; '.join(d['problems'])}")
         if total > len(found):
@@ -149,12 +146,14 @@ def show(ctx: click.Context, queue: str, ident: str | None, legacy_id: str | Non
     if found_id is None:
         raise click.UsageError("give the ID of the dead letter")
     with open_dlq(ctx, queue) as dead_letters:
-        data = dead_letter_data(dead_letters.get(found_id), full=True, app=options(ctx).app())
+        data = dead_letter_data(dead_letters.get(found_id), full=True)
 
     def human() -> None:
         for key in ("key", "job_id", "task_id", "type", "queue", "attempt", "content_type",
                     "error_code", "error_type", "error_message", "death_reason"):
             click.echo(f"{key}: {data[key] if data[key] is not None else '-'}")
+        if data["why"]:
+            click.echo(f"why: {data['why']}")
         if data["earlier_error"]:
             earlier = data["earlier_error"]
             click.echo(f"earlier error: {earlier['code']}  {earlier['message'] or ''}".rstrip())

@@ -11,14 +11,16 @@ Why a job died comes from, in this order:
 
 * its ``x-ojs-error-*`` headers, when the dead letter is a copy the worker
   published to the DLX with its last error (``ojs_dead_letter_mode="republish"``,
-  the default, and every message that was not a valid job);
+  an opt-in, and every message that was not a valid job);
 * RabbitMQ's ``x-death`` reason, when the broker dead-lettered it itself:
   ``expired`` (a TTL: ``EXPIRED``), ``maxlen`` (a full ``drop_oldest`` queue),
   ``delivery_limit`` (a quorum queue's limit);
 * for a job a worker discarded with ``Basic.Nack`` (AMQP-009, ``x-death``
   ``rejected``), whose message cannot change: ``EXPIRED`` when it died after
-  its ``expires_at``; otherwise the dead letter does not say, and its
-  ``x-ojs-error-*`` are an earlier attempt's (``earlier_error``).
+  its ``expires_at``; otherwise the dead letter does not say (``source``
+  :data:`NOT_RECORDED`, until the result backend is read: see
+  :mod:`ojs_kombu.celery.dead_letters`), and its ``x-ojs-error-*`` are an
+  earlier attempt's (``earlier_error``).
 """
 
 from __future__ import annotations
@@ -42,6 +44,13 @@ MAX_ENVELOPE_DEPTH = 254
 DIGEST_PREFIX = "sha256:"
 #: Hex digits of the digest in such a key (128 bits).
 DIGEST_HEX = 32
+#: ``Why.source`` of a nacked job whose last error nothing read so far keeps.
+NOT_RECORDED = "not recorded"
+#: What to do about it (the tools print it as the dead letter's ``why``).
+NOT_RECORDED_HINT = (
+    "not recorded: Basic.Nack (ojs_dead_letter_mode='nack', the default) carries no "
+    "reason; keep the failure in a result backend and give the app (-A proj), or set "
+    "ojs_dead_letter_mode='republish' to put the error on the dead letter")
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,8 +177,7 @@ def why(headers: dict[str, Any], envelope: dict[str, Any] | None) -> Why:
     expired_at = _expired_before(envelope, death)
     if expired_at is not None:
         return Why(EXPIRED, f"job expired at {expired_at}", None, "expires_at", earlier)
-    return Why(None, "nacked without a reason (Basic.Nack carries none): see the "
-                     "job.discarded event or the result backend", None, "x-death", earlier)
+    return Why(None, None, None, NOT_RECORDED, earlier)
 
 
 def _error_type(envelope: dict[str, Any] | None, code: str | None) -> str | None:

@@ -95,10 +95,10 @@ class DeadLetter:
     @property
     def death_reason(self) -> str | None:
         """Why the broker dead-lettered it (``x-death``): ``rejected`` for a job a worker
-        discarded with ``Basic.Nack`` (AMQP-009, ``ojs_dead_letter_mode="nack"``),
-        ``expired``, ``maxlen`` or ``delivery_limit``; ``None`` for a copy the worker
-        published to the DLX with its error (the default, and every message that was
-        not a valid job)."""
+        discarded with ``Basic.Nack`` (AMQP-009, ``ojs_dead_letter_mode="nack"``, the
+        default), ``expired``, ``maxlen`` or ``delivery_limit``; ``None`` for a copy the
+        worker published to the DLX with its error (``ojs_dead_letter_mode="republish"``,
+        and every message that was not a valid job)."""
         death = first_death(self.headers)
         return text(death.get("reason")) if death else None
 
@@ -124,6 +124,10 @@ class DeadLetter:
             content_type=content_type, why=why(headers, envelope))
 
 
+#: Completes a dead letter's ``why`` from a record kept beside the broker.
+Explain = Callable[[DeadLetter], DeadLetter]
+
+
 def own_queue(message: amqp.Message) -> str | None:
     """The OJS queue a dead letter belongs to: ``x-ojs-queue``, else its envelope's
     ``queue``, else the routing key it died with."""
@@ -145,10 +149,16 @@ class DeadLetterQueue:
 
     ``queue="unroutable"`` opens ``ojs.queue.dlx.unroutable``: the dead letters of every
     queue whose own DLQ was missing; each is listed, and replayed, with its own queue.
+
+    ``explain``, if given, completes the ``why`` of each dead letter :meth:`list` and
+    :meth:`get` return, from what is kept beside the broker (the Celery wiring reads
+    the app's result backend: :func:`ojs_kombu.celery.dead_letters.explained`).
     """
 
-    def __init__(self, connection: kombu.Connection, queue: str) -> None:
+    def __init__(self, connection: kombu.Connection, queue: str,
+                 explain: Explain | None = None) -> None:
         self._connection = connection
+        self._explain = explain
         transport_connection = connection.connection  # connects if needed
         if not isinstance(transport_connection, JobConnection):
             raise OJSConfigurationError("dead-letter queues need an ojs:// connection")
@@ -173,7 +183,7 @@ class DeadLetterQueue:
         def browse(channel: JobChannel) -> list[DeadLetter]:
             found = []
             for message in self._browse(channel):
-                dead = self._dead_letter(message)
+                dead = self._explained(self._dead_letter(message))
                 found.append(dead if bodies else replace(dead, body=b"", envelope=None))
                 if limit is not None and len(found) >= limit:
                     break
@@ -183,7 +193,7 @@ class DeadLetterQueue:
     def get(self, ident: str) -> DeadLetter:
         """The dead letter ``ident`` names (its key, job id or Celery task id); raises
         :class:`DeadLetterNotFound`."""
-        return self._with_channel(lambda channel: self._find(channel, ident)[1])
+        return self._explained(self._with_channel(lambda channel: self._find(channel, ident)[1]))
 
     def replay(self, ident: str) -> str:
         """Put the dead letter ``ident`` names back on its queue and return its key;
@@ -295,6 +305,9 @@ class DeadLetterQueue:
         """Delete every dead letter; returns how many there were."""
         return self._with_channel(lambda channel: channel.queue_purge(self.dlq) or 0)
 
+    def _explained(self, dead: DeadLetter) -> DeadLetter:
+        return dead if self._explain is None else self._explain(dead)
+
     def _dead_letter(self, message: amqp.Message) -> DeadLetter:
         if not self.unroutable:
             return DeadLetter.from_message(self.queue, message)
@@ -365,8 +378,9 @@ class DeadLetterQueue:
 
 
 @contextmanager
-def open_dead_letter_queue(connection: kombu.Connection, queue: str) -> Iterator[DeadLetterQueue]:
-    dlq = DeadLetterQueue(connection, queue)
+def open_dead_letter_queue(connection: kombu.Connection, queue: str,
+                           explain: Explain | None = None) -> Iterator[DeadLetterQueue]:
+    dlq = DeadLetterQueue(connection, queue, explain)
     try:
         yield dlq
     finally:

@@ -291,7 +291,8 @@ def run_jobs(connection: amqp.Connection, names: ojs_kombu.TopologyNames,
     else:
         headers = dead.properties.get("application_headers") or {}
         deaths = headers.get("x-death") or [{}]
-        # the worker's copy carries why (the default); a nacked job has the broker's reason
+        # nacked (the default): the broker's reason; a copy the worker published with
+        # its error (ojs_dead_letter_mode="republish") carries x-ojs-error-code
         why = (f"x-ojs-error-code {headers['x-ojs-error-code']!r}"
                if headers.get("x-ojs-error-code") and not headers.get("x-death")
                else f"x-death reason {deaths[0].get('reason')!r}")

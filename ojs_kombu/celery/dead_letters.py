@@ -151,7 +151,8 @@ def _exception(result: object) -> BaseException | None:
         return result
     if isinstance(result, dict) and result.get("exc_type"):
         kind = type(str(result["exc_type"]), (Exception,), {})
-        return kind(str(result.get("exc_message") or ""))
+        message = result.get("exc_message")
+        return kind(*message) if isinstance(message, list | tuple) else kind(message or "")
     return None
 
 

@@ -291,9 +291,14 @@ def run_jobs(connection: amqp.Connection, names: ojs_kombu.TopologyNames,
     else:
         headers = dead.properties.get("application_headers") or {}
         deaths = headers.get("x-death") or [{}]
-        outcome = (f"dead-lettered (found in {dlq}, x-death reason "
-                   f"{deaths[0].get('reason')!r}) after {headers.get('x-ojs-attempt')} "
-                   f"attempts retried by the broker; last error: {error!r}")
+        # nacked (the default): the broker's reason; a copy the worker published with
+        # its error (ojs_dead_letter_mode="republish") carries x-ojs-error-code
+        why = (f"x-ojs-error-code {headers['x-ojs-error-code']!r}"
+               if headers.get("x-ojs-error-code") and not headers.get("x-death")
+               else f"x-death reason {deaths[0].get('reason')!r}")
+        outcome = (f"dead-lettered (found in {dlq}, {why}) after "
+                   f"{headers.get('x-ojs-attempt')} attempts retried by the broker; "
+                   f"last error: {error!r}")
     reports.append(JobReport(failing.id, "billing.charge", "delay", outcome,
                              outcome.startswith("dead-lettered")))
 

@@ -5,7 +5,8 @@ for workers whose INFO answers depend on it; ``OJS_TEST_CANCEL_GRACE`` sets
 ``ojs_cancel_grace``; ``OJS_TEST_BROKER_HEARTBEAT`` sets ``broker_heartbeat``;
 ``OJS_TEST_CONFORMANCE_PROBES`` registers the tasks
 ``ojs-kombu conformance`` sends; ``OJS_TEST_EVENT_SINKS`` sets ``ojs_event_sinks``
-(comma-separated); ``OJS_TEST_CONTROL_USERS`` (JSON) sets ``ojs_control_users``.
+(comma-separated); ``OJS_TEST_CONTROL_USERS`` (JSON) sets ``ojs_control_users``;
+``OJS_TEST_DEAD_LETTER_MODE`` sets ``ojs_dead_letter_mode`` (unset: the default, ``nack``).
 """
 
 import json
@@ -22,6 +23,8 @@ if "OJS_TEST_CANCEL_GRACE" in os.environ:
     app.conf.ojs_cancel_grace = float(os.environ["OJS_TEST_CANCEL_GRACE"])
 if os.environ.get("OJS_TEST_CONFORMANCE_PROBES"):
     ojs_kombu.register_conformance_probes(app)
+if "OJS_TEST_DEAD_LETTER_MODE" in os.environ:
+    app.conf.ojs_dead_letter_mode = os.environ["OJS_TEST_DEAD_LETTER_MODE"]
 if "OJS_TEST_BROKER_HEARTBEAT" in os.environ:
     app.conf.broker_heartbeat = float(os.environ["OJS_TEST_BROKER_HEARTBEAT"])
 if os.environ.get("OJS_TEST_EVENT_SINKS"):

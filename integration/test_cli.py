@@ -360,6 +360,8 @@ def test_dlq_list_show_replay_purge(broker_url: str, amqp_channel: amqp.Channel)
     code, error = run_json(broker_url, "dlq", "show", "-q", "cli-dlq", new_job_id())
     assert (code, error["error"]) == (4, "not_found")
     code, error = run_json(broker_url, "dlq", "show", "-q", "cli-dlq", "not-a-uuid")
+    assert (code, error["error"]) == (4, "not_found")  # a task id no dead letter has
+    code, error = run_json(broker_url, "dlq", "show", "-q", "cli-dlq", "x" * 256)
     assert (code, error["error"]) == (2, "usage")  # as info: a malformed id is a usage error
 
     code, replayed = run_json(broker_url, "dlq", "replay", "-q", "cli-dlq", ids[0])
@@ -412,7 +414,7 @@ def test_dlq_browses_past_its_windows_in_order_and_leaves_every_other_dead_lette
 def test_dlq_replay_needs_id_or_all(broker_url: str) -> None:
     run(broker_url, "topology", "declare", "-q", "cli-dlq")
     result = run(broker_url, "dlq", "replay", "-q", "cli-dlq")
-    assert result.returncode == 2 and "give JOB_ID or --all" in result.stderr
+    assert result.returncode == 2 and "give ID or --all" in result.stderr
 
 
 def test_dead_letter_of_a_worker_shows_its_error(app: Celery, worker: Any, broker_url: str,

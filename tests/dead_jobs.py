@@ -51,3 +51,34 @@ def put_dead_job(broker: Broker, n: int, *, job_type: str = "email.send", attemp
 
 def ids_in(broker: Broker, queue: str) -> list[str]:
     return [m.properties.get("message_id") for m in broker.messages(queue)]
+
+
+def hostile_dead_letters() -> dict[str, tuple[bytes, dict[str, Any]]]:
+    """Dead letters no OJS worker wrote, by name: body and properties, as another
+    producer or an attacker can leave them in a DLQ."""
+    deep = b"[" * 100_000 + b"]" * 100_000
+    envelope = {"specversion": "1.0", "id": job_id(60), "type": "email.send",
+                "queue": "email", "args": []}
+    nested_300 = {**envelope, "id": job_id(61), "args": [json.loads("[" * 300 + "]" * 300)]}
+    huge = {**envelope, "id": job_id(62), "args": ["x" * 8_000_000]}
+    ojs = "application/openjobspec+json"
+    return {
+        "deep, no id": (deep, {"content_type": ojs}),
+        "deep, with id": (deep, {"content_type": ojs, "message_id": job_id(63)}),
+        "nested 300 deep": (json.dumps(nested_300).encode(),
+                            {"content_type": ojs, "message_id": job_id(61)}),
+        "huge": (json.dumps(huge).encode(), {"content_type": ojs, "message_id": job_id(62)}),
+        "no message_id": (json.dumps({k: v for k, v in envelope.items() if k != "id"})
+                          .encode(), {"content_type": ojs}),
+        "not UTF-8": (b"\xff\xfe\x00garbage", {"content_type": ojs}),
+        "not JSON": (b"{this is not json", {"content_type": ojs, "message_id": "m-1"}),
+        "empty": (b"", {}),
+        "JSON array": (b"[1, 2, 3]", {"content_type": ojs}),
+        "wrong content type": (json.dumps({**envelope, "id": job_id(64)}).encode(),
+                               {"content_type": "application/x-python-serialize",
+                                "message_id": job_id(64)}),
+        "odd headers": (b"<xml/>", {"content_type": "text/xml", "application_headers": {
+            "x-death": "not a list", "x-ojs-attempt": "three", "x-ojs-error-code": b"BYTES",
+            "x-ojs-queue": 42}}),
+        "unprintable message_id": (b"{}", {"content_type": ojs, "message_id": "a\x00b"}),
+    }

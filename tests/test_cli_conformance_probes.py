@@ -12,9 +12,11 @@ from ojs_kombu.amqp.binding import Binding
 from ojs_kombu.cli.conformance_report import Results
 from ojs_kombu.cli.conformance_worker import (
     check_worker_behaviour,
+    discard_verdict,
     missing_probes,
     unknown_probe,
 )
+from ojs_kombu.spec.naming import TopologyNames
 
 
 def make_app() -> Celery:
@@ -56,3 +58,16 @@ def test_a_probe_dead_lettered_as_an_unknown_type_names_the_missing_probes() -> 
     nacked = amqp.Message(b"{}", application_headers={"x-death": [{"reason": "rejected"}]})
     assert unknown_probe(nacked, "email") is None
     assert unknown_probe(None, "email") is None
+
+
+def test_the_discard_check_passes_a_nack_warns_a_republish_with_its_error_fails_neither(
+        ) -> None:
+    names = TopologyNames()
+    nacked = amqp.Message(b"{}", application_headers={
+        "x-death": [{"reason": "rejected", "queue": "ojs.queue.email"}]})
+    republished = amqp.Message(b"{}", application_headers={"x-ojs-error-code": "HANDLER_ERROR"})
+    neither = amqp.Message(b"{}", application_headers={})
+    assert discard_verdict(nacked, "email", names)[0] == "pass"
+    status, reason = discard_verdict(republished, "email", names)
+    assert status == "warn" and "ojs_dead_letter_mode='nack'" in reason
+    assert discard_verdict(neither, "email", names)[0] == "fail"

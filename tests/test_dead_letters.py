@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 
 import amqp
 import kombu
@@ -12,9 +13,20 @@ import pytest
 
 from ojs_kombu.amqp.broker import dead_letters as dead_letters_module
 from ojs_kombu.amqp.broker.dead_letters import DeadLetter, DeadLetterQueue, open_dead_letter_queue
+from ojs_kombu.spec.dead_letter import NOT_RECORDED
 from ojs_kombu.spec.errors import DeadLetterNotFound, JobNackedError, OJSConfigurationError
+from ojs_kombu.spec.times import format_time
 
-from .dead_jobs import DLQ, JOB_QUEUE, TRACE, failed_attempts, ids_in, job_id, put_dead_job
+from .dead_jobs import (
+    DLQ,
+    JOB_QUEUE,
+    TRACE,
+    failed_attempts,
+    hostile_dead_letters,
+    ids_in,
+    job_id,
+    put_dead_job,
+)
 from .in_memory_broker import Broker
 
 
@@ -29,33 +41,77 @@ def dead_letters(broker: Broker) -> Iterator[DeadLetterQueue]:
         yield dlq
 
 
-def test_a_nacked_job_reads_as_its_id_type_error_attempt_and_death_reason(
+def test_a_nacked_job_says_its_reason_is_not_on_the_message(
         broker: Broker, dead_letters: DeadLetterQueue) -> None:
+    """``Basic.Nack`` (``ojs_dead_letter_mode="nack"``) cannot change the message: its
+    ``x-ojs-error-*`` are the attempt before's, and the dead letter says so."""
     jid = put_dead_job(broker, 1, job_type="email.send", attempt=3)
     dead = dead_letters.get(jid)
-    assert (dead.job_id, dead.job_type, dead.queue) == (jid, "email.send", "email")
-    assert (dead.error_code, dead.error_message) == ("HANDLER_ERROR", "SMTP timeout 2")
-    assert dead.attempt == 3 and dead.death_reason == "rejected"
+    assert (dead.key, dead.job_id, dead.task_id, dead.job_type, dead.queue) == (
+        jid, jid, jid, "email.send", "email")
+    assert dead.error_code is None and dead.error_message is None
+    assert dead.why.source == NOT_RECORDED  # without a result backend to read it from
+    assert dead.why.earlier == {"code": "HANDLER_ERROR", "message": "SMTP timeout 2"}
+    assert dead.attempt == 3 and dead.death_reason == "rejected" and dead.problems == ()
     assert dead.envelope is not None and dead.envelope["id"] == jid
     assert json.loads(dead.body) == dead.envelope
 
 
-@pytest.mark.parametrize("reason", ["expired", "maxlen", "delivery_limit"])
-def test_the_death_reason_is_the_brokers(broker: Broker, dead_letters: DeadLetterQueue,
-                                         reason: str) -> None:
-    assert dead_letters.get(put_dead_job(broker, 1, reason=reason)).death_reason == reason
-
-
-def test_a_copy_republished_by_the_worker_has_no_death_reason(
+def test_a_job_the_worker_published_with_its_error_says_code_message_and_type(
         broker: Broker, dead_letters: DeadLetterQueue) -> None:
-    dead = dead_letters.get(put_dead_job(broker, 1, reason=None))
-    assert dead.death_reason is None and dead.error_code == "HANDLER_ERROR"
+    dead = dead_letters.get(put_dead_job(broker, 1, reason=None, **{
+        "x-ojs-error-message": "SMTP timeout 3"}))
+    assert (dead.error_code, dead.error_type, dead.error_message) == (
+        "HANDLER_ERROR", "TimeoutError", "SMTP timeout 3")
+    assert dead.death_reason is None and dead.why.source == "headers"
+
+
+@pytest.mark.parametrize("reason, code, says", [
+    ("expired", "EXPIRED", "time to live"), ("maxlen", None, "queue was full"),
+    ("delivery_limit", None, "delivery limit")])
+def test_a_job_the_broker_dead_lettered_says_why(
+        broker: Broker, dead_letters: DeadLetterQueue, reason: str, code: str | None,
+        says: str) -> None:
+    dead = dead_letters.get(put_dead_job(broker, 1, reason=reason))
+    assert dead.death_reason == reason and dead.error_code == code
+    assert says in (dead.error_message or "")
+
+
+def test_a_job_nacked_after_its_expires_at_reads_as_expired(broker: Broker) -> None:
+    expires = datetime(2026, 1, 1, 12, 0, 0, 400000, tzinfo=UTC)
+    for n, died in ((1, expires.replace(microsecond=0)), (2, expires - timedelta(seconds=5))):
+        envelope = {"specversion": "1.0", "id": job_id(n), "type": "email.send", "args": [],
+                    "expires_at": format_time(expires)}
+        broker.declare(DLQ)
+        broker.put(DLQ, json.dumps(envelope), message_id=job_id(n),
+                   content_type="application/openjobspec+json",
+                   application_headers={"x-death": [{"reason": "rejected", "time": died}]})
+    with open_dead_letter_queue(broker.connection(), "email") as dlq:
+        expired, failed = dlq.list()
+    assert expired.error_code == "EXPIRED" and expired.why.source == "expires_at"
+    assert failed.error_code is None  # nacked before it expired: it failed
+
+
+def test_a_dead_letter_is_found_by_the_callers_task_id(
+        broker: Broker, dead_letters: DeadLetterQueue) -> None:
+    broker.declare(DLQ)
+    for n, task_id in ((1, "order-999-validate"), (2, "6f1d2c6e-1b7e-4a43-9f0e-0d7a54f1c2b1")):
+        envelope = {"specversion": "1.0", "id": job_id(n), "type": "shop.validate",
+                    "args": [], "x_celery": {"id": task_id}}
+        broker.put(DLQ, json.dumps(envelope), message_id=job_id(n),
+                   content_type="application/openjobspec+json")
+        assert dead_letters.get(task_id).job_id == job_id(n)
+        assert dead_letters.get(job_id(n)).task_id == task_id
+    assert dead_letters.replay("order-999-validate") == job_id(1)
+    assert dead_letters.delete("6f1d2c6e-1b7e-4a43-9f0e-0d7a54f1c2b1").job_id == job_id(2)
+    assert ids_in(broker, JOB_QUEUE) == [job_id(1)] and ids_in(broker, DLQ) == []
 
 
 def test_a_message_without_properties_is_named_by_its_envelope() -> None:
     body = json.dumps({"id": job_id(7), "type": "report.build", "args": []}).encode()
     dead = DeadLetter.from_message("reports", amqp.Message(body))
     assert (dead.job_id, dead.job_type, dead.queue) == (job_id(7), "report.build", "reports")
+    assert dead.key == job_id(7) and dead.problems == ("no content type",)
     assert dead.attempt is None and dead.error_code is None and dead.death_reason is None
 
 
@@ -63,6 +119,26 @@ def test_a_message_without_properties_is_named_by_its_envelope() -> None:
 def test_a_body_that_is_no_json_object_has_no_envelope(body: bytes) -> None:
     dead = DeadLetter.from_message("email", amqp.Message(body, message_id=job_id(1)))
     assert dead.envelope is None and dead.body == body and dead.job_id == job_id(1)
+    assert dead.problems
+
+
+@pytest.mark.parametrize("name", sorted(hostile_dead_letters()))
+def test_any_dead_letter_is_listed_found_by_its_key_replayed_and_deleted(
+        broker: Broker, name: str) -> None:
+    body, properties = hostile_dead_letters()[name]
+    broker.declare(DLQ)
+    broker.put(DLQ, body, **properties)
+    put_dead_job(broker, 1)
+    with open_dead_letter_queue(broker.connection(), "email") as dlq:
+        dead, job = dlq.list()
+        assert job.job_id == job_id(1)
+        assert dlq.get(dead.key).body == body
+        assert dlq.replay(dead.key) == dead.key
+        [replayed] = broker.messages(JOB_QUEUE)
+        if dead.problems:  # no job: back as it came
+            assert replayed.body == body
+        dlq.delete(job_id(1))
+    assert ids_in(broker, DLQ) == []
 
 
 def test_listing_is_oldest_first_and_leaves_every_dead_letter_in_place(
@@ -178,3 +254,13 @@ def test_replay_each_goes_window_by_window_and_stops_between_windows(
     assert ids_in(broker, JOB_QUEUE) == ids[:4] and ids_in(broker, DLQ) == ids[4:]
     assert dead_letters.replay_each(seen.append) == 1
     assert ids_in(broker, JOB_QUEUE) == ids and ids_in(broker, DLQ) == []
+
+
+def test_a_listing_without_bodies_keeps_what_each_dead_letter_says(
+        broker: Broker, dead_letters: DeadLetterQueue) -> None:
+    jid = put_dead_job(broker, 1, reason=None)
+    [with_body] = dead_letters.list()
+    [without] = dead_letters.list(bodies=False)
+    assert (without.body, without.envelope) == (b"", None) and with_body.body
+    assert (without.key, without.task_id, without.why, without.problems) == (
+        jid, jid, with_body.why, ())

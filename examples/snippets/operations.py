@@ -28,8 +28,9 @@ def dead_letters(app: Celery, job_id: str) -> None:
     with ojs_kombu.dead_letter_queue(app, "email") as dlq:
         len(dlq)                      # how many
         for dead in dlq.list():       # nothing is consumed
-            print(dead.job_id, dead.error_code, dead.error_message, dead.envelope)
-        dlq.get(job_id)               # one; DeadLetterNotFound if absent
+            print(dead.key, dead.task_id, dead.error_code, dead.error_type,
+                  dead.error_message, dead.problems)
+        dlq.get(job_id)               # by job id, Celery task id or key; DeadLetterNotFound
         dlq.replay(job_id)            # back on its queue
         dlq.replay_all()              # every one, in order
         dlq.purge()

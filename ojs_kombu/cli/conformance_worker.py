@@ -40,6 +40,7 @@ from ..celery.probes import FAIL_TYPE, SLEEP_TYPE
 from ..spec.decode import UNKNOWN_JOB_TYPE
 from ..spec.errors import ControlError
 from ..spec.job_ids import new_job_id
+from ..spec.naming import TopologyNames
 from .broker import delete_queues, queue_state
 from .conformance_report import Results, Status
 from .jobs import build_cli_job, publish_cli_job
@@ -181,16 +182,26 @@ def _discard(results: Results, connection: kombu.Connection, binding: Binding, q
     if unknown is not None:
         results.set("AMQP-009", "n/a", unknown)
         return
-    deaths = (dead.properties.get("application_headers") or {}).get("x-death") or []
-    latest = deaths[0] if deaths else {}
+    results.set("AMQP-009", *discard_verdict(dead, queue, names))
+
+
+def discard_verdict(dead: amqp.Message, queue: str, names: TopologyNames) -> tuple[Status, str]:
+    """AMQP-009's status and reason for the dead letter of the failing probe job."""
+    headers = dead.properties.get("application_headers") or {}
+    deaths = headers.get("x-death") or []
+    latest = deaths[0] if isinstance(deaths, list) and deaths else {}
     if latest.get("reason") == "rejected" and latest.get("queue") == names.job_queue(queue):
-        results.set("AMQP-009", "pass", f"a worker of {queue} nacked a failing "
-                    f"{FAIL_TYPE} job (requeue=false): it reached "
-                    f"{names.dead_letter_queue(queue)} with x-death reason rejected")
-    else:
-        results.set("AMQP-009", "fail", f"the failing {FAIL_TYPE} job reached the DLQ without "
-                    "a worker's Basic.Nack (no x-death 'rejected': published to the DLX, "
-                    "ojs_dead_letter_mode='republish'?)")
+        return "pass", (f"a worker of {queue} nacked a failing {FAIL_TYPE} job "
+                        f"(requeue=false): it reached {names.dead_letter_queue(queue)} with "
+                        "x-death reason rejected")
+    if headers.get("x-ojs-error-code"):
+        return "warn", (f"a worker of {queue} published the failing {FAIL_TYPE} job to the "
+                        "DLX with its error (x-ojs-error-code) and acked it, instead of "
+                        "Basic.Nack: ojs_dead_letter_mode='republish', an opt-in (a documented "
+                        "deviation, so the dead letter says why); ojs_dead_letter_mode='nack', "
+                        "the default, meets AMQP-009 as written")
+    return "fail", (f"the failing {FAIL_TYPE} job reached the DLQ without a worker's "
+                    "Basic.Nack (no x-death 'rejected') nor its error (no x-ojs-error-code)")
 
 
 def _delete_dead_letter(connection: kombu.Connection, queue: str, job_id: str) -> None:

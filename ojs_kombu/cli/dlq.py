@@ -8,6 +8,8 @@ queue, or (at worst) in both; never in neither.
 
 from __future__ import annotations
 
+import base64
+import json
 import signal
 import sys
 import threading
@@ -18,6 +20,8 @@ from typing import Any
 import click
 
 from ..amqp.broker.dead_letters import DeadLetter, DeadLetterQueue
+from ..celery.dead_letters import explained
+from ..spec.dead_letter import NOT_RECORDED, NOT_RECORDED_HINT
 from ..spec.naming import UNROUTABLE
 from .broker import binding_of, connect, queue_name, require_queue
 from .common import (
@@ -37,9 +41,9 @@ queue_option = click.option(
          "letters whose own DLQ was missing (replayed to their own queues).")
 
 
-def _job_id(ctx: click.Context, job_id: str | None, legacy: str | None) -> str | None:
-    value = job_id_or_legacy(ctx, job_id, legacy)
-    return None if value is None else check_job_id(value, any_uuid=True)
+def _ident(ctx: click.Context, ident: str | None, legacy: str | None) -> str | None:
+    value = job_id_or_legacy(ctx, ident, legacy)
+    return None if value is None else check_job_id(value, task_id=True, hint="ID")
 
 
 @click.group(cls=OJSGroup)
@@ -49,7 +53,8 @@ def dlq() -> None:
 
 @contextmanager
 def open_dlq(ctx: click.Context, queue: str) -> Iterator[DeadLetterQueue]:
-    """The DLQ of ``queue``; exit 4 when the queue has none (nothing is declared)."""
+    """The DLQ of ``queue``; exit 4 when the queue has none (nothing is declared).  With
+    the ``-A`` app, a nacked dead letter says why from its result backend."""
     ojs_queue = queue if queue == UNROUTABLE else queue_name(queue)
     with connect(options(ctx)) as connection:
         names = binding_of(connection).names
@@ -57,19 +62,31 @@ def open_dlq(ctx: click.Context, queue: str) -> Iterator[DeadLetterQueue]:
                     else names.dead_letter_queue(ojs_queue))
         require_queue(connection.connection, dlq_name,
                       f"no dead-letter queue for OJS queue {ojs_queue!r}")
-        yield DeadLetterQueue(connection, ojs_queue)
+        app = options(ctx).app()
+        yield DeadLetterQueue(connection, ojs_queue,
+                              explained(app) if app is not None else None)
 
 
 def dead_letter_data(dead: DeadLetter, full: bool = False) -> dict[str, Any]:
-    data: dict[str, Any] = {"job_id": dead.job_id, "type": dead.job_type,
-                            "queue": dead.queue, "error_code": dead.error_code,
-                            "error_message": dead.error_message, "attempt": dead.attempt,
-                            "death_reason": dead.death_reason}
+    """A dead letter as ``dlq list`` (and, ``full``, ``dlq show``) print it; ``why`` is
+    what to do when nothing recorded why it died (else ``None``)."""
+    data: dict[str, Any] = {
+        "key": dead.key, "job_id": dead.job_id, "task_id": dead.task_id,
+        "type": dead.job_type, "queue": dead.queue, "attempt": dead.attempt,
+        "error_code": dead.error_code, "error_message": dead.error_message,
+        "error_type": dead.error_type, "error_source": dead.why.source,
+        "why": NOT_RECORDED_HINT if dead.why.source == NOT_RECORDED else None,
+        "earlier_error": dead.why.earlier, "death_reason": dead.death_reason,
+        "problems": list(dead.problems)}
     if full:
+        data["content_type"] = dead.content_type
         data["headers"] = dead.headers
         data["envelope"] = dead.envelope
         if dead.envelope is None:
-            data["body"] = dead.body.decode("utf-8", "replace")
+            try:
+                data["body"] = dead.body.decode("utf-8")
+            except UnicodeDecodeError:
+                data["body_base64"] = base64.b64encode(dead.body).decode("ascii")
     return data
 
 
@@ -83,13 +100,19 @@ def list_(ctx: click.Context, queue: str, limit: int) -> None:
     """List the dead letters of QUEUE, oldest first; none is removed."""
     with open_dlq(ctx, queue) as dead_letters:
         total = len(dead_letters)
-        found = [dead_letter_data(d) for d in dead_letters.list(limit=limit)]
+        found = [dead_letter_data(d) for d in dead_letters.list(limit=limit, bodies=False)]
 
     def human() -> None:
         click.echo(f"{total} dead letter(s) in {dead_letters.dlq}")
         for d in found:
-            click.echo(f"  {d['job_id']}  {d['type'] or '-'}  attempt {d['attempt'] or '-'}  "
-                       f"{_error_column(d)}")
+            click.echo(f"  {d['key']}  {d['type'] or '-'}  attempt {d['attempt'] or '-'}  "
+                       f"{error_text(d, 120)}")
+            if d["task_id"] not in (None, d["key"]):
+                click.echo(f"    task id: {d['task_id']}")
+            if d["why"]:
+                click.echo(f"    why: {d['why']}")
+            if d["problems"]:
+                click.echo(f"    not a job: {'; '.join(d['problems'])}")
         if total > len(found):
             click.echo(f"  ... {total - len(found)} more (--limit)")
 
@@ -97,47 +120,57 @@ def list_(ctx: click.Context, queue: str, limit: int) -> None:
                "count": total, "dead_letters": found}, human)
 
 
-def _error_column(dead: dict[str, Any]) -> str:
-    """What ``dlq list`` says about a dead letter's error.  A job the worker nacked
-    (AMQP-009) is the message as its last attempt was delivered: its error headers, if
-    any, are an earlier attempt's, and the last error is elsewhere; say where."""
-    code, message = dead["error_code"], (dead["error_message"] or "")[:60]
-    if dead["death_reason"] != "rejected":
-        return f"{code or dead['death_reason'] or '-'}  {message}".rstrip()
-    earlier = f"; earlier: {code}  {message}".rstrip() if code else ""
-    return f"nacked (last error: job.discarded event, result backend){earlier}"
+def error_text(dead: dict[str, Any], width: int | None = None) -> str:
+    """Why a dead letter died, on one line: code, exception type and message."""
+    message = dead["error_message"] or ""
+    if dead["error_type"]:
+        message = f"{dead['error_type']}: {message}"
+    if width is not None and len(message) > width:
+        message = message[:width - 3] + "..."
+    return f"{dead['error_code'] or '-'}  {message}".rstrip()
 
 
 @dlq.command()
 @queue_option
-@click.argument("job_id", metavar="JOB_ID", required=False)
+@click.argument("ident", metavar="ID", required=False)
 @legacy_id_option
 @common_options
 @click.pass_context
-def show(ctx: click.Context, queue: str, job_id: str | None, legacy_id: str | None) -> None:
-    """Show the dead letter of JOB_ID: its error, headers and envelope (exit 4 if absent)."""
-    found_id = _job_id(ctx, job_id, legacy_id)
+def show(ctx: click.Context, queue: str, ident: str | None, legacy_id: str | None) -> None:
+    """Show the dead letter ID: why it died, its ids, headers and envelope (or body);
+    exit 4 if absent.
+
+    ID is its OJS job id, the caller's Celery task id, or the key ``dlq list`` shows
+    (sha256:... for a dead letter without an id)."""
+    found_id = _ident(ctx, ident, legacy_id)
     if found_id is None:
-        raise click.UsageError("give the JOB_ID of the dead letter")
+        raise click.UsageError("give the ID of the dead letter")
     with open_dlq(ctx, queue) as dead_letters:
         data = dead_letter_data(dead_letters.get(found_id), full=True)
 
     def human() -> None:
-        import json
-
-        for key in ("job_id", "type", "queue", "attempt", "error_code", "error_message",
-                    "death_reason"):
-            click.echo(f"{key}: {data[key]}")
-        if data["death_reason"] == "rejected":
-            click.echo("note: discarded by the worker (Basic.Nack): the error headers and the "
-                       "envelope's errors are the earlier attempts'; the last attempt's error is "
-                       "in the job.discarded event and the result backend")
+        for key in ("key", "job_id", "task_id", "type", "queue", "attempt", "content_type",
+                    "error_code", "error_type", "error_message", "death_reason"):
+            click.echo(f"{key}: {data[key] if data[key] is not None else '-'}")
+        if data["why"]:
+            click.echo(f"why: {data['why']}")
+        if data["earlier_error"]:
+            earlier = data["earlier_error"]
+            click.echo(f"earlier error: {earlier['code']}  {earlier['message'] or ''}".rstrip())
+        for problem in data["problems"]:
+            click.echo(f"not a job: {problem}")
         click.echo("headers:")
         for key, value in sorted(data["headers"].items()):
             click.echo(f"  {key}: {value}")
-        click.echo("envelope:" if data["envelope"] is not None else "body (not a JSON object):")
-        body = data["envelope"] if data["envelope"] is not None else data["body"]
-        click.echo(json.dumps(body, indent=2, default=str, ensure_ascii=False))
+        if data["envelope"] is not None:
+            click.echo("envelope:")
+            click.echo(json.dumps(data["envelope"], indent=2, default=str, ensure_ascii=False))
+        elif "body" in data:
+            click.echo("body (not a JSON object the tools show):")
+            click.echo(data["body"])
+        else:
+            click.echo("body (not UTF-8; base64):")
+            click.echo(data["body_base64"])
 
     emit(ctx, data, human)
 
@@ -148,14 +181,14 @@ def _target(dead_letters: DeadLetterQueue) -> str:
     return dead_letters.names.job_queue(dead_letters.queue)
 
 
-def _one_or_all(job_id: str | None, every: bool) -> None:
-    if bool(job_id) == every:
-        raise click.UsageError("give JOB_ID or --all")
+def _one_or_all(ident: str | None, every: bool) -> None:
+    if bool(ident) == every:
+        raise click.UsageError("give ID or --all")
 
 
 @dlq.command()
 @queue_option
-@click.argument("job_id", metavar="[JOB_ID]", required=False)
+@click.argument("ident", metavar="[ID]", required=False)
 @legacy_id_option
 @click.option("--all", "every", is_flag=True, help="Replay every dead letter present now.")
 @click.option("--yes", "-y", is_flag=True, expose_value=False,
@@ -163,22 +196,24 @@ def _one_or_all(job_id: str | None, every: bool) -> None:
                    "pass the same flags to replay and purge.")
 @common_options
 @click.pass_context
-def replay(ctx: click.Context, queue: str, job_id: str | None, legacy_id: str | None,
+def replay(ctx: click.Context, queue: str, ident: str | None, legacy_id: str | None,
            every: bool) -> None:
-    """Put the dead letter of JOB_ID (or --all) back on QUEUE (same id, attempt 1, error
-    history kept).
+    """Put the dead letter ID (or --all) back on QUEUE (same id, attempt 1, error
+    history kept; a dead letter that is no job goes back as it came).
+
+    ID is its OJS job id, the caller's Celery task id, or the key ``dlq list`` shows.
 
     Each job is republished and confirmed before its dead letter is removed, a
     window of up to 500 jobs at a time: Ctrl-C stops between windows and loses
     nothing (exit 130); run it again to go on.
     """
-    job_id = _job_id(ctx, job_id, legacy_id)
-    _one_or_all(job_id, every)
+    ident = _ident(ctx, ident, legacy_id)
+    _one_or_all(ident, every)
     with open_dlq(ctx, queue) as dead_letters:
-        if job_id:
-            dead_letters.replay(job_id)
-            emit(ctx, {"queue": dead_letters.queue, "replayed": [job_id]},
-                 f"replayed {job_id} to {_target(dead_letters)}")
+        if ident:
+            key = dead_letters.replay(ident)
+            emit(ctx, {"queue": dead_letters.queue, "replayed": [key]},
+                 f"replayed {key} to {_target(dead_letters)}")
             return
         total = len(dead_letters)
         # the ids only for --json (which prints them): memory stays flat otherwise
@@ -217,25 +252,26 @@ def replay(ctx: click.Context, queue: str, job_id: str | None, legacy_id: str | 
 
 @dlq.command()
 @queue_option
-@click.argument("job_id", metavar="[JOB_ID]", required=False)
+@click.argument("ident", metavar="[ID]", required=False)
 @legacy_id_option
 @click.option("--all", "every", is_flag=True, help="Delete every dead letter (the default).")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @common_options
 @click.pass_context
-def purge(ctx: click.Context, queue: str, job_id: str | None, legacy_id: str | None,
+def purge(ctx: click.Context, queue: str, ident: str | None, legacy_id: str | None,
           every: bool, yes: bool) -> None:
-    """Delete the dead letter of JOB_ID, or all of QUEUE's, for good (asks first unless
-    --yes)."""
-    job_id = _job_id(ctx, job_id, legacy_id)
-    if job_id and every:
-        raise click.UsageError("give JOB_ID or --all, not both")
+    """Delete the dead letter ID, or all of QUEUE's, for good (asks first unless --yes).
+
+    ID is its OJS job id, the caller's Celery task id, or the key ``dlq list`` shows."""
+    ident = _ident(ctx, ident, legacy_id)
+    if ident and every:
+        raise click.UsageError("give ID or --all, not both")
     with open_dlq(ctx, queue) as dead_letters:
-        what = f"dead letter {job_id}" if job_id else f"all {len(dead_letters)} dead letter(s)"
+        what = f"dead letter {ident}" if ident else f"all {len(dead_letters)} dead letter(s)"
         if not yes:
             click.confirm(f"Delete {what} of {dead_letters.dlq}?", abort=True, err=True)
-        if job_id:
-            dead_letters.delete(job_id)
+        if ident:
+            dead_letters.delete(ident)
             count = 1
         else:
             count = dead_letters.purge()

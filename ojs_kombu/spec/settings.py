@@ -102,10 +102,13 @@ class OJSSettings(BaseModel):
     #: Schedule through ``ojs.exchange.delayed`` (needs RabbitMQ's delayed-message
     #: plugin) instead of the TTL ladder.
     delayed_exchange: bool = False
-    #: ``nack`` (AMQP-009): a discarded job is ``Basic.Nack(requeue=false)``; the
-    #: broker dead-letters it as it was delivered.  ``republish`` (a deviation): it
-    #: is published to the DLX with its last error in ``x-ojs-error-*`` and its
-    #: history, then acked.  Invalid messages are always republished with headers.
+    #: ``nack`` (the default, AMQP-009 as written): a discarded job is
+    #: ``Basic.Nack(requeue=false)``; the broker dead-letters it as it was delivered,
+    #: without its last error (the dead-letter tools read that from the result
+    #: backend).  ``republish`` (an opt-in deviation from AMQP-009): it is published to
+    #: the DLX with its last error in ``x-ojs-error-*`` and its history, confirmed, then
+    #: acked, so that the dead letter itself says why.  Invalid messages are always
+    #: republished with headers.
     dead_letter_mode: Literal["republish", "nack"] = "nack"
     #: ``Queue.Declare`` arguments of the scheduling ladder's queues; empty: those of
     #: ``queue_defaults``' type (see :meth:`schedule_arguments`).

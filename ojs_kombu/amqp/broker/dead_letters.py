@@ -12,17 +12,32 @@ window of jobs at a time (pipelined publishes, one ack for the window).
 from __future__ import annotations
 
 import builtins
-import json
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import amqp
 import kombu
 
-from ...spec.errors import DeadLetterNotFound, JobNackedError, OJSConfigurationError
+from ...spec.dead_letter import (
+    Why,
+    first_death,
+    job_id_of,
+    key_of,
+    read_body,
+    task_id_of,
+    text,
+    why,
+)
+from ...spec.envelope import CONTENT_TYPE
+from ...spec.errors import (
+    DeadLetterNotFound,
+    JobNackedError,
+    OJSConfigurationError,
+    QueueNameError,
+)
 from ...spec.failures import reset_for_replay, without_failure_headers
 from ...spec.naming import UNROUTABLE
 from ..job_channel import JobChannel, JobConnection
@@ -40,81 +55,93 @@ REPLAY_WAIT_S = 10.0
 
 @dataclass(frozen=True)
 class DeadLetter:
-    """One dead-lettered job, as found in the DLQ."""
+    """One dead letter, as found in the DLQ: whatever its body, it is read without
+    raising (:mod:`ojs_kombu.spec.dead_letter`) and named by :attr:`key`."""
 
-    job_id: str
+    #: the name the tools take: the job id, else ``sha256:`` and its body's digest
+    key: str
+    #: the OJS job id (``message_id``, else the envelope's ``id``), if any
+    job_id: str | None
+    #: the caller's Celery task id (``x_celery.id``, else the job id)
+    task_id: str | None
     job_type: str | None
     queue: str
     body: bytes
     headers: dict[str, Any]
+    #: the body as a JSON object, when it is one the tools can show (else ``None``)
     envelope: dict[str, Any] | None
+    #: what makes it no readable OJS job message (empty for a job)
+    problems: tuple[str, ...]
+    content_type: str | None
+    why: Why
 
     @property
     def error_code(self) -> str | None:
-        return self.headers.get("x-ojs-error-code")
+        return self.why.code
 
     @property
     def error_message(self) -> str | None:
-        return self.headers.get("x-ojs-error-message")
+        return self.why.message
+
+    @property
+    def error_type(self) -> str | None:
+        return self.why.type
 
     @property
     def attempt(self) -> int | None:
-        return self.headers.get("x-ojs-attempt")
+        attempt = self.headers.get("x-ojs-attempt")
+        return attempt if isinstance(attempt, int) and not isinstance(attempt, bool) else None
 
     @property
     def death_reason(self) -> str | None:
-        """Why the broker dead-lettered it (``x-death``): ``rejected`` for a job the worker
-        discarded with ``Basic.Nack`` (AMQP-009, the default), ``expired``, ``maxlen`` or
-        ``delivery_limit``; ``None`` for a copy the worker republished with its error
-        (``ojs_dead_letter_mode="republish"``, and every message that was not a valid job).
+        """Why the broker dead-lettered it (``x-death``): ``rejected`` for a job a worker
+        discarded with ``Basic.Nack`` (AMQP-009, ``ojs_dead_letter_mode="nack"``, the
+        default), ``expired``, ``maxlen`` or ``delivery_limit``; ``None`` for a copy the
+        worker published to the DLX with its error (``ojs_dead_letter_mode="republish"``,
+        and every message that was not a valid job)."""
+        death = first_death(self.headers)
+        return text(death.get("reason")) if death else None
 
-        A nacked job keeps the message as it was delivered: its ``x-ojs-error-*`` headers
-        and its envelope's ``errors`` are those of the earlier attempts; the last
-        attempt's error is in the ``job.discarded`` event and the result backend.
-        """
-        deaths = self.headers.get("x-death")
-        if isinstance(deaths, list) and deaths and isinstance(deaths[0], dict):
-            reason = deaths[0].get("reason")
-            return str(reason) if reason is not None else None
-        return None
+    def names(self, ident: str) -> bool:
+        """Whether ``ident`` names this dead letter: its key, job id or task id."""
+        return ident in (self.key, self.job_id, self.task_id)
 
     @classmethod
     def from_message(cls, queue: str, message: amqp.Message) -> DeadLetter:
         body = message.body if isinstance(message.body, bytes) else str(message.body).encode()
-        try:
-            envelope = json.loads(body)
-        except ValueError:
-            envelope = None
-        if not isinstance(envelope, dict):
-            envelope = None
         properties = message.properties
+        headers = properties.get("application_headers")
+        headers = dict(headers) if isinstance(headers, dict) else {}
+        content_type = text(properties.get("content_type"))
+        reading = read_body(body, content_type)
+        envelope = reading.envelope
+        job_id = job_id_of(properties.get("message_id"), envelope)
+        job_type = text(properties.get("type")) or (envelope or {}).get("type")
         return cls(
-            job_id=str(properties.get("message_id") or (envelope or {}).get("id") or ""),
-            job_type=properties.get("type") or (envelope or {}).get("type"),
-            queue=queue,
-            body=body,
-            headers=dict(properties.get("application_headers") or {}),
-            envelope=envelope,
-        )
+            key=key_of(job_id, body), job_id=job_id, task_id=task_id_of(envelope, job_id),
+            job_type=job_type if isinstance(job_type, str) else None, queue=queue, body=body,
+            headers=headers, envelope=envelope, problems=reading.problems,
+            content_type=content_type, why=why(headers, envelope))
+
+
+#: Completes a dead letter's ``why`` from a record kept beside the broker.
+Explain = Callable[[DeadLetter], DeadLetter]
 
 
 def own_queue(message: amqp.Message) -> str | None:
     """The OJS queue a dead letter belongs to: ``x-ojs-queue``, else its envelope's
     ``queue``, else the routing key it died with."""
     headers = message.properties.get("application_headers") or {}
-    queue = headers.get("x-ojs-queue")
-    if not isinstance(queue, str):
-        try:
-            envelope = json.loads(message.body)
-        except ValueError:
-            envelope = None
-        queue = envelope.get("queue") if isinstance(envelope, dict) else None
-    if not isinstance(queue, str):
-        deaths = headers.get("x-death")
-        keys = deaths[0].get("routing-keys") if isinstance(deaths, list) and deaths \
-            and isinstance(deaths[0], dict) else None
-        queue = keys[0] if isinstance(keys, list) and keys else None
-    return queue.decode() if isinstance(queue, bytes) else queue
+    queue = text(headers.get("x-ojs-queue"))
+    if queue is None:
+        body = message.body if isinstance(message.body, bytes) else str(message.body).encode()
+        envelope = read_body(body, CONTENT_TYPE).envelope
+        queue = text(envelope.get("queue")) if envelope is not None else None
+    if queue is None:
+        death = first_death(headers)
+        keys = death.get("routing-keys") if death else None
+        queue = text(keys[0]) if isinstance(keys, list) and keys else None
+    return queue
 
 
 class DeadLetterQueue:
@@ -122,10 +149,16 @@ class DeadLetterQueue:
 
     ``queue="unroutable"`` opens ``ojs.queue.dlx.unroutable``: the dead letters of every
     queue whose own DLQ was missing; each is listed, and replayed, with its own queue.
+
+    ``explain``, if given, completes the ``why`` of each dead letter :meth:`list` and
+    :meth:`get` return, from what is kept beside the broker (the Celery wiring reads
+    the app's result backend: :func:`ojs_kombu.celery.dead_letters.explained`).
     """
 
-    def __init__(self, connection: kombu.Connection, queue: str) -> None:
+    def __init__(self, connection: kombu.Connection, queue: str,
+                 explain: Explain | None = None) -> None:
         self._connection = connection
+        self._explain = explain
         transport_connection = connection.connection  # connects if needed
         if not isinstance(transport_connection, JobConnection):
             raise OJSConfigurationError("dead-letter queues need an ojs:// connection")
@@ -143,35 +176,32 @@ class DeadLetterQueue:
         return self._with_channel(lambda ch: ch.queue_declare(self.dlq, passive=True)
                                   .message_count)
 
-    def list(self, limit: int | None = None) -> list[DeadLetter]:
-        """Up to ``limit`` dead letters, oldest first; none is removed."""
+    def list(self, limit: int | None = None, *, bodies: bool = True) -> list[DeadLetter]:
+        """Up to ``limit`` dead letters, oldest first; none is removed.  ``bodies=False``
+        keeps what they say (ids, why, problems, headers) without their bodies and
+        envelopes, so that listing huge dead letters takes no more memory than one."""
         def browse(channel: JobChannel) -> list[DeadLetter]:
             found = []
             for message in self._browse(channel):
-                found.append(self._dead_letter(message))
+                dead = self._explained(self._dead_letter(message))
+                found.append(dead if bodies else replace(dead, body=b"", envelope=None))
                 if limit is not None and len(found) >= limit:
                     break
             return found
         return self._with_channel(browse)
 
-    def get(self, job_id: str) -> DeadLetter:
-        """The dead letter of ``job_id``; raises :class:`DeadLetterNotFound`."""
-        def find(channel: JobChannel) -> DeadLetter:
-            for message in self._browse(channel):
-                if message.properties.get("message_id") == job_id:
-                    return self._dead_letter(message)
-            raise DeadLetterNotFound(f"no dead letter with job id {job_id} in {self.dlq!r}")
-        return self._with_channel(find)
+    def get(self, ident: str) -> DeadLetter:
+        """The dead letter ``ident`` names (its key, job id or Celery task id); raises
+        :class:`DeadLetterNotFound`."""
+        return self._explained(self._with_channel(lambda channel: self._find(channel, ident)[1]))
 
-    def replay(self, job_id: str) -> None:
-        """Put ``job_id`` back on its queue; raises :class:`DeadLetterNotFound`."""
-        def replay_one(channel: JobChannel) -> None:
-            for message in self._browse(channel):
-                if message.properties.get("message_id") == job_id:
-                    self._replay(channel, message)
-                    return
-            raise DeadLetterNotFound(f"no dead letter with job id {job_id} in {self.dlq!r}")
-        self._with_channel(replay_one)
+    def replay(self, ident: str) -> str:
+        """Put the dead letter ``ident`` names back on its queue and return its key;
+        raises :class:`DeadLetterNotFound`."""
+        def replay_one(channel: JobChannel) -> str:
+            message, _ = self._find(channel, ident)
+            return self._replay(channel, message)
+        return self._with_channel(replay_one)
 
     def replay_all(self, progress: Callable[[str], None] | None = None) -> builtins.list[str]:
         """Replay every dead letter present when called; returns the job ids, in order
@@ -253,26 +283,40 @@ class DeadLetterQueue:
                 job_id=refused[0], queue=self.queue)
         return job_ids
 
-    def delete(self, job_id: str) -> DeadLetter:
-        """Remove the dead letter of ``job_id`` for good and return it; raises
+    def delete(self, ident: str) -> DeadLetter:
+        """Remove the dead letter ``ident`` names for good and return it; raises
         :class:`DeadLetterNotFound`.  The others stay where they were."""
         def delete_one(channel: JobChannel) -> DeadLetter:
-            for message in self._browse(channel):
-                if message.properties.get("message_id") == job_id:
-                    channel.basic_ack(message.delivery_tag)
-                    return self._dead_letter(message)
-            raise DeadLetterNotFound(f"no dead letter with job id {job_id} in {self.dlq!r}")
+            message, dead = self._find(channel, ident)
+            channel.basic_ack(message.delivery_tag)
+            return dead
         return self._with_channel(delete_one)
+
+    def _find(self, channel: JobChannel, ident: str) -> tuple[amqp.Message, DeadLetter]:
+        """The first dead letter ``ident`` names, left unacknowledged on ``channel``."""
+        for message in self._browse(channel):
+            dead = self._dead_letter(message)
+            if dead.names(ident):
+                return message, dead
+        raise DeadLetterNotFound(f"no dead letter with key, job id or task id {ident!r} in "
+                                 f"{self.dlq!r}")
 
     def purge(self) -> int:
         """Delete every dead letter; returns how many there were."""
         return self._with_channel(lambda channel: channel.queue_purge(self.dlq) or 0)
 
+    def _explained(self, dead: DeadLetter) -> DeadLetter:
+        return dead if self._explain is None else self._explain(dead)
+
     def _dead_letter(self, message: amqp.Message) -> DeadLetter:
-        queue = self.queue
-        if self.unroutable:
-            queue = self.names.ojs_queue(own_queue(message) or "")
-        return DeadLetter.from_message(queue, message)
+        if not self.unroutable:
+            return DeadLetter.from_message(self.queue, message)
+        named = own_queue(message) or ""
+        try:
+            return DeadLetter.from_message(self.names.ojs_queue(named), message)
+        except QueueNameError as exc:  # listed with why; a replay raises it
+            dead = DeadLetter.from_message(named, message)
+            return replace(dead, problems=(*dead.problems, f"its own queue: {exc}"))
 
     def _replay(self, channel: JobChannel, message: amqp.Message) -> str:
         job_id, queue, replayed = self._replayed_copy(message)
@@ -282,16 +326,18 @@ class DeadLetterQueue:
         return job_id
 
     def _replayed_copy(self, message: amqp.Message) -> tuple[str, str, amqp.Message]:
-        """The job id, its OJS queue (each its own for ``unroutable``), and the message
-        that puts the job back on that queue."""
+        """The dead letter's key, its OJS queue (each its own for ``unroutable``), and
+        the message that puts the job back on that queue."""
         dead = self._dead_letter(message)
-        if dead.envelope is not None:
+        if self.unroutable:
+            self.names.ojs_queue(dead.queue)  # QueueNameError: nowhere to put it back
+        if dead.envelope is not None and not dead.problems:
             body, headers = reset_for_replay(dead.envelope, dead.headers)
         else:  # not an OJS job (dead-lettered as malformed): replay it as it came
             body, headers = dead.body, without_failure_headers(dead.headers)
         properties = dict(message.properties)
         properties["application_headers"] = headers
-        return dead.job_id, dead.queue, amqp.Message(body, **properties)
+        return dead.key, dead.queue, amqp.Message(body, **properties)
 
     def _browse(self, channel: JobChannel) -> Iterator[amqp.Message]:
         """Every message present now, unacknowledged (closing the channel requeues them).
@@ -332,8 +378,9 @@ class DeadLetterQueue:
 
 
 @contextmanager
-def open_dead_letter_queue(connection: kombu.Connection, queue: str) -> Iterator[DeadLetterQueue]:
-    dlq = DeadLetterQueue(connection, queue)
+def open_dead_letter_queue(connection: kombu.Connection, queue: str,
+                           explain: Explain | None = None) -> Iterator[DeadLetterQueue]:
+    dlq = DeadLetterQueue(connection, queue, explain)
     try:
         yield dlq
     finally:

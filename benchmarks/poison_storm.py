@@ -40,7 +40,7 @@ import ojs_kombu
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the worker subprocess imports storm_app the same way
 import storm_report  # noqa: E402
-from scheduling import delete_swept  # noqa: E402
+from admin import delete_swept  # noqa: E402
 from storm_app import make_app, plain_dead_letter_names  # noqa: E402
 from storm_messages import (  # noqa: E402
     UNKNOWN_TYPE,
@@ -73,7 +73,7 @@ class Settings:
 
 
 class Admin(Protocol):
-    """The part of ``run.Broker`` used here."""
+    """The part of ``admin.Broker`` used here."""
 
     vhost: str
 

@@ -15,10 +15,15 @@ of this message with every job confirmed, and ``enqueue_many`` (or
 from __future__ import annotations
 
 import time
-from contextlib import suppress
-from typing import Any
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from typing import TYPE_CHECKING, Any
 
 import amqp
+from sides import TASK_ARGS, Side, connect
+
+if TYPE_CHECKING:
+    from admin import Broker
 
 
 class RawConfirmPublisher:
@@ -78,3 +83,24 @@ class RawConfirmPublisher:
     def close(self) -> None:
         with suppress(Exception):
             self.connection.close()
+
+
+@contextmanager
+def raw_publisher(broker: Broker, broker_url: str, ojs: Side) -> Iterator[RawConfirmPublisher]:
+    """A raw py-amqp publisher of a copy of one ``ojs`` job (read back from its queue)."""
+    broker.purge(ojs.amqp_queue)
+    ojs.task.apply_async(TASK_ARGS)
+    message = broker.channel.basic_get(ojs.amqp_queue, no_ack=True)
+    if message is None:
+        raise RuntimeError(f"{ojs.label}: the job published for the raw publisher is not "
+                           f"in {ojs.amqp_queue}")
+    names = ojs.app.amqp.binding.names
+    body = message.body  # py-amqp decodes a body that declares its content_encoding
+    if isinstance(body, str):
+        body = body.encode(message.properties.get("content_encoding") or "utf-8")
+    publisher = RawConfirmPublisher(connect(broker_url), names.direct_exchange,
+                                    ojs.celery_queue, bytes(body), dict(message.properties))
+    try:
+        yield publisher
+    finally:
+        publisher.close()

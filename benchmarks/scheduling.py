@@ -36,6 +36,7 @@ from ojs_kombu.spec.delays import SCHEDULE_LEVELS
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the worker subprocess imports it the same way (PYTHONPATH)
+from admin import delete_swept, list_broker  # noqa: E402
 from scheduling_app import IDLE, TASK_NAME, make_app  # noqa: E402
 
 POOL = "threads"
@@ -73,7 +74,7 @@ class Settings:
 
 
 class Admin(Protocol):
-    """The part of ``run.Broker`` used here (deleting what a side declared)."""
+    """The part of ``admin.Broker`` used here (deleting what a side declared)."""
 
     def delete(self, queues: list[str], exchanges: list[str]) -> None: ...
 
@@ -274,36 +275,6 @@ def wait_recorded(worker: Worker, tag: str, n: int, timeout: float) -> list[floa
 
 
 # -- broker inspection ----------------------------------------------------
-
-
-def list_broker(kind: str, columns: list[str], vhost: str) -> list[list[str]] | None:
-    """``rabbitmqctl list_<kind>`` rows, or ``None`` when rabbitmqctl is unavailable."""
-    try:
-        done = subprocess.run(
-            ["rabbitmqctl", "-q", f"list_{kind}", "-p", vhost, "--no-table-headers", *columns],
-            capture_output=True, text=True, timeout=60, check=True)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return [line.split("\t") for line in done.stdout.splitlines() if line.strip()]
-
-
-class Deleter(Protocol):
-    """What :func:`delete_swept` deletes with (``run.Broker`` and the parts' admins)."""
-
-    def delete(self, queues: list[str], exchanges: list[str]) -> None: ...
-
-
-def delete_swept(admin: Deleter, vhost: str, queues: list[str], exchanges: list[str],
-                 matches: Callable[[str], bool] | None) -> None:
-    """Delete ``queues`` and ``exchanges`` and every queue and exchange ``rabbitmqctl``
-    lists whose name ``matches`` (what a side's workers declared on their own); no
-    listing without ``matches``."""
-    queues, exchanges = list(queues), list(exchanges)
-    if matches is not None:
-        for kind, names in (("queues", queues), ("exchanges", exchanges)):
-            rows = list_broker(kind, ["name"], vhost) or []
-            names += [row[0] for row in rows if matches(row[0]) and row[0] not in names]
-    admin.delete(queues, exchanges)
 
 
 def _vhost(broker_url: str) -> str:

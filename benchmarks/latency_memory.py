@@ -28,15 +28,14 @@ import statistics
 import sys
 import tempfile
 import time
-from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import admin
 import measure
-import prefork_drain
 import sides
+import workers
 from dramatiq_side import queues_of as dramatiq_queues
 
 
@@ -84,7 +83,7 @@ def measure_side(side: sides.Side, broker: admin.Broker, args: argparse.Namespac
            "BENCH_DRAIN_QUEUE": side.celery_queue,
            "BENCH_DRAIN_OJS_PREFIX": side.app.conf.get("ojs_prefix") or ""}
     result: dict[str, Any] = {}
-    with prefork_drain.WorkerProcess(
+    with workers.WorkerProcess(
             app_module="drain_app", pool="prefork", concurrency=2, queue=side.celery_queue,
             workdir=workdir, name=name, record_var="BENCH_DRAIN_RECORD", env=env) as worker:
         side.task.apply_async(sides.TASK_ARGS)  # warm-up: the worker consumes
@@ -101,7 +100,7 @@ def measure_side(side: sides.Side, broker: admin.Broker, args: argparse.Namespac
             worker.stop()  # queue the jobs with no worker, then drain them with a new one
     if args.memory_jobs:
         _fill(side, args.memory_jobs)
-        with prefork_drain.WorkerProcess(
+        with workers.WorkerProcess(
                 app_module="drain_app", pool="prefork", concurrency=2,
                 queue=side.celery_queue, workdir=workdir, name=f"{name}-mem",
                 record_var="BENCH_DRAIN_RECORD", env=env) as worker:
@@ -115,23 +114,15 @@ def measure_dramatiq(broker_url: str, broker: admin.Broker, latency_jobs: int, g
                      workdir: Path, queue: str) -> dict[str, Any]:
     """The same latency (and idle RSS) with Dramatiq: ``confirm_delivery`` sends to a
     ``dramatiq --processes 2 --threads 1`` worker (two execution slots, as ``-c 2``)."""
-    import signal
-    import subprocess
-
     from dramatiq_side import DramatiqPublisher
 
     record, log = workdir / "dramatiq.record", workdir / "dramatiq.log"
     record.write_bytes(b"")
-    env = dict(os.environ, BENCH_DQ_URL=broker_url, BENCH_DQ_QUEUE=queue,
-               BENCH_DQ_RECORD=str(record),
-               PYTHONPATH=os.pathsep.join(filter(None, [str(prefork_drain.HERE),
-                                                        os.environ.get("PYTHONPATH")])))
     publisher = DramatiqPublisher(broker_url, queue, confirm=True)
-    with log.open("wb") as out:
-        worker = subprocess.Popen(
-            [sys.executable, "-m", "dramatiq", "dramatiq_worker_app", "--processes", "2",
-             "--threads", "1"], env=env, stdout=out, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True)
+    worker = workers.spawn(
+        ["-m", "dramatiq", "dramatiq_worker_app", "--processes", "2", "--threads", "1"],
+        {"BENCH_DQ_URL": broker_url, "BENCH_DQ_QUEUE": queue, "BENCH_DQ_RECORD": str(record)},
+        log, session=True)
     try:
         def recorded() -> int:
             return len(record.read_text().splitlines())
@@ -154,8 +145,7 @@ def measure_dramatiq(broker_url: str, broker: admin.Broker, latency_jobs: int, g
         latencies = _started_after_publish(record)[1:]
     finally:
         publisher.close()
-        with suppress(ProcessLookupError):
-            os.killpg(worker.pid, signal.SIGKILL)
+        workers.kill_group(worker)
         worker.wait()
         broker.delete(dramatiq_queues(queue), [])
     return {"idle": idle, "latency_ms": _latency_summary(latencies)}

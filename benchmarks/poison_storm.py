@@ -40,6 +40,7 @@ import ojs_kombu
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the worker subprocess imports storm_app the same way
 import storm_report  # noqa: E402
+import workers  # noqa: E402
 from admin import delete_swept  # noqa: E402
 from storm_app import make_app, plain_dead_letter_names  # noqa: E402
 from storm_messages import (  # noqa: E402
@@ -156,30 +157,22 @@ class Worker:
     def __init__(self, side: StormSide, workdir: Path) -> None:
         self.side = side
         self.log = workdir / f"{side.key}-{side.pool}.log"
-        env = dict(os.environ)
-        env.update({
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), env.get("PYTHONPATH")])),
-            "BENCH_STORM_BROKER": side.broker_url, "BENCH_STORM_QUEUE": side.queue,
-            "BENCH_STORM_CONTROL": side.control_exchange,
-            "BENCH_STORM_OJS_PREFIX": side.marker if side.key == "ojs" else "",
-        })
-        with self.log.open("wb") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", "storm_app", "worker", "-P", side.pool,
-                 "-c", str(CONCURRENCY), "-Q", side.queue, "--without-heartbeat",
-                 "--without-gossip", "--without-mingle", "-l", "warning", "-n", side.nodename],
-                env=env, cwd=workdir, stdout=log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True)
+        self.process = workers.spawn(
+            ["-m", "celery", "-A", "storm_app", "worker", "-P", side.pool,
+             "-c", str(CONCURRENCY), "-Q", side.queue, "--without-heartbeat",
+             "--without-gossip", "--without-mingle", "-l", "warning", "-n", side.nodename],
+            {"BENCH_STORM_BROKER": side.broker_url, "BENCH_STORM_QUEUE": side.queue,
+             "BENCH_STORM_CONTROL": side.control_exchange,
+             "BENCH_STORM_OJS_PREFIX": side.marker if side.key == "ojs" else ""},
+            self.log, session=True, cwd=workdir)
 
     def check_alive(self) -> None:
         if self.process.poll() is not None:
             raise RuntimeError(f"{self.side.key} {self.side.pool} worker exited with status "
                                f"{self.process.returncode}:\n{self.log_tail()}")
 
-    def log_tail(self, lines: int = 20) -> str:
-        with suppress(OSError):
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-        return ""
+    def log_tail(self) -> str:
+        return workers.tail(self.log)
 
     def wait_ready(self, app: Celery) -> None:
         deadline = time.monotonic() + READY_TIMEOUT_S
@@ -205,8 +198,7 @@ class Worker:
 
     def kill(self) -> None:
         """SIGKILL of the whole group: no worker or pool process outlives the run."""
-        with suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.process.pid, signal.SIGKILL)
+        workers.kill_group(self.process)
         with suppress(subprocess.TimeoutExpired):
             self.process.wait(10)
 

@@ -39,7 +39,7 @@ from urllib.parse import urlparse
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import prefork_drain
+import workers
 from admin import Broker
 from measure import publish
 from sides import DEFAULT_BROKER, TASK_ARGS, Side, make_ojs_side, make_plain_side
@@ -142,7 +142,7 @@ def measure(side: Side, broker: Broker, pool: str, concurrency: int, n: int,
         "BENCH_DRAIN_OJS_PREFIX": side.app.conf.get("ojs_prefix") or "",
         "BENCH_DRAIN_ACKS_EARLY": "1" if acks_early else "",
     }
-    with prefork_drain.WorkerProcess(
+    with workers.WorkerProcess(
             app_module="drain_app", pool=pool, concurrency=concurrency,
             queue=side.celery_queue, workdir=workdir, name=name,
             record_var="BENCH_DRAIN_RECORD", env=env, profile=profile,
@@ -152,7 +152,7 @@ def measure(side: Side, broker: Broker, pool: str, concurrency: int, n: int,
         if poison:
             seconds = _wait_empty(broker, side.amqp_queue, n, meter.mark)
         else:
-            seconds = prefork_drain.elapsed(
+            seconds = workers.elapsed(
                 worker.spans(n, 600, name, poll_s=0.05, on_first=meter.mark))
         cpu = meter.per_delivery(n)
     return {**cpu, "jobs_per_s": round(n / seconds, 1)}

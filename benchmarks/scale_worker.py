@@ -5,17 +5,13 @@ restart)."""
 from __future__ import annotations
 
 import os
-import signal
 import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 from scale_app import queue_names
-from scheduling import rss_bytes
+from workers import rss_bytes, spawn, stop, tail
 
-HERE = Path(__file__).resolve().parent
 POOL, CONCURRENCY = "threads", 4
 READY_TIMEOUT_S = 300.0
 MB = 1024 * 1024
@@ -29,20 +25,15 @@ class Worker:
         self.log = workdir / f"{side}-{n}{tag}.log"
         self.record = workdir / f"{side}-{n}{tag}.record"
         self.record.touch()
-        env = {**os.environ,
-               "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE),
-                                                           os.environ.get("PYTHONPATH")])),
-               "BENCH_SCALE_BROKER": broker_url, "BENCH_SCALE_SIDE": side,
-               "BENCH_SCALE_RECORD": str(self.record),
-               "BENCH_SCALE_QUORUM": "1" if quorum else "0"}
         self.started = time.perf_counter()
-        with self.log.open("wb") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", "scale_app", "worker", "--pool", POOL,
-                 "-c", str(CONCURRENCY), "-Q", ",".join(queue_names(n)),
-                 "--without-mingle", "--without-gossip", "--loglevel", "INFO",
-                 "-n", f"scale-{side}-{n}-{os.getpid()}@{socket.gethostname()}"],
-                env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        self.process = spawn(
+            ["-m", "celery", "-A", "scale_app", "worker", "--pool", POOL,
+             "-c", str(CONCURRENCY), "-Q", ",".join(queue_names(n)),
+             "--without-mingle", "--without-gossip", "--loglevel", "INFO",
+             "-n", f"scale-{side}-{n}-{os.getpid()}@{socket.gethostname()}"],
+            {"BENCH_SCALE_BROKER": broker_url, "BENCH_SCALE_SIDE": side,
+             "BENCH_SCALE_RECORD": str(self.record),
+             "BENCH_SCALE_QUORUM": "1" if quorum else "0"}, self.log)
 
     def wait_ready(self) -> float:
         """Seconds from the start to the worker's ``ready.`` line."""
@@ -57,7 +48,7 @@ class Worker:
         raise RuntimeError(f"worker not ready within {READY_TIMEOUT_S:.0f}s:\n{self.tail()}")
 
     def tail(self) -> str:
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-20:])
+        return tail(self.log)
 
     def done(self) -> int:
         return len(self.record.read_text().splitlines())
@@ -66,10 +57,4 @@ class Worker:
         return rss_bytes(self.process.pid) / MB
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(60)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop(self.process, 60)

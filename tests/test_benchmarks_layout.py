@@ -1,6 +1,7 @@
-"""The benchmarks read like the package: no import circle among their modules, and each
+"""The benchmarks read like the package: no import circle among their modules, each
 contender set up in one module that every part imports (benchmarks/sides.py, and
-benchmarks/dramatiq_side.py for Dramatiq's broker).
+benchmarks/dramatiq_side.py for Dramatiq's broker), every worker started by one
+(benchmarks/workers.py).
 
 ``benchmarks/`` is a directory of scripts, each importing its siblings by their bare
 names (it is ``sys.path[0]`` when one of them runs), not a package that import-linter
@@ -63,7 +64,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
 def test_no_benchmark_module_imports_one_that_imports_it_back() -> None:
     modules = _modules()
     graph = {name: _imports(tree, set(modules)) - {name} for name, tree in modules.items()}
-    assert "run" in graph and graph["run"], "benchmarks/run.py imports its parts"
+    assert graph.get("run"), "benchmarks/run.py imports its parts"
     assert _cycle(graph) is None, " -> ".join(_cycle(graph) or [])
 
 
@@ -101,3 +102,11 @@ def test_each_contender_is_built_in_its_one_module_and_nowhere_else() -> None:
             assert call in _calls(modules[owner]), f"{owner}.py no longer builds {call}"
     users = [name for name, tree in modules.items() if "sides" in _imports(tree, {"sides"})]
     assert len(users) >= 20, users
+
+
+def test_every_worker_subprocess_starts_in_workers_py() -> None:
+    """Worker processes start through ``workers.spawn``; the traced publish part's own
+    publishing processes (fed over stdin) are the one other subprocess."""
+    starters = sorted(name for name, tree in _modules().items()
+                      if "subprocess.Popen" in _calls(tree))
+    assert starters == ["traced_publish", "workers"]

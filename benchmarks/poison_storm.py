@@ -17,16 +17,14 @@ from __future__ import annotations
 
 import os
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -312,22 +310,13 @@ def delete_side(side: StormSide, route: Route, admin: Admin) -> None:
                  lambda name: side.marker in name)
 
 
-@contextmanager
-def storm_workdir() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="ojs-bench-storm-"))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
 def run(admin: Admin, connect: Callable[[], amqp.Connection], broker_url: str, ojs_url: str,
         settings: Settings, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Per pool, plain Celery then ojs_kombu, each with fresh names; then the targets."""
     tag = f"{os.getpid()}-{secrets.token_hex(3)}"
     plain_url = "pyamqp://" + broker_url.partition("://")[2]
     pools: dict[str, dict[str, Any]] = {}
-    with storm_workdir() as workdir:
+    with workers.workdir("storm") as workdir:
         for pool in settings.pools:
             pools[pool] = {}
             for key, url in (("plain", plain_url), ("ojs", ojs_url)):

@@ -14,13 +14,10 @@ import datetime as dt
 import os
 import random
 import secrets
-import shutil
 import statistics
 import sys
-import tempfile
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -32,6 +29,7 @@ from ojs_kombu import enqueue_many
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the worker subprocess imports it the same way (PYTHONPATH)
+import workers  # noqa: E402
 from admin import delete_swept, list_broker  # noqa: E402
 from scheduling_app import IDLE, TASK_NAME  # noqa: E402
 from scheduling_worker import (  # noqa: E402
@@ -234,15 +232,6 @@ def _percentiles_ms(values: list[float]) -> dict[str, float | None]:
             "min_ms": min(values) * 1e3}
 
 
-@contextmanager
-def _workdir() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="ojs-bench-sched-"))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
 def make_sides(broker_url: str, ojs_url: str) -> list[SchedSide]:
     """Both sides, named after this run (pid and a random suffix), so nothing is shared."""
     tag = f"{os.getpid()}-{secrets.token_hex(3)}"
@@ -258,7 +247,7 @@ def run(admin: Admin, broker_url: str, ojs_url: str, settings: Settings,
     results: dict[str, SideResult] = {}
     sides = make_sides(broker_url, ojs_url)
     seed = secrets.randbits(32)
-    with _workdir() as workdir:
+    with workers.workdir("sched") as workdir:
         for side in sides:
             log(f"scheduling: {side.label} ...")
             try:

@@ -13,18 +13,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
-import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 import cluster_drain
 import prefork_drain
 import report
 import typed_publish
+import workers
 from admin import Broker
 from dramatiq_side import dramatiq_publishers
 from measure import (
@@ -103,15 +101,6 @@ def deferred_side(broker: Broker, broker_url: str, classic: bool = False) -> Ite
         broker.delete_side(side)
 
 
-@contextmanager
-def work_dir() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="ojs-bench-drain-"))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
 def run_throughput(broker: Broker, args: argparse.Namespace) -> dict[str, Any]:
     """Every publish scenario (interleaved in ``--blocks`` blocks), then the drains, per
     round; medians, ratios and targets.
@@ -125,7 +114,7 @@ def run_throughput(broker: Broker, args: argparse.Namespace) -> dict[str, Any]:
     with sides(broker, args.broker) as (plain, plain_nc, plain_pq, ojs, ojs_multi,
                                         ojs_classic), \
             dramatiq_publishers(broker, args.broker, dramatiq_queue) as (dq, dq_confirm), \
-            raw_publisher(broker, args.broker, ojs) as raw, work_dir() as workdir, \
+            raw_publisher(broker, args.broker, ojs) as raw, workers.workdir("drain") as workdir, \
             deferred_side(broker, args.broker) as ojs_deferred, \
             deferred_side(broker, args.broker, classic=True) as ojs_deferred_classic:
         for side in (plain, plain_nc, plain_pq, ojs, ojs_multi, ojs_classic, ojs_deferred,
@@ -237,7 +226,8 @@ def run_cluster_drain(args: argparse.Namespace) -> dict[str, Any]:
                                       timeout_s=args.timeout, ports=args.cluster_ports,
                                       dist_ports=args.cluster_dist_ports)
     pid, n = os.getpid(), settings.jobs
-    with cluster_drain.started(settings, log=progress) as cluster, work_dir() as workdir:
+    with cluster_drain.started(settings, log=progress) as cluster, \
+            workers.workdir("drain") as workdir:
         admin = Broker(cluster_drain.urls(cluster, "amqp").split(";")[0])
         made: list[Side] = []
         try:

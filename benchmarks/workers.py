@@ -15,14 +15,24 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable
-from contextlib import suppress
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 #: Seconds a drain worker has for its warm shutdown before its group is SIGKILLed.
 STOP_TIMEOUT = 20.0
+
+
+@contextmanager
+def workdir(part: str) -> Iterator[Path]:
+    """A directory for a part's worker logs and record files, removed at the end (also
+    after an error)."""
+    with tempfile.TemporaryDirectory(prefix=f"ojs-bench-{part}-",
+                                     ignore_cleanup_errors=True) as path:
+        yield Path(path)
 
 
 def environment(env: dict[str, str]) -> dict[str, str]:

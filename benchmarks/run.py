@@ -31,6 +31,11 @@ starts a three-node RabbitMQ cluster of its own and drains a quorum queue on it
 with both sides.  Missed targets are reported, never fatal: the exit code
 is 0 on success, 2 when RabbitMQ is unreachable and 1 on any other error.  See
 benchmarks/README.rst for what each number means.
+
+This module is the command only: its options are ``options.py``, the throughput,
+typed publish and cluster drain parts ``throughput.py``, the events part
+``events_part.py``; every contender is built in ``sides.py`` (Dramatiq's broker in
+``dramatiq_side.py``) and every worker subprocess starts in ``workers.py``.
 """
 
 from __future__ import annotations

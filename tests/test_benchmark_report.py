@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from .benchmark_modules import BENCHMARKS
 from .benchmark_modules import load as _load
 
 report = _load("report")
@@ -239,3 +240,26 @@ def test_the_ratio_chart_sets_a_drain_beside_plain_celerys_defaults_and_the_bind
     rows = {row[0]: row for row in charts.ratio_rows(data)}
     assert "ojs_kombu drain, threads c4" not in rows
     assert rows["ojs_kombu drain, prefork c2"][2]["plain Celery, its defaults"] is None
+
+
+def test_typed_publish_table_is_lines_with_each_ojs_side_read_against_plain_celery(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """run.py joins each part's lines: a table given as one string printed a character
+    per line."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))  # typed_publish imports report
+    typed_publish = _load("typed_publish")
+    sides = ("plain_untyped", "ojs_untyped", "plain_typed", "ojs_typed")
+    result = {"jobs": 200,
+              "jobs_per_s": dict(zip(sides, (700.0, 770.0, 600.0, 480.0), strict=True)),
+              "ratio_to_plain": {"untyped": 1.1, "typed": 0.8},
+              "cpu_us_per_publish": dict(zip(sides, (600.0, 500.0, 700.0, 900.0), strict=True)),
+              "cpu_ratio_to_plain": {"untyped": 500 / 600, "typed": 900 / 700},
+              "encode_us": {f"{side}_us": 10.0 for side in sides}}
+    lines = typed_publish.render(result)
+    assert isinstance(lines, list) and all("\n" not in line for line in lines)
+    [typed_row] = [line for line in lines if line.startswith("ojs_kombu") and "typed args" in
+                   line and "untyped" not in line]
+    assert [cell.strip() for cell in typed_row.split("|")][1:5] == ["480", "0.80x", "900",
+                                                                     "1.29x"]
+    assert lines[-1] == ("jobs/s: typed 0.80x vs untyped 1.10x plain Celery; CPU per publish: "
+                         "typed 1.29x vs untyped 0.83x")

@@ -132,12 +132,12 @@ def side(kind: str, broker_url: str, jobs: int) -> dict[str, Any]:
     """Publish ``jobs`` one at a time on side ``kind``; wall, CPU and phase µs per call."""
     phases = PhaseClock()
     instrument(kind, phases)
-    import admin  # benchmarks/ is sys.path[0] when this file runs as a script
-    import raw_side
-    import sides
+    from admin import Broker  # benchmarks/ is sys.path[0] when this file runs as a script
     from dramatiq_side import DramatiqPublisher, queues_of
+    from raw_side import raw_publisher
+    from sides import TASK_ARGS, WARMUP, make_ojs_side, make_plain_side
 
-    broker, pid = admin.Broker(broker_url), os.getpid()
+    broker, pid = Broker(broker_url), os.getpid()
     with ExitStack() as stack:
         stack.callback(broker.close)
         send: Callable[[], Any]
@@ -146,19 +146,19 @@ def side(kind: str, broker_url: str, jobs: int) -> dict[str, Any]:
             stack.callback(broker.delete, queues_of(queue), [])
             dramatiq_side = DramatiqPublisher(broker_url, queue, confirm=True)
             stack.callback(dramatiq_side.close)
-            send, purge = partial(dramatiq_side.actor.send, *sides.TASK_ARGS), queue
+            send, purge = partial(dramatiq_side.actor.send, *TASK_ARGS), queue
         else:
-            made = (sides.make_plain_side(broker_url, pid) if kind == "plain"
-                    else sides.make_ojs_side(broker_url, pid))
+            made = (make_plain_side(broker_url, pid) if kind == "plain"
+                    else make_ojs_side(broker_url, pid))
             stack.callback(broker.delete_side, made)
             stack.callback(made.app.close)
             made.declare()
             purge = made.amqp_queue
-            send = partial(made.task.apply_async, sides.TASK_ARGS)
+            send = partial(made.task.apply_async, TASK_ARGS)
             if kind == "raw":
-                raw = stack.enter_context(raw_side.raw_publisher(broker, broker_url, made))
+                raw = stack.enter_context(raw_publisher(broker, broker_url, made))
                 send = partial(raw.send, 1, 1)
-        for _ in range(sides.WARMUP):
+        for _ in range(WARMUP):
             send()
         broker.purge(purge)
         phases.reset()

@@ -4,8 +4,8 @@ The worker runs as ``python -m celery -A scheduling_app worker ...`` in its own
 process, so its memory can be measured apart from the publisher's; it takes
 its settings from the environment (``BENCH_SCHED_*``, set by
 ``benchmarks/scheduling.py``).  The publisher builds the same app in-process
-with :func:`make_app`.  Settings follow the plain side of ``run.py``
-(``_common_conf``), except that remote control stays on so the worker can
+with :func:`make_app`.  Settings follow the drains' sides (``sides.common_conf``),
+except that remote control stays on so the worker can
 answer ``ping``; its exchanges carry the run's own name, so cleanup finds them.
 """
 

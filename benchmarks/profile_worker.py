@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     plain = make_plain_side(args.broker, pid)
     # plaindef: plain Celery on its own defaults (acks on receipt), on the plain side's queue
     sides = {"ojs": make_ojs_side(args.broker, pid), "plain": plain, "plaindef": plain}
-    sides = {k: v for k, v in sides.items() if k in args.split(",")}
+    sides = {k: v for k, v in sides.items() if k in args.sides.split(",")}
     declared = list({id(side): side for side in sides.values()}.values())  # plain once
     results: dict[str, Any] = {"load": os.getloadavg()[0]}
     try:

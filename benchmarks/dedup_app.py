@@ -2,7 +2,7 @@
 
 ``dedup_drain.py`` fills the queue, then starts a worker from this module with the
 ``BENCH_DEDUP_*`` environment variables read at the bottom.  Every side shares
-``drain_app.common_conf`` and one task, ``bench.dedup``, which appends
+``sides.common_conf`` and one task, ``bench.dedup``, which appends
 ``"<start> <end>\\n"`` to the record file in one ``O_APPEND`` write; with
 ``BENCH_DEDUP_WORK_MS`` it first spins that many milliseconds of the pool
 process's CPU (``time.process_time``), a job that does work instead of none.
@@ -17,9 +17,7 @@ import time
 from typing import Any
 
 from celery import Celery
-from drain_app import common_conf
-
-import ojs_kombu
+from sides import celery_app, common_conf, open_record
 
 TASK_NAME = "bench.dedup"
 
@@ -27,15 +25,14 @@ TASK_NAME = "bench.dedup"
 def make_app(broker: str, queue: str, record_path: str | None, ojs_prefix: str | None,
              dedup_url: str | None, *, work_ms: float = 0.0,
              set_as_current: bool = False) -> Celery:
-    app = Celery("bench_dedup", broker=broker, set_as_current=set_as_current)
+    app = celery_app("bench_dedup", broker, ojs_prefix=ojs_prefix or None,
+                     set_as_current=set_as_current)
     if ojs_prefix:
-        ojs_kombu.install(app)
-        app.conf.update(ojs_prefix=ojs_prefix, ojs_dedup_url=dedup_url,
+        app.conf.update(ojs_dedup_url=dedup_url,
                         ojs_dedup_retention=900.0)
     common_conf(app, queue)
     work_s = work_ms / 1000
-    record = (os.open(record_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-              if record_path else None)
+    record = open_record(record_path)
 
     @app.task(name=TASK_NAME, ignore_result=True, shared=False)
     def noop(*_args: Any) -> None:

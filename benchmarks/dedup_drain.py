@@ -47,6 +47,7 @@ from ojs_kombu.celery.dedup_store import DedupStore
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the worker subprocess imports dedup_app the same way
 import prefork_drain  # noqa: E402
+import workers  # noqa: E402
 from cluster_drain import cpu_seconds, process_tree  # noqa: E402
 from dedup_app import make_app  # noqa: E402
 from report import grid  # noqa: E402
@@ -149,7 +150,7 @@ def drain(side: _Side, broker: Admin, n: int, timeout: float, workdir: Path,
     env = {"BENCH_DEDUP_BROKER": side.app.conf.broker_url, "BENCH_DEDUP_QUEUE": side.queue,
            "BENCH_DEDUP_OJS_PREFIX": side.prefix or "", "BENCH_DEDUP_URL": DEDUP_URL,
            "BENCH_DEDUP_WORK_MS": str(work_ms)}
-    with prefork_drain.WorkerProcess(app_module="dedup_app", pool="prefork",
+    with workers.WorkerProcess(app_module="dedup_app", pool="prefork",
                                      concurrency=prefork_drain.CONCURRENCY, queue=side.queue,
                                      workdir=workdir, name=name,
                                      record_var="BENCH_DEDUP_RECORD", env=env) as worker:
@@ -161,7 +162,7 @@ def drain(side: _Side, broker: Admin, n: int, timeout: float, workdir: Path,
         spans = worker.spans(n, timeout, LABELS[side.key], poll_s=0.05, on_first=first_job)
         cpu, servers_end = cpu_seconds(process_tree(worker.pid)) - started["cpu"], servers.cpu_s()
     servers_start = started["servers"]
-    seconds = prefork_drain.elapsed(spans)
+    seconds = workers.elapsed(spans)
     broker_ms, redis_ms = (None if end is None or start is None else (end - start) * 1000 / n
                            for start, end in zip(servers_start, servers_end, strict=True))
     return DedupDrain(n / seconds, seconds, cpu * 1000 / n, broker_ms, redis_ms)

@@ -33,7 +33,8 @@ import ojs_kombu
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from scale import local_ctl, private_vhost  # noqa: E402
+from admin import local_ctl, private_vhost  # noqa: E402
+from sides import celery_app, connect  # noqa: E402
 
 SIZES = (10_000, 100_000)
 QUEUE = "dead"
@@ -64,8 +65,7 @@ class SizeResult:
 
 
 def _app(url: str) -> Celery:
-    app = Celery("bench_dlq", broker=url, set_as_current=False)
-    ojs_kombu.install(app)
+    app = celery_app("bench_dlq", url, ojs_prefix="")
     app.conf.update(task_ignore_result=True, result_backend=None)
 
     @app.task(name="bench.dead", shared=False, ignore_result=True)
@@ -89,11 +89,7 @@ def fill(url: str, amqp_url: str, n: int) -> tuple[float, list[str]]:
         rate = n / (time.perf_counter() - started)
     finally:
         app.close()
-    parts = urlsplit(amqp_url)
-    connection = amqp.Connection(f"{parts.hostname}:{parts.port or 5672}",
-                                 virtual_host=parts.path[1:], userid=parts.username or "guest",
-                                 password=parts.password or "guest")
-    connection.connect()
+    connection = connect(amqp_url)
     try:
         reject_all(connection.channel(), n)
     finally:
@@ -142,8 +138,7 @@ def measure(base_url: str, n: int, log: Callable[[str], None]) -> SizeResult:
         log(f"dlq scale: filling {n} dead letters ...")
         rate, ids = fill(url, amqp_url, n)
         newest = ids[-1]
-        probe = amqp.Connection(f"{parts.hostname}:{parts.port or 5672}", virtual_host=vhost)
-        probe.connect()
+        probe = connect(base_url, vhost=vhost)
         steps: dict[str, Step] = {}
         try:
             channel = probe.channel()

@@ -1,10 +1,10 @@
 """Celery app of the prefork drain, for ``python -m celery -A drain_app worker``.
 
-An in-process worker cannot run the prefork pool reliably, so ``run.py``
+An in-process worker cannot run the prefork pool reliably, so the throughput part
 drains with prefork through a worker subprocess built from this module.  It
 takes its settings from the environment (``BENCH_DRAIN_*``, set by
-``prefork_drain.py``) and mirrors ``run.py``'s sides: the same task name,
-``task_acks_late``, no results, no remote control; the ojs side is
+``prefork_drain.py``) and builds the in-process sides' app (``sides.py``): the
+same task name, ``task_acks_late``, no results, no remote control; the ojs side is
 ``ojs_kombu.install``-ed with the run's prefix.  Every job appends
 ``"<start> <end>\\n"`` (``time.time()``, seconds; ``"<start> <end> <published>\\n"`` for a
 job whose first argument is its publish time) to the record file, one
@@ -18,48 +18,14 @@ import time
 from typing import Any
 
 from celery import Celery
-from kombu import Exchange, Queue
-
-import ojs_kombu
-
-TASK_NAME = "bench.noop"  # the same task name as run.py's sides
-
-
-def common_conf(app: Celery, queue: str, max_priority: int | None = None,
-                quorum: bool = False) -> None:
-    """Settings every benchmark side shares, in process (run.py) and in the prefork
-    worker here: acks_late (ojs_kombu forces it), no results, no pidbox.
-
-    ``max_priority`` (plain Celery only) declares ``queue`` with that
-    ``x-max-priority``, the broker queue type of ojs_kombu's default job queues;
-    ``quorum`` (plain Celery only) declares it a quorum queue, as Celery's docs
-    show (the ojs side says ``ojs_queue_defaults = {"type": "quorum"}`` instead).
-    """
-    arguments: dict[str, Any] = {}
-    if max_priority:
-        arguments["x-max-priority"] = max_priority
-    if quorum:
-        arguments["x-queue-type"] = "quorum"
-    if arguments:
-        app.conf.task_queues = [Queue(queue, Exchange(queue), routing_key=queue,
-                                      queue_arguments=arguments)]
-    app.conf.update(
-        task_default_queue=queue,
-        task_acks_late=True,
-        task_ignore_result=True,
-        result_backend=None,
-        worker_enable_remote_control=False,  # no pidbox queues/exchanges left behind
-        broker_connection_retry_on_startup=True,
-    )
+from sides import TASK_NAME, celery_app, common_conf, open_record
 
 
 def make_app(broker: str, queue: str, record_path: str, ojs_prefix: str | None,
              max_priority: int | None = None, ojs_acks: str | None = None,
              quorum: bool = False, acks_early: bool = False) -> Celery:
-    app = Celery("bench_drain", broker=broker, set_as_current=True)
+    app = celery_app("bench_drain", broker, ojs_prefix=ojs_prefix or None, set_as_current=True)
     if ojs_prefix:
-        ojs_kombu.install(app)
-        app.conf.ojs_prefix = ojs_prefix
         if ojs_acks:
             app.conf.ojs_acks = ojs_acks
         if quorum:
@@ -67,7 +33,7 @@ def make_app(broker: str, queue: str, record_path: str, ojs_prefix: str | None,
     common_conf(app, queue, max_priority, quorum=quorum and not ojs_prefix)
     if acks_early and not ojs_prefix:  # plain Celery on its own default: ack on receipt
         app.conf.task_acks_late = False
-    record = os.open(record_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    record = open_record(record_path)
     # BENCH_DRAIN_WORK_MS: each job waits that long (a call to another service), not a no-op
     work_s = float(os.environ.get("BENCH_DRAIN_WORK_MS") or 0) / 1000
 

@@ -14,17 +14,9 @@ import time
 from typing import Any
 
 import dramatiq
-import pika
-from dramatiq.brokers.rabbitmq import RabbitmqBroker
-from dramatiq_side import ACTOR_NAME
-from kombu.utils.url import parse_url
+from dramatiq_side import ACTOR_NAME, dramatiq_broker
 
-_parts = parse_url(os.environ["BENCH_DQ_URL"])
-broker = RabbitmqBroker(
-    host=_parts.get("hostname") or "127.0.0.1", port=_parts.get("port") or 5672,
-    virtual_host=_parts.get("virtual_host") or "/",
-    credentials=pika.PlainCredentials(_parts.get("userid") or "guest",
-                                      _parts.get("password") or "guest"))
+broker = dramatiq_broker(os.environ["BENCH_DQ_URL"])
 dramatiq.set_broker(broker)
 _record = os.open(os.environ["BENCH_DQ_RECORD"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
 

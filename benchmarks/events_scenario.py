@@ -1,13 +1,12 @@
 """Events scenario: what OJS lifecycle events and OpenTelemetry metrics cost ojs_kombu.
 
-``run.py`` measures publish and drain of ojs_kombu apps that differ only in
-``ojs_event_sinks = ["amqp"]`` and ``ojs_meter_provider`` (an SDK
+The events part (``events_part.py``) measures publish and drain of ojs_kombu apps that
+differ only in ``ojs_event_sinks = ["amqp"]`` and ``ojs_meter_provider`` (an SDK
 ``MeterProvider`` with an ``InMemoryMetricReader``): neither, both, and each
 alone (:data:`SIDES`).  This module holds what only the sides with the sink
 need: the *tap*, a queue bound with ``#`` to the events exchange that
 receives every event the AMQP sink publishes, the probe that waits for the
-sink and counts what arrived, and the table.  It does not import ``run.py``
-(which imports it).  See benchmarks/README.rst.
+sink and counts what arrived, and the table.  See benchmarks/README.rst.
 """
 
 from __future__ import annotations
@@ -116,7 +115,7 @@ class Tap:
 
 
 class Recorder(Protocol):
-    """The part of ``run.DrainRecorder`` used here."""
+    """The part of ``sides.DrainRecorder`` used here."""
 
     last_end: float | None
 

@@ -2,7 +2,7 @@
 
 ``green_drain.py`` fills the queue, then starts a worker from this module with the
 ``BENCH_GREEN_*`` environment variables read at the bottom.  Both sides share
-``drain_app.common_conf`` (acks late, no results, no remote control) and one
+``sides.common_conf`` (acks late, no results, no remote control) and one
 I/O-bound task, ``bench.io``: ``time.sleep(0.01)``, which ``celery worker -P
 gevent|eventlet`` monkeypatches into a green sleep, so 100 greenlets overlap
 their waits.  Every job appends ``"<start> <end>\\n"`` (``time.time()``) to the
@@ -16,9 +16,7 @@ import time
 from typing import Any
 
 from celery import Celery
-from drain_app import common_conf
-
-import ojs_kombu
+from sides import celery_app, common_conf, open_record
 
 TASK_NAME = "bench.io"
 #: What each job waits, in seconds (a green sleep in the worker).
@@ -29,13 +27,10 @@ def make_app(broker: str, queue: str, record_path: str | None, ojs_prefix: str |
              *, set_as_current: bool = False) -> Celery:
     """Plain Celery, or with ``ojs_prefix`` the README's ``ojs://`` + ``install(app)``;
     ``record_path`` ``None`` for the publishing side (nothing runs there)."""
-    app = Celery("bench_green", broker=broker, set_as_current=set_as_current)
-    if ojs_prefix:
-        ojs_kombu.install(app)
-        app.conf.ojs_prefix = ojs_prefix
+    app = celery_app("bench_green", broker, ojs_prefix=ojs_prefix or None,
+                     set_as_current=set_as_current)
     common_conf(app, queue)
-    record = (os.open(record_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-              if record_path else None)
+    record = open_record(record_path)
 
     @app.task(name=TASK_NAME, ignore_result=True, shared=False)
     def io(*_args: Any) -> None:

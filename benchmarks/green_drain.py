@@ -31,7 +31,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the worker subprocess imports green_app the same way
-import prefork_drain  # noqa: E402
+import workers  # noqa: E402
 from green_app import SLEEP_S, make_app  # noqa: E402
 from report import grid  # noqa: E402
 from worker_side import Admin, WorkerSide  # noqa: E402
@@ -85,12 +85,12 @@ def drain(side: _Side, broker: Admin, pool: str, n: int, timeout: float, workdir
                            f"found {queued}")
     env = {"BENCH_GREEN_BROKER": side.app.conf.broker_url, "BENCH_GREEN_QUEUE": side.queue,
            "BENCH_GREEN_OJS_PREFIX": side.prefix or ""}
-    with prefork_drain.WorkerProcess(app_module="green_app", pool=pool,
+    with workers.WorkerProcess(app_module="green_app", pool=pool,
                                      concurrency=CONCURRENCY, queue=side.queue,
                                      workdir=workdir, name=name,
                                      record_var="BENCH_GREEN_RECORD", env=env) as worker:
         spans = worker.spans(n, timeout, f"{LABELS[side.key]} {pool}")
-    seconds = prefork_drain.elapsed(spans)
+    seconds = workers.elapsed(spans)
     return GreenDrain(n / seconds, seconds, broker.depth(side.amqp_queue))
 
 

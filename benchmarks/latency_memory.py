@@ -28,14 +28,15 @@ import statistics
 import sys
 import tempfile
 import time
-from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import prefork_drain
-import run
+import workers
+from admin import Broker
 from dramatiq_side import queues_of as dramatiq_queues
+from measure import publish_batches
+from sides import BATCH_SIZE, DEFAULT_BROKER, TASK_ARGS, Side, make_ojs_side, make_plain_side
 
 
 def rss_kib(pid: int) -> int:
@@ -75,17 +76,17 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
-def measure_side(side: run.Side, broker: run.Broker, args: argparse.Namespace,
+def measure_side(side: Side, broker: Broker, args: argparse.Namespace,
                  workdir: Path, name: str) -> dict[str, Any]:
     broker.purge(side.amqp_queue)
     env = {"BENCH_DRAIN_BROKER": side.app.conf.broker_url,
            "BENCH_DRAIN_QUEUE": side.celery_queue,
            "BENCH_DRAIN_OJS_PREFIX": side.app.conf.get("ojs_prefix") or ""}
     result: dict[str, Any] = {}
-    with prefork_drain.WorkerProcess(
+    with workers.WorkerProcess(
             app_module="drain_app", pool="prefork", concurrency=2, queue=side.celery_queue,
             workdir=workdir, name=name, record_var="BENCH_DRAIN_RECORD", env=env) as worker:
-        side.task.apply_async(run.TASK_ARGS)  # warm-up: the worker consumes
+        side.task.apply_async(TASK_ARGS)  # warm-up: the worker consumes
         worker.spans(1, 120, name)
         time.sleep(1.0)
         result["idle"] = memory(worker.pid)
@@ -99,7 +100,7 @@ def measure_side(side: run.Side, broker: run.Broker, args: argparse.Namespace,
             worker.stop()  # queue the jobs with no worker, then drain them with a new one
     if args.memory_jobs:
         _fill(side, args.memory_jobs)
-        with prefork_drain.WorkerProcess(
+        with workers.WorkerProcess(
                 app_module="drain_app", pool="prefork", concurrency=2,
                 queue=side.celery_queue, workdir=workdir, name=f"{name}-mem",
                 record_var="BENCH_DRAIN_RECORD", env=env) as worker:
@@ -109,27 +110,19 @@ def measure_side(side: run.Side, broker: run.Broker, args: argparse.Namespace,
     return result
 
 
-def measure_dramatiq(broker_url: str, broker: run.Broker, latency_jobs: int, gap_ms: float,
+def measure_dramatiq(broker_url: str, broker: Broker, latency_jobs: int, gap_ms: float,
                      workdir: Path, queue: str) -> dict[str, Any]:
     """The same latency (and idle RSS) with Dramatiq: ``confirm_delivery`` sends to a
     ``dramatiq --processes 2 --threads 1`` worker (two execution slots, as ``-c 2``)."""
-    import signal
-    import subprocess
-
     from dramatiq_side import DramatiqPublisher
 
     record, log = workdir / "dramatiq.record", workdir / "dramatiq.log"
     record.write_bytes(b"")
-    env = dict(os.environ, BENCH_DQ_URL=broker_url, BENCH_DQ_QUEUE=queue,
-               BENCH_DQ_RECORD=str(record),
-               PYTHONPATH=os.pathsep.join(filter(None, [str(prefork_drain.HERE),
-                                                        os.environ.get("PYTHONPATH")])))
     publisher = DramatiqPublisher(broker_url, queue, confirm=True)
-    with log.open("wb") as out:
-        worker = subprocess.Popen(
-            [sys.executable, "-m", "dramatiq", "dramatiq_worker_app", "--processes", "2",
-             "--threads", "1"], env=env, stdout=out, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True)
+    worker = workers.spawn(
+        ["-m", "dramatiq", "dramatiq_worker_app", "--processes", "2", "--threads", "1"],
+        {"BENCH_DQ_URL": broker_url, "BENCH_DQ_QUEUE": queue, "BENCH_DQ_RECORD": str(record)},
+        log, session=True)
     try:
         def recorded() -> int:
             return len(record.read_text().splitlines())
@@ -152,8 +145,7 @@ def measure_dramatiq(broker_url: str, broker: run.Broker, latency_jobs: int, gap
         latencies = _started_after_publish(record)[1:]
     finally:
         publisher.close()
-        with suppress(ProcessLookupError):
-            os.killpg(worker.pid, signal.SIGKILL)
+        workers.kill_group(worker)
         worker.wait()
         broker.delete(dramatiq_queues(queue), [])
     return {"idle": idle, "latency_ms": _latency_summary(latencies)}
@@ -166,27 +158,27 @@ def _latency_summary(latencies: list[float]) -> dict[str, Any]:
             "values": [round(v * 1000, 3) for v in latencies]}
 
 
-def _fill(side: run.Side, n: int) -> None:
+def _fill(side: Side, n: int) -> None:
     """``n`` no-op jobs: ``enqueue_many`` batches (ojs_kombu), unconfirmed ``apply_async``
     (plain Celery): the fill is not measured."""
     if side.sweep_prefix:
-        run.publish_batches(side, n, run.BATCH_SIZE)
+        publish_batches(side, n, BATCH_SIZE)
         return
-    unconfirmed = run.make_plain_side(side.app.conf.broker_url, os.getpid(), confirm=False)
+    unconfirmed = make_plain_side(side.app.conf.broker_url, os.getpid(), confirm=False)
     assert unconfirmed.celery_queue == side.celery_queue  # the same queue, no confirms
     with unconfirmed.app.producer_or_acquire() as producer:
         for _ in range(n):
-            unconfirmed.task.apply_async(run.TASK_ARGS, producer=producer)
+            unconfirmed.task.apply_async(TASK_ARGS, producer=producer)
 
 
 def run_part(broker_url: str, latency_jobs: int, memory_jobs: int, gap_ms: float = 2.0,
              sides: str = "ojs,plain,dramatiq", log: Any = print) -> dict[str, Any]:
     """Both sides in turn (``run.py --only latency_memory`` calls this too)."""
     args = argparse.Namespace(latency_jobs=latency_jobs, memory_jobs=memory_jobs, gap_ms=gap_ms)
-    broker = run.Broker(broker_url)
+    broker = Broker(broker_url)
     pid = os.getpid()
-    made = {"ojs": ("ojs_kombu", run.make_ojs_side),
-            "plain": ("plain Celery", run.make_plain_side)}
+    made = {"ojs": ("ojs_kombu", make_ojs_side),
+            "plain": ("plain Celery", make_plain_side)}
     chosen = {made[key][0]: made[key][1](broker_url, pid) for key in sides.split(",")
               if key in made}
     document: dict[str, Any] = {
@@ -239,7 +231,7 @@ def render(document: dict[str, Any]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--broker", default=run.DEFAULT_BROKER)
+    parser.add_argument("--broker", default=DEFAULT_BROKER)
     parser.add_argument("--latency-jobs", type=int, default=2000)
     parser.add_argument("--gap-ms", type=float, default=2.0)
     parser.add_argument("--memory-jobs", type=int, default=100_000)

@@ -17,16 +17,14 @@ from __future__ import annotations
 
 import os
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -40,7 +38,8 @@ import ojs_kombu
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the worker subprocess imports storm_app the same way
 import storm_report  # noqa: E402
-from scheduling import delete_swept  # noqa: E402
+import workers  # noqa: E402
+from admin import delete_swept  # noqa: E402
 from storm_app import make_app, plain_dead_letter_names  # noqa: E402
 from storm_messages import (  # noqa: E402
     UNKNOWN_TYPE,
@@ -73,7 +72,7 @@ class Settings:
 
 
 class Admin(Protocol):
-    """The part of ``run.Broker`` used here."""
+    """The part of ``admin.Broker`` used here."""
 
     vhost: str
 
@@ -156,30 +155,22 @@ class Worker:
     def __init__(self, side: StormSide, workdir: Path) -> None:
         self.side = side
         self.log = workdir / f"{side.key}-{side.pool}.log"
-        env = dict(os.environ)
-        env.update({
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), env.get("PYTHONPATH")])),
-            "BENCH_STORM_BROKER": side.broker_url, "BENCH_STORM_QUEUE": side.queue,
-            "BENCH_STORM_CONTROL": side.control_exchange,
-            "BENCH_STORM_OJS_PREFIX": side.marker if side.key == "ojs" else "",
-        })
-        with self.log.open("wb") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", "storm_app", "worker", "-P", side.pool,
-                 "-c", str(CONCURRENCY), "-Q", side.queue, "--without-heartbeat",
-                 "--without-gossip", "--without-mingle", "-l", "warning", "-n", side.nodename],
-                env=env, cwd=workdir, stdout=log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True)
+        self.process = workers.spawn(
+            ["-m", "celery", "-A", "storm_app", "worker", "-P", side.pool,
+             "-c", str(CONCURRENCY), "-Q", side.queue, "--without-heartbeat",
+             "--without-gossip", "--without-mingle", "-l", "warning", "-n", side.nodename],
+            {"BENCH_STORM_BROKER": side.broker_url, "BENCH_STORM_QUEUE": side.queue,
+             "BENCH_STORM_CONTROL": side.control_exchange,
+             "BENCH_STORM_OJS_PREFIX": side.marker if side.key == "ojs" else ""},
+            self.log, session=True, cwd=workdir)
 
     def check_alive(self) -> None:
         if self.process.poll() is not None:
             raise RuntimeError(f"{self.side.key} {self.side.pool} worker exited with status "
                                f"{self.process.returncode}:\n{self.log_tail()}")
 
-    def log_tail(self, lines: int = 20) -> str:
-        with suppress(OSError):
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-        return ""
+    def log_tail(self) -> str:
+        return workers.tail(self.log)
 
     def wait_ready(self, app: Celery) -> None:
         deadline = time.monotonic() + READY_TIMEOUT_S
@@ -205,8 +196,7 @@ class Worker:
 
     def kill(self) -> None:
         """SIGKILL of the whole group: no worker or pool process outlives the run."""
-        with suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.process.pid, signal.SIGKILL)
+        workers.kill_group(self.process)
         with suppress(subprocess.TimeoutExpired):
             self.process.wait(10)
 
@@ -320,22 +310,13 @@ def delete_side(side: StormSide, route: Route, admin: Admin) -> None:
                  lambda name: side.marker in name)
 
 
-@contextmanager
-def storm_workdir() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="ojs-bench-storm-"))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
 def run(admin: Admin, connect: Callable[[], amqp.Connection], broker_url: str, ojs_url: str,
         settings: Settings, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Per pool, plain Celery then ojs_kombu, each with fresh names; then the targets."""
     tag = f"{os.getpid()}-{secrets.token_hex(3)}"
     plain_url = "pyamqp://" + broker_url.partition("://")[2]
     pools: dict[str, dict[str, Any]] = {}
-    with storm_workdir() as workdir:
+    with workers.workdir("storm") as workdir:
         for pool in settings.pools:
             pools[pool] = {}
             for key, url in (("plain", plain_url), ("ojs", ojs_url)):

@@ -39,8 +39,10 @@ from urllib.parse import urlparse
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import prefork_drain
-import run
+import workers
+from admin import Broker
+from measure import publish
+from sides import DEFAULT_BROKER, TASK_ARGS, Side, make_ojs_side, make_plain_side
 
 #: cProfile entries that are the event loop waiting, not work.
 _IDLE = ("poll", "select", "epoll", "sleep", "wait", "acquire")
@@ -125,22 +127,22 @@ def summarize_profile(path: Path, n: int, top: int) -> dict[str, Any]:
     }
 
 
-def measure(side: run.Side, broker: run.Broker, pool: str, concurrency: int, n: int,
+def measure(side: Side, broker: Broker, pool: str, concurrency: int, n: int,
             workdir: Path, name: str, profile: Path | None, poison: bool = False,
             extra_args: tuple[str, ...] = (), acks_early: bool = False) -> dict[str, Any]:
     broker.purge(side.amqp_queue)
     if poison:  # jobs of a type no task handles: dead-lettered (ojs_kombu) or rejected
         for _ in range(n):
-            side.app.send_task(POISON_TYPE, run.TASK_ARGS, queue=side.celery_queue)
+            side.app.send_task(POISON_TYPE, TASK_ARGS, queue=side.celery_queue)
     else:
-        run.publish(side, n)
+        publish(side, n)
     env = {
         "BENCH_DRAIN_BROKER": side.app.conf.broker_url,
         "BENCH_DRAIN_QUEUE": side.celery_queue,
         "BENCH_DRAIN_OJS_PREFIX": side.app.conf.get("ojs_prefix") or "",
         "BENCH_DRAIN_ACKS_EARLY": "1" if acks_early else "",
     }
-    with prefork_drain.WorkerProcess(
+    with workers.WorkerProcess(
             app_module="drain_app", pool=pool, concurrency=concurrency,
             queue=side.celery_queue, workdir=workdir, name=name,
             record_var="BENCH_DRAIN_RECORD", env=env, profile=profile,
@@ -150,13 +152,13 @@ def measure(side: run.Side, broker: run.Broker, pool: str, concurrency: int, n: 
         if poison:
             seconds = _wait_empty(broker, side.amqp_queue, n, meter.mark)
         else:
-            seconds = prefork_drain.elapsed(
+            seconds = workers.elapsed(
                 worker.spans(n, 600, name, poll_s=0.05, on_first=meter.mark))
         cpu = meter.per_delivery(n)
     return {**cpu, "jobs_per_s": round(n / seconds, 1)}
 
 
-def _wait_empty(broker: run.Broker, queue: str, n: int, first: Any) -> float:
+def _wait_empty(broker: Broker, queue: str, n: int, first: Any) -> float:
     """Seconds from the first message taken off ``queue`` until it is empty (polled)."""
     deadline, started = time.monotonic() + 600, None
     while time.monotonic() < deadline:
@@ -172,7 +174,7 @@ def _wait_empty(broker: run.Broker, queue: str, n: int, first: Any) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--broker", default=run.DEFAULT_BROKER)
+    parser.add_argument("--broker", default=DEFAULT_BROKER)
     parser.add_argument("--jobs", type=int, default=5000)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--pools", default="prefork:2,threads:4")
@@ -190,11 +192,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.profile_dir:  # the worker writes its profile there: it must exist first
         args.profile_dir.mkdir(parents=True, exist_ok=True)
-    broker = run.Broker(args.broker)
+    broker = Broker(args.broker)
     pid = os.getpid()
-    plain = run.make_plain_side(args.broker, pid)
+    plain = make_plain_side(args.broker, pid)
     # plaindef: plain Celery on its own defaults (acks on receipt), on the plain side's queue
-    sides = {"ojs": run.make_ojs_side(args.broker, pid), "plain": plain, "plaindef": plain}
+    sides = {"ojs": make_ojs_side(args.broker, pid), "plain": plain, "plaindef": plain}
     sides = {k: v for k, v in sides.items() if k in args.sides.split(",")}
     declared = list({id(side): side for side in sides.values()}.values())  # plain once
     results: dict[str, Any] = {"load": os.getloadavg()[0]}

@@ -22,30 +22,32 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import run
+from admin import Broker
+from measure import publish, publish_batches, publish_deferred, warm_up
+from sides import DEFERRED_CONF, make_ojs_side, make_plain_side
 
 import ojs_kombu
 
 URL = "amqp://guest:guest@127.0.0.1:5672//"
 tag = f"b47cpu{secrets.token_hex(3)}"
-broker = run.Broker(URL)
+broker = Broker(URL)
 sides = {
-    "plain_confirm": run.make_plain_side(URL, f"{tag}"),
-    "ojs_wait": run.make_ojs_side(URL, 0, prefix=f"{tag}w"),
-    "ojs_deferred": run.make_ojs_side(URL, 0, prefix=f"{tag}d", conf=run.DEFERRED_CONF),
-    "ojs_batch": run.make_ojs_side(URL, 0, prefix=f"{tag}b"),
+    "plain_confirm": make_plain_side(URL, f"{tag}"),
+    "ojs_wait": make_ojs_side(URL, 0, prefix=f"{tag}w"),
+    "ojs_deferred": make_ojs_side(URL, 0, prefix=f"{tag}d", conf=DEFERRED_CONF),
+    "ojs_batch": make_ojs_side(URL, 0, prefix=f"{tag}b"),
 }
 N = {"plain_confirm": 1500, "ojs_wait": 1500, "ojs_deferred": 5000, "ojs_batch": 20000}
 send: dict[str, Any] = {
-    "plain_confirm": lambda s, n: run.publish(s, n),
-    "ojs_wait": lambda s, n: run.publish(s, n),
-    "ojs_deferred": lambda s, n: run.publish_deferred(s, n),
-    "ojs_batch": lambda s, n: run.publish_batches(s, n, 1000),
+    "plain_confirm": lambda s, n: publish(s, n),
+    "ojs_wait": lambda s, n: publish(s, n),
+    "ojs_deferred": lambda s, n: publish_deferred(s, n),
+    "ojs_batch": lambda s, n: publish_batches(s, n, 1000),
 }
 out: dict[str, list[dict[str, float]]] = {k: [] for k in sides}
 try:
     for key, side in sides.items():
-        run.warm_up(side, broker)
+        warm_up(side, broker)
         if key == "ojs_deferred":
             ojs_kombu.flush_confirms()
     for _ in range(int(sys.argv[1]) if len(sys.argv) > 1 else 3):

@@ -132,10 +132,12 @@ def side(kind: str, broker_url: str, jobs: int) -> dict[str, Any]:
     """Publish ``jobs`` one at a time on side ``kind``; wall, CPU and phase µs per call."""
     phases = PhaseClock()
     instrument(kind, phases)
-    import run  # benchmarks/ is sys.path[0] when this file runs as a script
+    from admin import Broker  # benchmarks/ is sys.path[0] when this file runs as a script
     from dramatiq_side import DramatiqPublisher, queues_of
+    from raw_side import raw_publisher
+    from sides import TASK_ARGS, WARMUP, make_ojs_side, make_plain_side
 
-    broker, pid = run.Broker(broker_url), os.getpid()
+    broker, pid = Broker(broker_url), os.getpid()
     with ExitStack() as stack:
         stack.callback(broker.close)
         send: Callable[[], Any]
@@ -144,19 +146,19 @@ def side(kind: str, broker_url: str, jobs: int) -> dict[str, Any]:
             stack.callback(broker.delete, queues_of(queue), [])
             dramatiq_side = DramatiqPublisher(broker_url, queue, confirm=True)
             stack.callback(dramatiq_side.close)
-            send, purge = partial(dramatiq_side.actor.send, *run.TASK_ARGS), queue
+            send, purge = partial(dramatiq_side.actor.send, *TASK_ARGS), queue
         else:
-            made = (run.make_plain_side(broker_url, pid) if kind == "plain"
-                    else run.make_ojs_side(broker_url, pid))
+            made = (make_plain_side(broker_url, pid) if kind == "plain"
+                    else make_ojs_side(broker_url, pid))
             stack.callback(broker.delete_side, made)
             stack.callback(made.app.close)
             made.declare()
             purge = made.amqp_queue
-            send = partial(made.task.apply_async, run.TASK_ARGS)
+            send = partial(made.task.apply_async, TASK_ARGS)
             if kind == "raw":
-                raw = stack.enter_context(run.raw_publisher(broker, broker_url, made))
+                raw = stack.enter_context(raw_publisher(broker, broker_url, made))
                 send = partial(raw.send, 1, 1)
-        for _ in range(run.WARMUP):
+        for _ in range(WARMUP):
             send()
         broker.purge(purge)
         phases.reset()

@@ -7,9 +7,9 @@ plain|plainnc|ojs|deferred|raw traced|untraced BROKER_URL`` once per side
 ``ojs_kombu.flush_confirms()`` inside its time).  A process per side, because
 ``CeleryInstrumentor().instrument()`` connects Celery's publish signals
 process-wide: a traced side in the benchmark's own process would trace every
-other side too.  The side is ``run.py``'s own (``make_plain_side`` with
-``confirm_publish``, ``make_ojs_side`` with ``ojs_kombu.install``) and
-publishes with ``run.publish``, the loop of the throughput part's single
+other side too.  The side is the throughput part's own (``sides.make_plain_side`` with
+``confirm_publish``, ``sides.make_ojs_side`` with ``ojs_kombu.install``) and
+publishes with ``publish``, the loop of the throughput part's single
 confirmed publishes; its app is made the current one, as an app's own is, for
 the instrumentation looks the task up there.  A traced side first sets an SDK
 ``TracerProvider`` whose spans go through a ``BatchSpanProcessor`` (what an
@@ -41,10 +41,13 @@ from functools import partial
 from typing import Any
 
 import amqp
-import run  # benchmarks/ is sys.path[0] when this file runs as a script
+from admin import Broker  # benchmarks/ is sys.path[0] when this file runs as a script
 from celery import signals
+from measure import publish, publish_deferred, publish_result
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from raw_side import raw_publisher
+from sides import DEFERRED_CONF, WARMUP, Side, make_ojs_side, make_plain_side
 
 
 class CountingExporter(SpanExporter):
@@ -97,7 +100,7 @@ class RawSide:
     Celery app per call: ``side``'s app, made once, names the task.
     """
 
-    def __init__(self, side: run.Side, broker_url: str, traced: bool) -> None:
+    def __init__(self, side: Side, broker_url: str, traced: bool) -> None:
         self.traced = traced
         calls: list[dict[str, Any]] = []
 
@@ -105,10 +108,10 @@ class RawSide:
             calls.append(kwargs)
 
         signals.before_task_publish.connect(capture, weak=False)
-        broker, self.stack = run.Broker(broker_url), ExitStack()
+        broker, self.stack = Broker(broker_url), ExitStack()
         try:
             self.publisher = self.stack.enter_context(
-                run.raw_publisher(broker, broker_url, side))
+                raw_publisher(broker, broker_url, side))
         finally:
             signals.before_task_publish.disconnect(capture)
             broker.close()
@@ -161,13 +164,13 @@ def say(message: dict[str, Any]) -> None:
 
 def serve(kind: str, traced: bool, broker_url: str) -> None:
     tracing = Tracing() if traced else None
-    side = (run.make_plain_side(broker_url, os.getpid()) if kind == "plain"
-            else run.make_plain_side(broker_url, os.getpid(), confirm=False)
+    side = (make_plain_side(broker_url, os.getpid()) if kind == "plain"
+            else make_plain_side(broker_url, os.getpid(), confirm=False)
             if kind == "plainnc"
-            else run.make_ojs_side(broker_url, os.getpid(), conf=run.DEFERRED_CONF)
+            else make_ojs_side(broker_url, os.getpid(), conf=DEFERRED_CONF)
             if kind == "deferred"
-            else run.make_ojs_side(broker_url, os.getpid()))
-    # The one app of this process is its current app, as an app's own is (run.py makes
+            else make_ojs_side(broker_url, os.getpid()))
+    # The one app of this process is its current app, as an app's own is (sides.py makes
     # them with set_as_current=False, for two in one process): the instrumentation finds
     # the task in current_app.tasks, so its span stays open over the publish until
     # after_task_publish ends it.  Not found, the span ended in before_task_publish.
@@ -178,12 +181,12 @@ def serve(kind: str, traced: bool, broker_url: str) -> None:
         stack.callback(side.app.close)
         side.declare()
         send: Callable[[int], list[float]] = partial(
-            run.publish_deferred if kind == "deferred" else run.publish, side)
+            publish_deferred if kind == "deferred" else publish, side)
         if kind == "raw":
             raw = RawSide(side, broker_url, traced)
             stack.callback(raw.close)
             send = raw.send
-        send(run.WARMUP)
+        send(WARMUP)
         spans_before = tracing.producer_spans() if tracing else 0
         say({"ready": True, "warmup_producer_spans": spans_before})
         seconds, cpu, latencies = 0.0, 0.0, []
@@ -201,7 +204,7 @@ def serve(kind: str, traced: bool, broker_url: str) -> None:
                 say({"seconds": spent})
             elif command == "round":
                 spans = tracing.producer_spans() if tracing else 0
-                say({**asdict(run.publish_result(len(latencies), seconds, latencies)),
+                say({**asdict(publish_result(len(latencies), seconds, latencies)),
                      "jobs": len(latencies), "cpu_us_per_job": cpu * 1e6 / len(latencies),
                      "producer_spans": spans - spans_before})
                 seconds, cpu, latencies, spans_before = 0.0, 0.0, [], spans

@@ -15,25 +15,28 @@ of this message with every job confirmed, and ``enqueue_many`` (or
 from __future__ import annotations
 
 import time
-from contextlib import suppress
-from typing import Any
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from typing import TYPE_CHECKING, Any
 
 import amqp
+from sides import TASK_ARGS, Side, connect
+
+if TYPE_CHECKING:
+    from admin import Broker
 
 
-class RawConfirmPublisher:
-    """A channel in confirm mode on ``connection`` (its own, closed with it), publishing
-    a fixed message."""
+class ConfirmChannel:
+    """A channel in confirm mode on ``connection`` (the connection is its own, closed with
+    it) that counts what it published, what the broker confirmed and what the broker
+    refused (nacked or returned).  The raw side's publishers, here and in the storm
+    (``storm_messages.PipelinedPublisher``), are built on it."""
 
-    def __init__(self, connection: amqp.Connection, exchange: str, routing_key: str,
-                 body: bytes, properties: dict[str, Any]) -> None:
+    def __init__(self, connection: amqp.Connection) -> None:
         self.connection = connection
-        self.channel = self.connection.channel()
+        self.channel = connection.channel()
         self.channel.confirm_select()
-        self.exchange, self.routing_key = exchange, routing_key
-        self.body, self.properties = body, properties
-        self.published = self.confirmed = 0
-        self.refused = 0
+        self.published = self.confirmed = self.refused = 0
         self.channel.events["basic_ack"].add(self._on_ack)
         self.channel.events["basic_nack"].add(self._on_nack)
         self.channel.events["basic_return"].add(self._on_return)
@@ -47,6 +50,20 @@ class RawConfirmPublisher:
 
     def _on_return(self, *_args: Any) -> None:
         self.refused += 1
+
+    def close(self) -> None:
+        with suppress(Exception):
+            self.connection.close()
+
+
+class RawConfirmPublisher(ConfirmChannel):
+    """A :class:`ConfirmChannel` publishing a fixed message."""
+
+    def __init__(self, connection: amqp.Connection, exchange: str, routing_key: str,
+                 body: bytes, properties: dict[str, Any]) -> None:
+        super().__init__(connection)
+        self.exchange, self.routing_key = exchange, routing_key
+        self.body, self.properties = body, properties
 
     def send(self, n: int, size: int) -> list[float]:
         """``n`` messages in batches of ``size`` (1: each waits for its own confirm); each
@@ -75,6 +92,23 @@ class RawConfirmPublisher:
             raise RuntimeError(f"raw py-amqp publisher: {self.refused} message(s) "
                                "refused or returned by the broker")
 
-    def close(self) -> None:
-        with suppress(Exception):
-            self.connection.close()
+
+@contextmanager
+def raw_publisher(broker: Broker, broker_url: str, ojs: Side) -> Iterator[RawConfirmPublisher]:
+    """A raw py-amqp publisher of a copy of one ``ojs`` job (read back from its queue)."""
+    broker.purge(ojs.amqp_queue)
+    ojs.task.apply_async(TASK_ARGS)
+    message = broker.channel.basic_get(ojs.amqp_queue, no_ack=True)
+    if message is None:
+        raise RuntimeError(f"{ojs.label}: the job published for the raw publisher is not "
+                           f"in {ojs.amqp_queue}")
+    names = ojs.app.amqp.binding.names
+    body = message.body  # py-amqp decodes a body that declares its content_encoding
+    if isinstance(body, str):
+        body = body.encode(message.properties.get("content_encoding") or "utf-8")
+    publisher = RawConfirmPublisher(connect(broker_url), names.direct_exchange,
+                                    ojs.celery_queue, bytes(body), dict(message.properties))
+    try:
+        yield publisher
+    finally:
+        publisher.close()

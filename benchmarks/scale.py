@@ -26,14 +26,10 @@ from __future__ import annotations
 
 import os
 import re
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,9 +37,10 @@ from urllib.parse import urlsplit
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+from admin import Ctl, local_ctl, private_vhost  # noqa: E402
 from scale_app import make_app, queue_names  # noqa: E402
 from scale_ceiling import measure as measure_ceiling  # noqa: E402
-from scheduling import rss_bytes  # noqa: E402
+from scale_worker import MB, Worker  # noqa: E402
 
 #: The three-node cluster of the quorum-queue run (``--only scale_cluster``): ports and
 #: node names of its own, apart from the fault suite's (5681-5683) and the cluster
@@ -54,12 +51,9 @@ CLUSTER_NAME = "ojs-scl"
 SIDES = ("plain", "ojs")
 LABELS = {"plain": "plain Celery", "ojs": "ojs_kombu"}
 COUNTS = (1, 10, 100)
-POOL, CONCURRENCY = "threads", 4
-READY_TIMEOUT_S = 300.0
 SCHEDULE_COUNTDOWN_S = 60
 #: Targets of issue 39 (item 1) checked here.
 START_RATIO_MAX = 1.5
-MB = 1024 * 1024
 
 
 @dataclass
@@ -94,15 +88,6 @@ class ScaleResult:
     recovery: dict[str, Any] | None = None
 
 
-Ctl = Callable[..., str]
-
-
-def local_ctl(*args: str, timeout: float = 120) -> str:
-    done = subprocess.run(["rabbitmqctl", "-q", *args], capture_output=True, text=True,
-                          timeout=timeout, check=True)
-    return done.stdout
-
-
 def count_objects(ctl: Ctl, vhost: str) -> Objects:
     """What the broker holds in ``vhost`` (its default exchanges left out)."""
     def rows(kind: str, *columns: str) -> list[list[str]]:
@@ -122,70 +107,6 @@ def count_objects(ctl: Ctl, vhost: str) -> Objects:
     return Objects(len(queues), len(exchanges), len(bindings),
                    sum(int(q[1]) for q in queues if q[1].isdigit()) / MB, len(retry),
                    sorted(set(expires)))
-
-
-@contextmanager
-def private_vhost(ctl: Ctl, name: str) -> Iterator[str]:
-    ctl("add_vhost", name)
-    try:
-        ctl("set_permissions", "-p", name, "guest", ".*", ".*", ".*")
-        yield name
-    finally:
-        ctl("delete_vhost", name)
-
-
-class Worker:
-    """``celery -A scale_app worker -Q q0,...`` for one side, timed to its ready line."""
-
-    def __init__(self, side: str, broker_url: str, n: int, workdir: Path,
-                 quorum: bool, tag: str = "") -> None:
-        self.log = workdir / f"{side}-{n}{tag}.log"
-        self.record = workdir / f"{side}-{n}{tag}.record"
-        self.record.touch()
-        env = {**os.environ,
-               "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE),
-                                                           os.environ.get("PYTHONPATH")])),
-               "BENCH_SCALE_BROKER": broker_url, "BENCH_SCALE_SIDE": side,
-               "BENCH_SCALE_RECORD": str(self.record),
-               "BENCH_SCALE_QUORUM": "1" if quorum else "0"}
-        self.started = time.perf_counter()
-        with self.log.open("wb") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", "scale_app", "worker", "--pool", POOL,
-                 "-c", str(CONCURRENCY), "-Q", ",".join(queue_names(n)),
-                 "--without-mingle", "--without-gossip", "--loglevel", "INFO",
-                 "-n", f"scale-{side}-{n}-{os.getpid()}@{socket.gethostname()}"],
-                env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-
-    def wait_ready(self) -> float:
-        """Seconds from the start to the worker's ``ready.`` line."""
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"worker exited ({self.process.returncode}):\n"
-                                   f"{self.tail()}")
-            if " ready." in self.log.read_text(errors="replace"):
-                return time.perf_counter() - self.started
-            time.sleep(0.02)
-        raise RuntimeError(f"worker not ready within {READY_TIMEOUT_S:.0f}s:\n{self.tail()}")
-
-    def tail(self) -> str:
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-20:])
-
-    def done(self) -> int:
-        return len(self.record.read_text().splitlines())
-
-    def rss_mb(self) -> float:
-        return rss_bytes(self.process.pid) / MB
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(60)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
 
 
 #: After a side's restart: ``(side, n, broker_url, vhost, workdir)`` -> recovery figures.

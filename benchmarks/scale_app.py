@@ -14,8 +14,7 @@ import os
 
 from celery import Celery
 from celery.app.task import Task
-
-import ojs_kombu
+from sides import celery_app, open_record
 
 RETRY_COUNTDOWN_S = 2
 
@@ -27,9 +26,9 @@ def queue_names(n: int) -> list[str]:
 def make_app(broker: str, side: str, *, record_path: str | None = None,
              quorum: bool = False, set_as_current: bool = False) -> Celery:
     """``side`` ``"plain"`` (``broker`` ``amqp://``) or ``"ojs"`` (``ojs://``)."""
-    app = Celery("bench_scale", broker=broker, set_as_current=set_as_current)
+    app = celery_app("bench_scale", broker, ojs_prefix="" if side == "ojs" else None,
+                     set_as_current=set_as_current)
     if side == "ojs":
-        ojs_kombu.install(app)
         if quorum:
             app.conf.ojs_queue_defaults = {"type": "quorum"}
     else:
@@ -45,8 +44,7 @@ def make_app(broker: str, side: str, *, record_path: str | None = None,
 
 
 def _register(app: Celery, record_path: str | None) -> None:
-    record = (os.open(record_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-              if record_path else None)
+    record = open_record(record_path)
 
     def done(tag: str) -> None:
         if record is not None:

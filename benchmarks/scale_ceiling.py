@@ -17,9 +17,9 @@ import os
 import time
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import urlsplit
 
-import amqp
+from admin import Ctl, private_vhost
+from sides import connect
 
 from ojs_kombu import TopologyNames
 from ojs_kombu.amqp.broker.declaring import NoWait
@@ -27,7 +27,6 @@ from ojs_kombu.amqp.broker.topology import declare_queue_topology
 
 CHANNELS = 4
 SETS = ("plain", "ojs", "ojs_no_priority")
-Ctl = Callable[..., str]
 
 
 def _declare_plain(channel: Any, queue: str) -> None:
@@ -48,12 +47,9 @@ def _ojs(priority: int | None) -> Callable[[Any, str], None]:
 DECLARE = {"plain": _declare_plain, "ojs": _ojs(10), "ojs_no_priority": _ojs(None)}
 
 
-def time_set(netloc: str, vhost: str, which: str, n: int) -> float:
+def time_set(broker_url: str, vhost: str, which: str, n: int) -> float:
     """Seconds from the first declaration to the broker's last reply."""
-    host = netloc.rpartition("@")[2] or "127.0.0.1:5672"
-    connection = amqp.Connection(host=host, userid="guest", password="guest",
-                                 virtual_host=vhost)
-    connection.connect()
+    connection = connect(broker_url, vhost=vhost)
     try:
         channels = [connection.channel() for _ in range(CHANNELS)]
         declare = DECLARE[which]
@@ -69,11 +65,8 @@ def time_set(netloc: str, vhost: str, which: str, n: int) -> float:
 
 def measure(broker_url: str, ctl: Ctl, n: int) -> dict[str, float]:
     """Each set once, in a private vhost created and deleted for it."""
-    from scale import private_vhost
-
-    netloc = urlsplit(broker_url).netloc
     seconds = {}
     for which in SETS:
         with private_vhost(ctl, f"ojs-ceiling-{os.getpid()}-{which}-{n}") as vhost:
-            seconds[which] = time_set(netloc, vhost, which, n)
+            seconds[which] = time_set(broker_url, vhost, which, n)
     return seconds

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from scale_app import make_app, queue_names
+from scale_worker import Worker
 
 JOBS_PER_QUEUE = 20
 ONLINE_TIMEOUT_S = 300.0
@@ -47,8 +48,6 @@ def all_online(ctl: Any, vhost: str) -> bool:
 
 def measure(side: str, n: int, broker_url: str, vhost: str, workdir: Path,
             cluster: Any) -> Recovery:
-    from scale import Worker
-
     app = make_app(broker_url, side, quorum=True)
     jobs = [(queue, f"recover-{queue}-{i}") for queue in queue_names(n)
             for i in range(JOBS_PER_QUEUE)]

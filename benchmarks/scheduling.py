@@ -14,32 +14,34 @@ import datetime as dt
 import os
 import random
 import secrets
-import shutil
-import signal
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from celery import Celery
 from celery.app.task import Task
 from kombu.utils.url import parse_url
 
-from ojs_kombu import TopologyNames, enqueue_many
-from ojs_kombu.spec.delays import SCHEDULE_LEVELS
+from ojs_kombu import enqueue_many
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the worker subprocess imports it the same way (PYTHONPATH)
-from scheduling_app import IDLE, TASK_NAME, make_app  # noqa: E402
+import workers  # noqa: E402
+from admin import delete_swept, list_broker  # noqa: E402
+from scheduling_app import IDLE, TASK_NAME  # noqa: E402
+from scheduling_worker import (  # noqa: E402
+    CONCURRENCY,
+    MB,
+    POOL,
+    SchedSide,
+    Worker,
+    wait_ready,
+    wait_recorded,
+)
 
-POOL = "threads"
-CONCURRENCY = 4
 QUEUE_OJS = "sched"
 COUNTDOWN_RANGE = (60.0, 3600.0)
 WARMUP = 20
@@ -48,9 +50,6 @@ EARLY_TOLERANCE_S = 0.001
 #: Informational targets from the spec, for the ojs_kombu side.
 TARGET_GROWTH_MB = 5.0
 TARGET_P99_MS = 250.0
-WORKER_READY_TIMEOUT = 60.0
-WORKER_STOP_TIMEOUT = 20.0
-MB = 1024 * 1024
 
 
 @dataclass
@@ -73,56 +72,9 @@ class Settings:
 
 
 class Admin(Protocol):
-    """The part of ``run.Broker`` used here (deleting what a side declared)."""
+    """The part of ``admin.Broker`` used here (deleting what a side declared)."""
 
     def delete(self, queues: list[str], exchanges: list[str]) -> None: ...
-
-
-@dataclass
-class SchedSide:
-    """Names of one side; every entity it creates contains ``marker``, unique to the run."""
-
-    key: str  # "plain" | "ojs"
-    label: str
-    marker: str
-    broker_url: str
-    queue: str  # the Celery queue name (``-Q``)
-    ojs_prefix: str | None = None
-
-    @property
-    def control_exchange(self) -> str:
-        return f"{self.marker}-ctl"
-
-    @property
-    def nodename(self) -> str:
-        return f"{self.marker}@localhost"
-
-    def owns_queue(self, name: str) -> bool:
-        """A queue of this side's job topology (pidbox queues are Celery's, on both sides)."""
-        if self.ojs_prefix is None:
-            return name == self.queue
-        return name.startswith(f"{self.ojs_prefix}.")
-
-    def known_entities(self) -> tuple[list[str], list[str]]:
-        """Every queue and exchange this side may create, listed without the broker's help."""
-        ctl = self.control_exchange
-        queues = [f"{self.nodename}.{ctl}.pidbox"]
-        exchanges = [f"{ctl}.pidbox", f"reply.{ctl}.pidbox"]
-        if self.ojs_prefix is None:
-            return [self.queue, *queues], [self.queue, *exchanges]
-        names = TopologyNames(prefix=self.ojs_prefix)
-        queues += [names.job_queue(self.queue), names.dead_letter_queue(self.queue),
-                   names.schedule_unroutable_queue,
-                   *(names.schedule_queue(k) for k in range(SCHEDULE_LEVELS))]
-        exchanges += [names.direct_exchange, names.dlx_exchange, names.retry_exchange,
-                      names.delayed_exchange, names.schedule_ready_exchange,
-                      names.schedule_unroutable_exchange,
-                      *(names.schedule_exchange(k) for k in range(SCHEDULE_LEVELS))]
-        return queues, exchanges
-
-    def make_app(self, *, confirm: bool = True) -> Celery:
-        return make_app(self.broker_url, self.queue, self.control_exchange,
-                        ojs_prefix=self.ojs_prefix, confirm=confirm)
 
 
 @dataclass
@@ -151,159 +103,7 @@ class SideResult:
     early: int
 
 
-# -- the worker subprocess ------------------------------------------------
-
-
-def rss_bytes(pid: int) -> int:
-    """Resident memory of ``pid`` plus all its descendants (prefork children would count)."""
-    try:
-        import psutil
-    except ImportError:
-        return sum(_proc_rss(p) for p in _proc_tree(pid))
-    with suppress(psutil.NoSuchProcess):
-        root = psutil.Process(pid)
-        total = root.memory_info().rss
-        for child in root.children(recursive=True):
-            with suppress(psutil.NoSuchProcess):
-                total += child.memory_info().rss
-        return total
-    return 0
-
-
-def _proc_tree(pid: int) -> list[int]:
-    found, todo = [], [pid]
-    while todo:
-        current = todo.pop()
-        found.append(current)
-        for children in Path(f"/proc/{current}/task").glob("*/children"):
-            with suppress(OSError):
-                todo += [int(c) for c in children.read_text().split()]
-    return found
-
-
-def _proc_rss(pid: int) -> int:
-    with suppress(OSError):
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
-class Worker:
-    """``python -m celery -A scheduling_app worker`` for one side, logging into ``workdir``."""
-
-    def __init__(self, side: SchedSide, workdir: Path) -> None:
-        self.side = side
-        self.record = workdir / f"{side.key}.record"
-        self.log = workdir / f"{side.key}.log"
-        env = dict(os.environ)
-        env.update({
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), env.get("PYTHONPATH")])),
-            "BENCH_SCHED_BROKER": side.broker_url,
-            "BENCH_SCHED_QUEUE": side.queue,
-            "BENCH_SCHED_CONTROL": side.control_exchange,
-            "BENCH_SCHED_OJS_PREFIX": side.ojs_prefix or "",
-            "BENCH_SCHED_RECORD": str(self.record),
-        })
-        self.record.touch()
-        with self.log.open("wb") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", "scheduling_app", "worker",
-                 "--pool", POOL, "-c", str(CONCURRENCY), "-Q", side.queue,
-                 "--without-mingle", "--without-gossip", "--loglevel", "WARNING",
-                 "-n", side.nodename],
-                env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            )
-
-    def check_alive(self) -> None:
-        code = self.process.poll()
-        if code is not None:
-            raise RuntimeError(f"{self.side.label} worker exited with status {code}:\n"
-                               f"{self.log_tail()}")
-
-    def log_tail(self, lines: int = 20) -> str:
-        with suppress(OSError):
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-        return ""
-
-    def rss_mb(self) -> float:
-        self.check_alive()
-        return rss_bytes(self.process.pid) / MB
-
-    def recorded(self, tag: str) -> list[float]:
-        """Lateness in seconds of every ``tag`` job the worker ran so far."""
-        values = []
-        for line in self.record.read_text().splitlines():
-            got, _, value = line.partition(" ")
-            if got == tag:
-                values.append(float(value))
-        return values
-
-    def stop(self) -> None:
-        """Warm shutdown (SIGTERM), then SIGKILL: the run must not leave a worker behind."""
-        if self.process.poll() is not None:
-            return
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(WORKER_STOP_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-
-
-def wait_ready(app: Celery, worker: Worker) -> None:
-    """Until the worker answers ``ping`` (remote control is on for this reason only)."""
-    deadline = time.monotonic() + WORKER_READY_TIMEOUT
-    while time.monotonic() < deadline:
-        worker.check_alive()
-        if app.control.ping(destination=[worker.side.nodename], timeout=1.0):
-            return
-    raise RuntimeError(f"{worker.side.label} worker did not answer ping within "
-                       f"{WORKER_READY_TIMEOUT:.0f}s:\n{worker.log_tail()}")
-
-
-def wait_recorded(worker: Worker, tag: str, n: int, timeout: float) -> list[float]:
-    """Poll the record file until ``n`` ``tag`` jobs ran or ``timeout`` passed."""
-    deadline = time.monotonic() + timeout
-    while True:
-        worker.check_alive()
-        values = worker.recorded(tag)
-        if len(values) >= n or time.monotonic() >= deadline:
-            return values
-        time.sleep(0.5)
-
-
 # -- broker inspection ----------------------------------------------------
-
-
-def list_broker(kind: str, columns: list[str], vhost: str) -> list[list[str]] | None:
-    """``rabbitmqctl list_<kind>`` rows, or ``None`` when rabbitmqctl is unavailable."""
-    try:
-        done = subprocess.run(
-            ["rabbitmqctl", "-q", f"list_{kind}", "-p", vhost, "--no-table-headers", *columns],
-            capture_output=True, text=True, timeout=60, check=True)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return [line.split("\t") for line in done.stdout.splitlines() if line.strip()]
-
-
-class Deleter(Protocol):
-    """What :func:`delete_swept` deletes with (``run.Broker`` and the parts' admins)."""
-
-    def delete(self, queues: list[str], exchanges: list[str]) -> None: ...
-
-
-def delete_swept(admin: Deleter, vhost: str, queues: list[str], exchanges: list[str],
-                 matches: Callable[[str], bool] | None) -> None:
-    """Delete ``queues`` and ``exchanges`` and every queue and exchange ``rabbitmqctl``
-    lists whose name ``matches`` (what a side's workers declared on their own); no
-    listing without ``matches``."""
-    queues, exchanges = list(queues), list(exchanges)
-    if matches is not None:
-        for kind, names in (("queues", queues), ("exchanges", exchanges)):
-            rows = list_broker(kind, ["name"], vhost) or []
-            names += [row[0] for row in rows if matches(row[0]) and row[0] not in names]
-    admin.delete(queues, exchanges)
 
 
 def _vhost(broker_url: str) -> str:
@@ -432,15 +232,6 @@ def _percentiles_ms(values: list[float]) -> dict[str, float | None]:
             "min_ms": min(values) * 1e3}
 
 
-@contextmanager
-def _workdir() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="ojs-bench-sched-"))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
 def make_sides(broker_url: str, ojs_url: str) -> list[SchedSide]:
     """Both sides, named after this run (pid and a random suffix), so nothing is shared."""
     tag = f"{os.getpid()}-{secrets.token_hex(3)}"
@@ -456,7 +247,7 @@ def run(admin: Admin, broker_url: str, ojs_url: str, settings: Settings,
     results: dict[str, SideResult] = {}
     sides = make_sides(broker_url, ojs_url)
     seed = secrets.randbits(32)
-    with _workdir() as workdir:
+    with workers.workdir("sched") as workdir:
         for side in sides:
             log(f"scheduling: {side.label} ...")
             try:

@@ -4,8 +4,8 @@ The worker runs as ``python -m celery -A scheduling_app worker ...`` in its own
 process, so its memory can be measured apart from the publisher's; it takes
 its settings from the environment (``BENCH_SCHED_*``, set by
 ``benchmarks/scheduling.py``).  The publisher builds the same app in-process
-with :func:`make_app`.  Settings follow the plain side of ``run.py``
-(``_common_conf``), except that remote control stays on so the worker can
+with :func:`make_app`.  Settings follow the drains' sides (``sides.common_conf``),
+except that remote control stays on so the worker can
 answer ``ping``; its exchanges carry the run's own name, so cleanup finds them.
 """
 
@@ -16,8 +16,7 @@ import time
 
 from celery import Celery
 from celery.app.task import Task
-
-import ojs_kombu
+from sides import celery_app, open_record
 
 TASK_NAME = "bench.sched"  # fits the OJS job type grammar
 #: First task argument: ``IDLE`` jobs only wait (the memory part); others
@@ -30,11 +29,9 @@ def make_app(broker: str, queue: str, control_exchange: str, *, ojs_prefix: str 
              confirm: bool = True) -> Celery:
     """Plain Celery app, or an ojs_kombu one when ``ojs_prefix`` is given (broker ``ojs://``);
     ``confirm=False`` gives plain Celery its default publish (no confirms)."""
-    app = Celery("bench_sched", broker=broker, set_as_current=set_as_current)
-    if ojs_prefix is not None:
-        ojs_kombu.install(app)
-        app.conf.ojs_prefix = ojs_prefix
-    else:
+    app = celery_app("bench_sched", broker, ojs_prefix=ojs_prefix,
+                     set_as_current=set_as_current)
+    if ojs_prefix is None:
         app.conf.broker_transport_options = {"confirm_publish": confirm}
     app.conf.update(
         task_default_queue=queue,
@@ -50,8 +47,7 @@ def make_app(broker: str, queue: str, control_exchange: str, *, ojs_prefix: str 
 
 def _register(app: Celery, record_path: str | None) -> Task:
     """The no-op that reports lateness: ``shared=False`` keeps it off the other side's app."""
-    record = (os.open(record_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-              if record_path else None)
+    record = open_record(record_path)
 
     @app.task(name=TASK_NAME, ignore_result=True, shared=False)
     def sched(tag: str, due_ts: float) -> None:

@@ -17,8 +17,7 @@ from typing import Any
 
 from celery import Celery
 from kombu import Exchange, Queue
-
-import ojs_kombu
+from sides import celery_app
 
 TASK_NAME = "storm.noop"  # fits the OJS job type grammar
 
@@ -32,11 +31,9 @@ def make_app(broker: str, queue: str, control_exchange: str, *, ojs_prefix: str 
              set_as_current: bool = False) -> Celery:
     """Plain Celery (dead-lettering queue, the acks that keep failures) or, with
     ``ojs_prefix``, the README's ``ojs://`` + ``ojs_kombu.install(app)``."""
-    app = Celery("bench_storm", broker=broker, set_as_current=set_as_current)
-    if ojs_prefix is not None:
-        ojs_kombu.install(app)
-        app.conf.ojs_prefix = ojs_prefix
-    else:
+    app = celery_app("bench_storm", broker, ojs_prefix=ojs_prefix,
+                     set_as_current=set_as_current)
+    if ojs_prefix is None:
         dlx, _dlq = plain_dead_letter_names(queue)
         # What a plain Celery user does to keep poison: reject (not ack) into a DLX.
         app.conf.update(

@@ -25,6 +25,7 @@ from typing import Any
 
 import amqp
 import storm_ceiling
+import workers
 from poison_storm import (
     CONCURRENCY,
     Admin,
@@ -33,7 +34,6 @@ from poison_storm import (
     declare,
     delete_side,
     route_of,
-    storm_workdir,
     where_each_ended,
 )
 from storm_messages import PipelinedPublisher, ojs_poison, plain_poison
@@ -95,7 +95,7 @@ def run(admin: Admin, connect: Callable[[], amqp.Connection], broker_url: str, o
     plain_url = "pyamqp://" + broker_url.partition("://")[2]
     urls = {"plain": plain_url, "ojs": ojs_url}
     sides: dict[str, list[dict[str, Any]]] = {"plain": [], "ojs": []}
-    with storm_workdir() as workdir:
+    with workers.workdir("storm") as workdir:
         for round_ in range(rounds):
             for key in ("plain", "ojs") if round_ % 2 == 0 else ("ojs", "plain"):
                 log(f"storm backlog: round {round_ + 1}/{rounds}, {jobs} jobs, {pool}, "

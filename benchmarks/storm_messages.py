@@ -15,6 +15,7 @@ from typing import Any
 import amqp
 from celery import Celery
 from kombu.utils.json import dumps as kombu_dumps
+from raw_side import ConfirmChannel
 
 import ojs_kombu
 
@@ -102,28 +103,10 @@ def count_kinds(published: list[Poison], dead: list[amqp.Message], left: list[am
 # -- broker I/O ----------------------------------------------------------------
 
 
-class PipelinedPublisher:
+class PipelinedPublisher(ConfirmChannel):
     """A confirm-mode channel that publishes without waiting per message, at most
-    ``CONFIRM_WINDOW`` unconfirmed; a nacked or returned message fails the run."""
-
-    def __init__(self, connection: amqp.Connection) -> None:
-        self.connection = connection
-        self.channel = connection.channel()
-        self.channel.confirm_select()
-        self.published = self.confirmed = self.refused = 0
-        self.channel.events["basic_ack"].add(self._on_ack)
-        self.channel.events["basic_nack"].add(self._on_nack)
-        self.channel.events["basic_return"].add(self._on_return)
-
-    def _on_ack(self, delivery_tag: int, multiple: bool) -> None:
-        self.confirmed = max(self.confirmed, delivery_tag)
-
-    def _on_nack(self, delivery_tag: int, multiple: bool) -> None:
-        self.refused += 1
-        self._on_ack(delivery_tag, multiple)
-
-    def _on_return(self, *_args: Any) -> None:
-        self.refused += 1
+    ``CONFIRM_WINDOW`` unconfirmed; a nacked or returned message fails the run (its
+    connection stays open: the caller closes it)."""
 
     def publish(self, messages: list[Poison], exchange: str, routing_key: str) -> None:
         publish, drain = self.channel.basic_publish, self.connection.drain_events

@@ -39,8 +39,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from admin import delete_swept
 from report import block_orders, block_sizes, grid
-from scheduling import delete_swept
 
 HERE = Path(__file__).resolve().parent
 
@@ -84,7 +84,7 @@ class Settings:
 
 
 class Admin(Protocol):
-    """The part of ``run.Broker`` used here."""
+    """The part of ``admin.Broker`` used here."""
 
     vhost: str
 

@@ -125,7 +125,8 @@ def run(plain: Any, ojs: Any, broker: Any, time_block: TimeBlock, *, jobs: int,
             "jobs": jobs, "typed_args": repr(TYPED), "untyped_args": repr(UNTYPED)}
 
 
-def render(result: dict[str, Any]) -> str:
+def render(result: dict[str, Any]) -> list[str]:
+    """The table's lines, as every part's ``render`` gives them to ``run.py``."""
     rates, ratios, us = result["jobs_per_s"], result["ratio_to_plain"], result["encode_us"]
     cpu, cpu_ratios = result["cpu_us_per_publish"], result["cpu_ratio_to_plain"]
 
@@ -134,11 +135,11 @@ def render(result: dict[str, Any]) -> str:
 
     rows = [(LABELS[key], f"{rates[key]:,.0f}", ratio(ratios, key), f"{cpu[key]:.0f}",
              ratio(cpu_ratios, key), f"{us[key + '_us']:.1f}") for key in CONTENDERS]
-    return "\n".join([
+    return [
         f"Typed arguments ({result['jobs']} confirmed apply_async per contender and round; "
         "median of rounds)",
         *grid([("contender", "jobs/s", "jobs/s to plain, same args", "CPU µs/publish",
                 "CPU to plain, same args", "encode µs/job"), *rows]),
         f"jobs/s: typed {ratios['typed']:.2f}x vs untyped {ratios['untyped']:.2f}x plain "
         f"Celery; CPU per publish: typed {cpu_ratios['typed']:.2f}x vs untyped "
-        f"{cpu_ratios['untyped']:.2f}x"])
+        f"{cpu_ratios['untyped']:.2f}x"]

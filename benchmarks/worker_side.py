@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from admin import delete_swept
 from celery import Celery
-from scheduling import delete_swept
 
 import ojs_kombu
 
@@ -22,7 +22,7 @@ FILL_BATCH = 1000
 
 
 class Admin(Protocol):
-    """The part of ``run.Broker`` the worker-subprocess parts use."""
+    """The part of ``admin.Broker`` the worker-subprocess parts use."""
 
     vhost: str
 

@@ -161,7 +161,7 @@ def needs_install(app: Celery) -> bool:
     """Whether ``app`` names an ``ojs://`` broker but ``ojs_kombu.install(app)`` never
     ran on it: such an app would publish Celery messages that no OJS worker reads
     and consume a queue no OJS producer fills, so its worker and its publishes are
-    refused (:func:`refuse_uninstalled_worker`,
+    refused (:class:`RefuseUninstalledWorker`,
     :class:`~ojs_kombu.spec.errors.AppNotInstalledError`)."""
     return not is_installed(app) and uses_ojs_transport(app)
 

@@ -247,6 +247,11 @@ class TLSTransport(SSLTransport):
         self.sslopts = verified_options(ssl, self.host)
 
     def on_setup_failed(self, exc: OSError) -> BaseException:
+        """What the socket set-up's failure ``exc`` is raised as
+        (:func:`~ojs_kombu.amqp.wire.py_amqp_seam.write_failure_hook`).  Under TLS 1.3 a
+        broker refuses a client certificate after the handshake completed, so it is the
+        protocol header's write that fails (EOF, a broken pipe, a reset) while the
+        broker's alert, which says why, waits unread on the socket: that alert."""
         sock = self.sock
         if isinstance(exc, (ssl.SSLEOFError, BrokenPipeError, ConnectionResetError)) \
                 and isinstance(sock, ssl.SSLSocket):

@@ -141,10 +141,14 @@ def is_installed(app: Celery) -> bool:
 def uses_ojs_transport(app: Celery) -> bool:
     """Whether ``app``'s broker (``broker_url``, ``broker_read_url``,
     ``broker_write_url``, ``broker_transport``) selects the ``ojs``/``ojss``
-    transport, by alias or dotted path.  Reads the configuration only: the app's
-    AMQP layer is not created (``install()`` must come before it)."""
+    transport, by alias or dotted path; a setting may be a failover list of URLs, as
+    kombu takes it.  Reads the configuration only: the app's AMQP layer is not
+    created (``install()`` must come before it)."""
     conf = app.conf
-    for url in {conf.broker_read_url, conf.broker_write_url, conf.broker_url}:
+    urls: list[Any] = []
+    for setting in (conf.broker_read_url, conf.broker_write_url, conf.broker_url):
+        urls.extend(setting if isinstance(setting, list | tuple) else [setting])
+    for url in dict.fromkeys(urls):
         if not url and not conf.broker_transport:
             continue
         transport = kombu.Connection(url, transport=conf.broker_transport).transport_cls

@@ -25,9 +25,9 @@ import redis
 
 from ojs_kombu.spec.job_ids import new_job_id
 
-from .conftest import HOST, PORT, WorkerLauncher, private_vhost, rabbitmqctl, wait_until
+from .conftest import HOST, PORT, WorkerLauncher, rabbitmqctl, wait_until
 from .test_permissions import QUEUE as LP_QUEUE
-from .test_permissions import ROLES, cli, documented_permissions
+from .test_permissions import cli, documented_permissions, role_users
 from .workers import WorkerProcess, launch_worker
 
 OJS = "application/openjobspec+json"
@@ -163,22 +163,8 @@ def test_each_internal_task_from_a_producer_ends_bounded_on_a_prefork_worker(
 def least_privilege() -> Any:
     """``{role: broker URL}`` with docs/production.rst's patterns (as test_permissions.py
     reads them), in a vhost of the test's own, and the vhost."""
-    permissions = documented_permissions()
-    token = uuid.uuid4().hex[:6]
-    made: list[str] = []
-    with private_vhost("ojs-kombu-internal") as vhost:
-        try:
-            urls = {}
-            for role in ROLES:
-                user = f"ojs-{role}-{token}"
-                rabbitmqctl("add_user", user, "secret")
-                made.append(user)
-                rabbitmqctl("set_permissions", "-p", vhost, user, *permissions[role])
-                urls[role] = f"ojs://{user}:secret@{HOST}:{PORT}/{vhost}"
-            yield urls, vhost
-        finally:
-            for user in made:
-                rabbitmqctl("delete_user", user)
+    with role_users("ojs-kombu-internal") as made:
+        yield made
 
 
 def gossip_allowed() -> bool:

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import amqp
@@ -47,13 +48,15 @@ def documented_permissions(queues: str = QUEUE) -> dict[str, tuple[str, str, str
     return {role: (v[0], v[1], v[2]) for role, v in found.items()}
 
 
-@pytest.fixture(scope="module")
-def users() -> Iterator[dict[str, str]]:
-    """``{role: broker URL}``: one user per role in a vhost of the module's own."""
+@contextmanager
+def role_users(vhost_prefix: str) -> Iterator[tuple[dict[str, str], str]]:
+    """``({role: broker URL}, vhost)``: one user per role, with the documented
+    permissions (:func:`documented_permissions`), in a vhost of its own; the users are
+    deleted afterwards."""
     permissions = documented_permissions()
     token = uuid.uuid4().hex[:6]
     made: list[str] = []
-    with private_vhost("ojs-kombu-perms") as vhost:
+    with private_vhost(vhost_prefix) as vhost:
         try:
             urls = {}
             for role in ROLES:
@@ -62,10 +65,17 @@ def users() -> Iterator[dict[str, str]]:
                 made.append(user)
                 rabbitmqctl("set_permissions", "-p", vhost, user, *permissions[role])
                 urls[role] = f"ojs://{user}:secret@{HOST}:{PORT}/{vhost}"
-            yield urls
+            yield urls, vhost
         finally:
             for user in made:
                 rabbitmqctl("delete_user", user)
+
+
+@pytest.fixture(scope="module")
+def users() -> Iterator[dict[str, str]]:
+    """``{role: broker URL}``: one user per role in a vhost of the module's own."""
+    with role_users("ojs-kombu-perms") as (urls, _):
+        yield urls
 
 
 def worker_run(url: str, queue: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:

@@ -49,6 +49,19 @@ def put_dead_job(broker: Broker, n: int, *, job_type: str = "email.send", attemp
     return jid
 
 
+def put_task_id_dead_letters(broker: Broker) -> dict[int, str]:
+    """Jobs 1 and 2, dead, whose callers chose their Celery task ids (``x_celery.id``):
+    ``{n: task id}``."""
+    task_ids = {1: "order-999-validate", 2: "6f1d2c6e-1b7e-4a43-9f0e-0d7a54f1c2b1"}
+    broker.declare(DLQ)
+    for n, task_id in task_ids.items():
+        envelope = {"specversion": "1.0", "id": job_id(n), "type": "shop.validate",
+                    "args": [], "x_celery": {"id": task_id}}
+        broker.put(DLQ, json.dumps(envelope), message_id=job_id(n),
+                   content_type="application/openjobspec+json")
+    return task_ids
+
+
 def ids_in(broker: Broker, queue: str) -> list[str]:
     return [m.properties.get("message_id") for m in broker.messages(queue)]
 

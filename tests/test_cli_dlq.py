@@ -18,7 +18,15 @@ from ojs_kombu.amqp.broker import dead_letters
 from ojs_kombu.cli import cli
 from ojs_kombu.spec.dead_letter import NOT_RECORDED_HINT
 
-from .dead_jobs import DLQ, JOB_QUEUE, hostile_dead_letters, ids_in, job_id, put_dead_job
+from .dead_jobs import (
+    DLQ,
+    JOB_QUEUE,
+    hostile_dead_letters,
+    ids_in,
+    job_id,
+    put_dead_job,
+    put_task_id_dead_letters,
+)
 from .in_memory_broker import Broker, BrokerOptions, Stored
 
 
@@ -153,12 +161,7 @@ def test_an_unknown_id_exits_4(broker: Broker) -> None:
 
 
 def test_show_replay_and_purge_take_the_callers_task_id(broker: Broker) -> None:
-    broker.declare(DLQ)
-    for n, task_id in ((1, "order-999-validate"), (2, "6f1d2c6e-1b7e-4a43-9f0e-0d7a54f1c2b1")):
-        envelope = {"specversion": "1.0", "id": job_id(n), "type": "shop.validate",
-                    "args": [], "x_celery": {"id": task_id}}
-        broker.put(DLQ, json.dumps(envelope), message_id=job_id(n),
-                   content_type="application/openjobspec+json")
+    put_task_id_dead_letters(broker)
     code, data = dlq_json(broker, "show", "-q", "email", "order-999-validate")
     assert (code, data["job_id"], data["task_id"]) == (0, job_id(1), "order-999-validate")
     result = dlq(broker, "replay", "-q", "email", "order-999-validate")

@@ -129,7 +129,7 @@ def test_an_app_whose_tasks_are_not_found_is_warned(tmp_path: Path) -> None:
 #: meets (docs/differences.rst anchors): anything more is a false alarm, less is missed.
 MEETS = {
     "meets_baseline": {"failed-jobs", "queue-layout"},
-    # the shop app: none of queue names, serializers, priority range, long
+    # a typical shop app: none of queue names, serializers, priority range, long
     # countdowns, time limits, message properties, native delayed delivery, Flower
     "shop": {"failed-jobs", "queue-layout", "delays-in-the-broker", "reject-and-expires",
              "stated-attempts", "purge-and-scheduled", "task-ids", "typed-values",

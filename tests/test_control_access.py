@@ -38,7 +38,7 @@ def step(monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setattr(app.control, "broadcast",
                         lambda name, arguments, **_: broadcasts.append((name, arguments)))
     bootstep = ControlQueues(None)
-    bootstep._own_user = "worker"  # what start() reads from the consumer's connection
+    bootstep.own_user = "worker"  # what start() reads from the consumer's connection
     monkeypatch.setattr(bootstep, "answer_later", lambda *args: answers.append(args) or True)
     bootstep.app, bootstep.broadcasts, bootstep.answers = app, broadcasts, answers
     yield bootstep

@@ -26,6 +26,7 @@ from .dead_jobs import (
     ids_in,
     job_id,
     put_dead_job,
+    put_task_id_dead_letters,
 )
 from .in_memory_broker import Broker
 
@@ -94,12 +95,7 @@ def test_a_job_nacked_after_its_expires_at_reads_as_expired(broker: Broker) -> N
 
 def test_a_dead_letter_is_found_by_the_callers_task_id(
         broker: Broker, dead_letters: DeadLetterQueue) -> None:
-    broker.declare(DLQ)
-    for n, task_id in ((1, "order-999-validate"), (2, "6f1d2c6e-1b7e-4a43-9f0e-0d7a54f1c2b1")):
-        envelope = {"specversion": "1.0", "id": job_id(n), "type": "shop.validate",
-                    "args": [], "x_celery": {"id": task_id}}
-        broker.put(DLQ, json.dumps(envelope), message_id=job_id(n),
-                   content_type="application/openjobspec+json")
+    for n, task_id in put_task_id_dead_letters(broker).items():
         assert dead_letters.get(task_id).job_id == job_id(n)
         assert dead_letters.get(job_id(n)).task_id == task_id
     assert dead_letters.replay("order-999-validate") == job_id(1)

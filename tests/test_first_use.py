@@ -23,6 +23,8 @@ URL = "ojs://guest:guest@localhost:5672//"
     ({"broker_url": "amqp://guest:guest@localhost:5672//"}, False),
     ({"broker_url": "memory://"}, False),
     ({"broker_url": "amqp://localhost//", "broker_write_url": URL}, True),
+    ({"broker_url": [URL, "ojs://guest:guest@standby:5672//"]}, True),
+    ({"broker_url": ["amqp://localhost//", "amqp://standby//"]}, False),
     ({"broker_url": "localhost", "broker_transport": "ojs_kombu.transport:Transport"}, True),
 ])
 def test_needs_install_reads_the_broker_from_the_configuration(config: dict[str, Any],

@@ -13,7 +13,13 @@ from pathlib import Path
 import pytest
 
 from ojs_kombu import BrokerCertificateError, BrokerTLSError, OJSConfigurationError
-from ojs_kombu.amqp.broker.tls import permanent_failure, plaintext_to_tls, verified_options
+from ojs_kombu.amqp.broker.tls import (
+    connect_failure,
+    permanent_failure,
+    plaintext_to_tls,
+    spoke_plain_amqp,
+    verified_options,
+)
 
 
 @pytest.fixture
@@ -132,3 +138,16 @@ def test_a_closed_plain_connection_is_retried_when_the_port_does_not_speak_tls()
         assert closed(ConnectionResetError(104, "reset")) is None
         thread.join()
     assert plaintext_to_tls(ConnectionRefusedError(111, "refused"), "127.0.0.1", 1, 1) is None
+
+
+def test_a_plain_port_that_answered_before_is_not_probed_for_tls_again() -> None:
+    """A cut on a port this process spoke plain AMQP with is retried as it is: no TLS
+    probe (which would make each reconnection attempt two connections)."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+        spoke_plain_amqp("127.0.0.1", port)
+        cut = ConnectionResetError(104, "Connection reset by peer")
+        assert connect_failure(cut, "127.0.0.1", port, False, 0.5) is None
+        listener.setblocking(False)
+        with pytest.raises(BlockingIOError):  # nothing connected to probe it
+            listener.accept()

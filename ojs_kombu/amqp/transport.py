@@ -26,7 +26,7 @@ from ..events.metrics import track_connection
 from ..spec.settings import BINDING_OPTION
 from .binding import Binding
 from .broker.declared import DeclaredTopology
-from .broker.tls import TLSTransport, permanent_failure, plaintext_to_tls
+from .broker.tls import TLSTransport, connect_failure, spoke_plain_amqp
 from .channel import Channel
 from .consuming.outcomes import OutcomePublisher
 from .job_channel import Declarer
@@ -66,11 +66,6 @@ def read_ahead() -> bool:
     return NO_READ_AHEAD not in py_amqp_fallbacks() | kombu_fallbacks()
 
 
-#: The ``(host, port)`` pairs this process has spoken plain AMQP with: a connection
-#: closed there before the broker's first frame is not probed for TLS again.
-_SPOKE_PLAIN_AMQP: set[tuple[str, int]] = set()
-
-
 class Connection(pyamqp.Connection):
     """py-amqp connection that knows its OJS binding and the queues it declared."""
 
@@ -108,19 +103,12 @@ class Connection(pyamqp.Connection):
         try:
             connected = super().connect(*args, **kwargs)
         except OSError as exc:
-            if self.ssl:
-                permanent = permanent_failure(exc, host, port)
-            elif (host, port) in _SPOKE_PLAIN_AMQP:
-                # it answered plain AMQP before: a cut or a proxy in an outage, not a
-                # TLS port (probing it again would double every reconnection attempt)
-                permanent = None
-            else:
-                permanent = plaintext_to_tls(exc, host, port, self.connect_timeout)
+            permanent = connect_failure(exc, host, port, bool(self.ssl), self.connect_timeout)
             if permanent is None:
                 raise
             raise permanent from None
         if not self.ssl:
-            _SPOKE_PLAIN_AMQP.add((host, port))
+            spoke_plain_amqp(host, port)
         return connected
 
     def _connect_another(self) -> Connection:

@@ -141,10 +141,14 @@ def is_installed(app: Celery) -> bool:
 def uses_ojs_transport(app: Celery) -> bool:
     """Whether ``app``'s broker (``broker_url``, ``broker_read_url``,
     ``broker_write_url``, ``broker_transport``) selects the ``ojs``/``ojss``
-    transport, by alias or dotted path.  Reads the configuration only: the app's
-    AMQP layer is not created (``install()`` must come before it)."""
+    transport, by alias or dotted path; a setting may be a failover list of URLs, as
+    kombu takes it.  Reads the configuration only: the app's AMQP layer is not
+    created (``install()`` must come before it)."""
     conf = app.conf
-    for url in {conf.broker_read_url, conf.broker_write_url, conf.broker_url}:
+    urls: list[Any] = []
+    for setting in (conf.broker_read_url, conf.broker_write_url, conf.broker_url):
+        urls.extend(setting if isinstance(setting, list | tuple) else [setting])
+    for url in dict.fromkeys(urls):
         if not url and not conf.broker_transport:
             continue
         transport = kombu.Connection(url, transport=conf.broker_transport).transport_cls
@@ -161,7 +165,7 @@ def needs_install(app: Celery) -> bool:
     """Whether ``app`` names an ``ojs://`` broker but ``ojs_kombu.install(app)`` never
     ran on it: such an app would publish Celery messages that no OJS worker reads
     and consume a queue no OJS producer fills, so its worker and its publishes are
-    refused (:func:`refuse_uninstalled_worker`,
+    refused (:class:`RefuseUninstalledWorker`,
     :class:`~ojs_kombu.spec.errors.AppNotInstalledError`)."""
     return not is_installed(app) and uses_ojs_transport(app)
 

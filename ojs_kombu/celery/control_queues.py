@@ -73,12 +73,14 @@ class ControlQueues(bootsteps.StartStopStep):
         # a bounded backlog waits, the rest are dropped (their callers time out).
         self._info_pool = ThreadPoolExecutor(INFO_THREADS, thread_name_prefix="ojs-info")
         self._info_slots = threading.BoundedSemaphore(INFO_BACKLOG)
-        self._own_user: str | None = None
+        #: The broker user the worker's consumer logs in as (read at start): its own
+        #: requests are always honoured.
+        self.own_user: str | None = None
         self._refusals_logged: set[tuple[str, str, str]] = set()
 
     def start(self, parent: Any) -> None:
         binding = parent.app.amqp.binding
-        self._own_user = login_user(parent.connection)
+        self.own_user = login_user(parent.connection)
         channel = parent.connection.channel()
         if binding.settings.control_queues:
             channel.basic_qos(0, CONTROL_PREFETCH, False)
@@ -229,7 +231,7 @@ class ControlQueues(bootsteps.StartStopStep):
         lists for the queue."""
         if not user:
             return False
-        return user == self._own_user or \
+        return user == self.own_user or \
             user in app.amqp.binding.settings.control_users_of(queue)
 
     @staticmethod

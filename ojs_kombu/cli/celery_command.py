@@ -16,7 +16,7 @@ from typing import Any
 
 import click
 
-from ..celery.app import is_installed, uses_ojs_transport
+from ..celery.app import is_installed, needs_install, uses_ojs_transport
 
 
 @click.command("ojs", help="Whether the app of -A speaks OJS (ojs_kombu.install(app)).")
@@ -26,5 +26,5 @@ def ojs(ctx: click.Context) -> None:
     transport = "ojs://" if uses_ojs_transport(app) else "not ojs://"
     state = "installed" if is_installed(app) else "NOT installed: call ojs_kombu.install(app)"
     click.echo(f"app {app.main!r}: broker {transport}, {state}")
-    if uses_ojs_transport(app) and not is_installed(app):
+    if needs_install(app):
         ctx.exit(1)

@@ -39,6 +39,7 @@ from ..amqp.broker.reconnect import ReconnectPolicy
 from ..celery.probes import FAIL_TYPE, SLEEP_TYPE
 from ..spec.decode import UNKNOWN_JOB_TYPE
 from ..spec.errors import ControlError
+from ..spec.failures import latest_death
 from ..spec.job_ids import new_job_id
 from ..spec.naming import TopologyNames
 from .broker import delete_queues, queue_state
@@ -188,8 +189,7 @@ def _discard(results: Results, connection: kombu.Connection, binding: Binding, q
 def discard_verdict(dead: amqp.Message, queue: str, names: TopologyNames) -> tuple[Status, str]:
     """AMQP-009's status and reason for the dead letter of the failing probe job."""
     headers = dead.properties.get("application_headers") or {}
-    deaths = headers.get("x-death") or []
-    latest = deaths[0] if isinstance(deaths, list) and deaths else {}
+    latest = latest_death(headers) or {}
     if latest.get("reason") == "rejected" and latest.get("queue") == names.job_queue(queue):
         return "pass", (f"a worker of {queue} nacked a failing {FAIL_TYPE} job "
                         f"(requeue=false): it reached {names.dead_letter_queue(queue)} with "

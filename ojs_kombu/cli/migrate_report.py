@@ -180,38 +180,19 @@ def check_queues(conf: Mapping[str, Any], tasks: Mapping[str, Any], aliases: dic
                        f"(AMQP {names.job_queue(ojs_name)})")
 
 
-#: Broker URL schemes of the ``ojs`` transport.
-OJS_SCHEMES = ("ojs", "ojss")
-
-
-def broker_schemes(conf: Mapping[str, Any]) -> dict[str, str]:
-    """The scheme of each broker URL setting the app sets (``broker_url``,
-    ``broker_read_url``, ``broker_write_url``; the first URL of a failover list)."""
-    found = {}
-    for setting in ("broker_url", "broker_read_url", "broker_write_url"):
-        url = conf.get(setting)
-        if isinstance(url, (list, tuple)):
-            url = url[0] if url else None
-        text = str(url or "").split(";")[0].strip()
-        if "://" in text:
-            found[setting] = text.partition("://")[0].lower()
-    return found
-
-
 def check_installed(app: Any, report: MigrationReport) -> None:
     """A blocker when the app's broker is ``ojs://`` but ``ojs_kombu.install(app)`` never
     ran when its modules were loaded: its callers would publish Celery messages nobody
-    consumes, and wait.  (Told as ``install()`` marks an app: ``is_installed``.)"""
-    from ..celery.app import is_installed
+    consumes, and wait.  The same test as the worker's and the sender's refusal
+    (:func:`ojs_kombu.celery.app.needs_install`)."""
+    from ..celery.app import needs_install
 
-    ojs = [setting for setting, scheme in broker_schemes(app.conf).items()
-           if scheme in OJS_SCHEMES]
-    if ojs and not is_installed(app):
+    if needs_install(app):
         report.add("blocker", "not installed",
-                   f"{', '.join(ojs)} is an ojs:// URL but ojs_kombu.install(app) was never "
-                   f"called on app {app.main!r} when its module and task modules were "
-                   "loaded: call ojs_kombu.install(app) right after Celery(...), in the "
-                   "module that creates the app")
+                   f"the broker is ojs:// but ojs_kombu.install(app) was never called on "
+                   f"app {app.main!r} when its module and task modules were loaded: call "
+                   "ojs_kombu.install(app) right after Celery(...), in the module that "
+                   "creates the app")
 
 
 def check_worker(conf: Mapping[str, Any], report: MigrationReport,

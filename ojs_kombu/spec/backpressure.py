@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from .errors import (
     OJSConfigurationError,
 )
+from .failures import latest_death
 
 logger = logging.getLogger("ojs_kombu.spec.backpressure")
 
@@ -173,18 +174,10 @@ def rejects_when_full(arguments: Mapping[str, Any]) -> bool:
 
 def maxlen_death(headers: Mapping[str, Any], job_queue: str) -> Mapping[str, Any] | None:
     """The ``x-death`` entry of a message RabbitMQ dropped from ``job_queue`` (the
-    AMQP name) because the queue was at its bound, else ``None``.
-
-    The entry that counts is the latest, ``x-death[0]``: a retried or scheduled
-    job arrives through TTL queues, so its ``x-first-death-reason`` is
-    ``expired`` even when it is later dropped for ``maxlen``.
-    """
-    deaths = headers.get("x-death")
-    if not isinstance(deaths, list | tuple) or not deaths:
-        return None
-    latest = deaths[0]
-    if (isinstance(latest, Mapping) and latest.get("reason") == "maxlen"
-            and latest.get("queue") == job_queue):
+    AMQP name) because the queue was at its bound, else ``None`` (the latest entry
+    counts: :func:`~.failures.latest_death`)."""
+    latest = latest_death(headers)
+    if latest is not None and latest.get("reason") == "maxlen" and latest.get("queue") == job_queue:
         return latest
     return None
 

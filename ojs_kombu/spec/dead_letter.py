@@ -26,6 +26,7 @@ Why a job died comes from, in this order:
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -33,7 +34,7 @@ from typing import Any
 import orjson
 
 from .envelope import CONTENT_TYPE
-from .failures import EXPIRED
+from .failures import EXPIRED, latest_death
 from .job_ids import TASK_ID_KEY, is_task_id
 from .times import parse_time
 from .x_celery import X_CELERY
@@ -149,16 +150,9 @@ class Why:
     earlier: dict[str, str | None] | None = None
 
 
-def first_death(headers: dict[str, Any]) -> dict[str, Any] | None:
-    deaths = headers.get("x-death")
-    if isinstance(deaths, list) and deaths and isinstance(deaths[0], dict):
-        return deaths[0]
-    return None
-
-
 def why(headers: dict[str, Any], envelope: dict[str, Any] | None) -> Why:
     """Why the dead letter with ``headers`` and ``envelope`` died (see the module text)."""
-    death = first_death(headers)
+    death = latest_death(headers)
     reason = text(death.get("reason")) if death else None
     code, message = text(headers.get("x-ojs-error-code")), text(headers.get("x-ojs-error-message"))
     if reason is None:
@@ -190,7 +184,7 @@ def _error_type(envelope: dict[str, Any] | None, code: str | None) -> str | None
     return kind if isinstance(kind, str) and kind != code else None
 
 
-def _expired_before(envelope: dict[str, Any] | None, death: dict[str, Any] | None
+def _expired_before(envelope: dict[str, Any] | None, death: Mapping[str, Any] | None
                     ) -> str | None:
     """The job's ``expires_at`` when it was dead-lettered after it."""
     expires = (envelope or {}).get("expires_at")

@@ -26,10 +26,8 @@ from .strict_input import INVALID_ENVELOPE, check_body_size, check_content_type,
 from .times import celery_time
 from .typed_values import (
     DEFAULT_MAX_TYPE_MAP_ENTRIES,
-    TYPE_MAP_TOO_LARGE,
     TYPES_KEY,
     TypeMapError,
-    TypeMapTooLarge,
     check_type_map,
     check_type_map_size,
     restore,
@@ -131,8 +129,6 @@ def decode_job_message(
             members = {"args": args, X_CELERY: x_celery}
             check_type_map_size(types, members, max_type_map_entries)
             typed = restore(members, types, check_type_map(types, retypable))
-        except TypeMapTooLarge as exc:
-            raise JobRejected(TYPE_MAP_TOO_LARGE, str(exc)) from None
         except TypeMapError as exc:
             raise JobRejected(INVALID_ENVELOPE, str(exc)) from None
         args, x_celery = typed["args"], typed[X_CELERY]

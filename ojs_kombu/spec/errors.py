@@ -160,9 +160,6 @@ class BrokerTLSError(OJSConfigurationError):
     advice = ("Retrying cannot help: check broker_use_ssl (certfile and keyfile: a client "
               "certificate the broker's CA signed, not expired) and the URL's scheme and port.")
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        return type(self), (self.host, self.port, self.reason, self.kind)
-
 
 class BrokerCertificateError(BrokerTLSError):
     """The broker's TLS certificate failed verification: retrying cannot help."""
@@ -173,9 +170,6 @@ class BrokerCertificateError(BrokerTLSError):
     def __init__(self, host: str, reason: str, port: int | None = None,
                  kind: str = "server_certificate_untrusted") -> None:
         super().__init__(host, port, reason, kind)
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return type(self), (self.host, self.reason, self.port, self.kind)
 
 
 class AppNotInstalledError(OJSConfigurationError):

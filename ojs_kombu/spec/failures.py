@@ -60,6 +60,17 @@ class JobFailure:
 ERROR_HEADERS = ("x-ojs-error-code", "x-ojs-error-message", "x-ojs-error-details")
 
 
+def latest_death(headers: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """RabbitMQ's latest ``x-death`` entry (``x-death[0]``: the queue, ``reason`` and
+    ``time`` of the last dead-lettering), else ``None``.  The latest is the one that
+    says why a message is where it is now: a retried or scheduled job passed through
+    TTL queues first, so its ``x-first-death-reason`` is ``expired`` whatever came after."""
+    deaths = headers.get("x-death")
+    if isinstance(deaths, list | tuple) and deaths and isinstance(deaths[0], Mapping):
+        return deaths[0]
+    return None
+
+
 def without_death_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in headers.items() if not str(k).startswith(DEATH_HEADERS)}
 

@@ -30,7 +30,7 @@ from decimal import Decimal
 from typing import Any
 from uuid import UUID
 
-from .errors import Picklable
+from .errors import JobRejected, Picklable
 from .x_celery import EMBED_KEYS, X_CELERY
 
 #: The ``meta`` key of the type map.
@@ -236,26 +236,24 @@ DEFAULT_MAX_TYPE_MAP_ENTRIES = 10_000
 TYPE_MAP_TOO_LARGE = "TYPE_MAP_TOO_LARGE"
 
 
-class TypeMapTooLarge(TypeMapError):
-    """A consumed job's type map has more entries than the worker reads
-    (``ojs_max_type_map_entries``) or than its values (one entry types one value)."""
-
-
 def check_type_map_size(types: Any, members: Mapping[str, Any], limit: int) -> None:
     """Refuse a type map larger than ``limit`` entries, or than the values of
     ``members`` (``args``, ``x_celery``) it could type, before any entry is read: what
     each entry costs (a parsed pointer, a copied container) stays proportional to the
-    job's own values and under a bound the worker sets."""
+    job's own values and under a bound the worker sets.  Raises
+    :class:`~ojs_kombu.spec.errors.JobRejected` with ``TYPE_MAP_TOO_LARGE``."""
     if not isinstance(types, dict):
         return  # check_type_map names the problem
     size = len(types)
     if size > limit:
-        raise TypeMapTooLarge(
+        raise JobRejected(
+            TYPE_MAP_TOO_LARGE,
             f"meta.{TYPES_KEY} has {size} entries, more than this worker reads "
             f"(ojs_max_type_map_entries={limit})")
     if size and _values_fewer_than(size, [members[name] for name in TYPED_ROOTS
                                           if name in members]):
-        raise TypeMapTooLarge(
+        raise JobRejected(
+            TYPE_MAP_TOO_LARGE,
             f"meta.{TYPES_KEY} has {size} entries, more than the values of "
             f"{' and '.join(TYPED_ROOTS)} (one entry types one value)")
 

@@ -23,7 +23,6 @@ import kombu
 
 from ...spec.dead_letter import (
     Why,
-    first_death,
     job_id_of,
     key_of,
     read_body,
@@ -38,7 +37,7 @@ from ...spec.errors import (
     OJSConfigurationError,
     QueueNameError,
 )
-from ...spec.failures import reset_for_replay, without_failure_headers
+from ...spec.failures import latest_death, reset_for_replay, without_failure_headers
 from ...spec.naming import UNROUTABLE
 from ..job_channel import JobChannel, JobConnection
 from ..wire.drain import drain_until
@@ -99,7 +98,7 @@ class DeadLetter:
         default), ``expired``, ``maxlen`` or ``delivery_limit``; ``None`` for a copy the
         worker published to the DLX with its error (``ojs_dead_letter_mode="republish"``,
         and every message that was not a valid job)."""
-        death = first_death(self.headers)
+        death = latest_death(self.headers)
         return text(death.get("reason")) if death else None
 
     def names(self, ident: str) -> bool:
@@ -138,7 +137,7 @@ def own_queue(message: amqp.Message) -> str | None:
         envelope = read_body(body, CONTENT_TYPE).envelope
         queue = text(envelope.get("queue")) if envelope is not None else None
     if queue is None:
-        death = first_death(headers)
+        death = latest_death(headers)
         keys = death.get("routing-keys") if death else None
         queue = text(keys[0]) if isinstance(keys, list) and keys else None
     return queue

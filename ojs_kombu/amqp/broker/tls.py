@@ -211,6 +211,30 @@ def plaintext_to_tls(exc: BaseException, host: str, port: int, timeout: float | 
                           "connection: use ojss:// (or set broker_use_ssl)", "tls_port")
 
 
+#: The ``(host, port)`` pairs this process has spoken plain AMQP with.  Process-wide,
+#: not per connection: kombu makes a new connection for each reconnection attempt.
+_SPOKE_PLAIN_AMQP: set[tuple[str, int]] = set()
+
+
+def spoke_plain_amqp(host: str, port: int) -> None:
+    """A plain AMQP connection to ``host:port`` was opened: that port is no TLS port."""
+    _SPOKE_PLAIN_AMQP.add((host, port))
+
+
+def connect_failure(exc: OSError, host: str, port: int, tls: bool, timeout: float | None
+                    ) -> BrokerTLSError | None:
+    """The :class:`BrokerTLSError` a failed connection to ``host:port`` is, when no retry
+    mends it (``None``: kombu retries ``exc``).  A plain AMQP port that answered before
+    is not probed for TLS again: a connection closed there before the broker's first
+    frame is a cut or a proxy's outage, and a probe would double every reconnection
+    attempt."""
+    if tls:
+        return permanent_failure(exc, host, port)
+    if (host, port) in _SPOKE_PLAIN_AMQP:
+        return None
+    return plaintext_to_tls(exc, host, port, timeout)
+
+
 @write_failure_hook
 class TLSTransport(SSLTransport):
     """py-amqp's TLS transport with the options of :func:`verified_options` (the host
@@ -223,6 +247,11 @@ class TLSTransport(SSLTransport):
         self.sslopts = verified_options(ssl, self.host)
 
     def on_setup_failed(self, exc: OSError) -> BaseException:
+        """What the socket set-up's failure ``exc`` is raised as
+        (:func:`~ojs_kombu.amqp.wire.py_amqp_seam.write_failure_hook`).  Under TLS 1.3 a
+        broker refuses a client certificate after the handshake completed, so it is the
+        protocol header's write that fails (EOF, a broken pipe, a reset) while the
+        broker's alert, which says why, waits unread on the socket: that alert."""
         sock = self.sock
         if isinstance(exc, (ssl.SSLEOFError, BrokenPipeError, ConnectionResetError)) \
                 and isinstance(sock, ssl.SSLSocket):

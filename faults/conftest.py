@@ -45,6 +45,14 @@ CLUSTER_DIST_PORTS = tuple(int(p) for p in os.environ.get(
 CLUSTER_NAME = os.environ.get("OJS_CLUSTER_NAME", "ojs-c")
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """One xdist worker for ``-n auto`` (setup.cfg): the suite's nodes take fixed ports
+    (above) and it stops and cuts them, so its modules run one after the other.  ``-n
+    0`` (faults/README.rst) runs them in pytest's own process, where ``-s`` shows their
+    progress."""
+    return 1
+
+
 def rabbitmqctl(*args: str, timeout: float = 120, check: bool = True) -> str:
     result = subprocess.run(rabbitmqctl_command(NODE, *args), capture_output=True,
                             text=True, timeout=timeout, check=False)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import re
 import shlex
 import subprocess
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -23,22 +26,36 @@ from .apps import WORKER_QUEUES, make_app
 from .workers import WorkerProcess, in_process_worker, launch_worker
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "broker_wide(name): the module changes broker-wide state NAME; modules "
+        "that name the same state never run at the same time against one broker")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Run the tests that start an in-process worker of their own before any test
     starts the session's worker.
 
     Two in-process Celery workers in one process share Celery's worker globals:
     once a second one has stopped, the session worker stops taking jobs.  Tests
-    outside this directory keep their place.
+    outside this directory keep their place.  Under xdist (setup.cfg: ``-n auto``)
+    each xdist worker is such a process: it takes whole modules, in this order
+    (conftest.py), so the rule holds in each of them.
     """
     here = Path(__file__).parent
 
-    def rank(item: pytest.Item) -> int:
+    def rank(item: pytest.Item) -> float:
         if here not in Path(item.path).parents:
             return 0
-        return 1 if getattr(item.module, "in_process_worker", None) is in_process_worker else 2
+        if getattr(item.module, "in_process_worker", None) is in_process_worker:
+            return 1
+        # then the modules that start a RabbitMQ node of their own (rabbitmq_node.py), the
+        # longest to set up: under xdist they start first rather than last
+        starts_node = getattr(getattr(item.module, "tls_node", None), "__module__", "")
+        return 1.5 if starts_node.endswith(".rabbitmq_node") else 2
 
     items.sort(key=rank)
+
 
 HOST = os.environ.get("OJS_TEST_RABBITMQ_HOST", "127.0.0.1")
 PORT = int(os.environ.get("OJS_TEST_RABBITMQ_PORT", "5672"))
@@ -86,6 +103,28 @@ def private_vhost(prefix: str) -> Iterator[str]:
         yield name
     finally:
         rabbitmqctl("delete_vhost", name)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def broker_wide(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Hold the broker's lock for the state a module names with
+    ``pytestmark = pytest.mark.broker_wide("NAME")`` while the module runs.
+
+    Everything else a test makes lives in its session's private vhost (one per xdist
+    worker), in names it makes unique, or on ports it takes free, so modules run
+    side by side; broker-wide state (a ``rabbitmqctl eval`` setting, a policy or
+    user of a fixed name) is seen by every module.  The lock is a file lock per
+    broker, so it also keeps apart two suites run at once on one machine against
+    the same broker (CI runs two on RabbitMQ 3.10).
+    """
+    marker = request.node.get_closest_marker("broker_wide")
+    if marker is None:
+        yield
+        return
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{HOST}-{PORT}-{marker.args[0]}")
+    with open(Path(tempfile.gettempdir()) / f"ojs-kombu-broker-wide-{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        yield
 
 
 @pytest.fixture(scope="session")

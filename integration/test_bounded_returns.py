@@ -24,6 +24,9 @@ BOUND = 3
 #: to RETRY_MS while this module's queues are declared (each queue's worker reads it
 #: when it starts), so that held jobs arrive within seconds rather than minutes.
 RETRY_MS, DEFAULT_RETRY_MS = 10000, 180000
+# The retry time is the broker's, not the vhost's: one module at a time changes it
+# and sets it back (integration/conftest.py, broker_wide).
+pytestmark = pytest.mark.broker_wide("dead_letter_worker_publisher_confirm_timeout")
 ARRIVAL_TIMEOUT = 300.0
 QUEUES = {"nl-classic": {"max_depth": BOUND},
           "nl-quorum": {"type": "quorum", "max_depth": BOUND,

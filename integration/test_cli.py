@@ -23,6 +23,10 @@ from .conftest import HOST, queue_depth, rabbitmqctl, wait_until
 from .test_helpers import check_job
 from .workers import WorkerProcess, launch_worker
 
+#: Every test here runs ``ojs-kombu`` subprocesses against the session's vhost and
+#: shares nothing with the others but session fixtures: xdist may hand them out one
+#: by one (conftest.py), the longest module of the suite spread over its workers.
+XDIST_SPREAD = True
 ROOT = Path(__file__).resolve().parents[1]
 UNREACHABLE = "ojs://guest:guest@127.0.0.1:1//"
 

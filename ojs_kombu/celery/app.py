@@ -110,7 +110,7 @@ def _end_send(**_: Any) -> None:
 
 
 @worker_init.connect(weak=False)
-def _refuse_uninstalled_worker(sender: Any, **_: Any) -> None:
+def refuse_uninstalled_worker(sender: Any, **_: Any) -> None:
     """A worker of an app on ``ojs://`` that ``install()`` never wired does not start
     (its first worker bootstep raises :class:`AppNotInstalledError`).  ``worker_init``
     comes before the worker builds its bootsteps, for ``celery worker`` and for

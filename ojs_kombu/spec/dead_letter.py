@@ -78,7 +78,9 @@ def read_body(body: bytes, content_type: str | None) -> BodyReading:
     except orjson.JSONDecodeError as exc:
         problems.append(_undecodable(body, str(exc)))
     else:
-        if not isinstance(value, dict):
+        if _deeper_than(value, READER_DEPTH):  # an orjson older than 3.10 parses it
+            problems.append(TOO_DEEP)
+        elif not isinstance(value, dict):
             problems.append(f"the body is a JSON {_json_kind(value)}, not an object")
         else:
             try:
@@ -92,9 +94,28 @@ def read_body(body: bytes, content_type: str | None) -> BodyReading:
     return BodyReading(envelope, tuple(problems))
 
 
+#: How deep JSON readers go: orjson refuses a deeper body (the versions that parse it
+#: give the same problem through :func:`_deeper_than`).
+READER_DEPTH = 1024
+TOO_DEEP = "the body is nested deeper than JSON readers go (1,024 levels)"
+
+
+def _deeper_than(value: object, limit: int) -> bool:
+    """Whether ``value`` nests more than ``limit`` arrays or objects (no recursion)."""
+    stack: list[tuple[object, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (list, dict)):
+            if depth > limit:
+                return True
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+    return False
+
+
 def _undecodable(body: bytes, why: str) -> str:
     if "depth" in why or "recursion" in why.lower():
-        return "the body is nested deeper than JSON readers go (1,024 levels)"
+        return TOO_DEEP
     try:
         body.decode("utf-8")
     except UnicodeDecodeError:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import amqp
+import celery
 import pytest
 import redis
 
@@ -97,6 +98,11 @@ def dead_letters(channel: amqp.Channel, dlq: str) -> dict[str, amqp.Message]:
     return found
 
 
+#: Whether the forged chord_unlock polls its chord (Celery 5.6 and later); on Celery 5.5
+#: it ends at its first poll, dead-lettered: bounded too, with fewer steps to count.
+POLLS_UNLOCK = celery.VERSION[:2] >= (5, 6)
+
+
 def why(dead_letter: amqp.Message) -> str:
     """The error code of a dead letter, or that its task failed (``Basic.Nack``: the
     broker dead-lettered it as delivered, ``ojs_dead_letter_mode="nack"``)."""
@@ -145,11 +151,17 @@ def test_each_internal_task_from_a_producer_ends_bounded_on_a_prefork_worker(
     outcome = {name: "dead-lettered" + why(dead[body["id"]]) if body["id"] in dead
                else "ran and acked" for name, body in jobs.items()}
     print(outcome)
-    # chord_unlock polled its chord UNLOCK_RETRIES times, then failed the chord
     unlock = json.loads(dead[unlock_id].body)
-    assert unlock["x_celery"].get("retries") == UNLOCK_RETRIES, unlock
-    assert outcome["celery.chord_unlock"] == "dead-lettered: its task failed"
-    assert log.read_text().count(f"celery.chord_unlock[{unlock_id}] retry") == UNLOCK_RETRIES
+    if POLLS_UNLOCK:
+        # chord_unlock polled its chord UNLOCK_RETRIES times, then failed the chord
+        assert unlock["x_celery"].get("retries") == UNLOCK_RETRIES, unlock
+        assert outcome["celery.chord_unlock"] == "dead-lettered: its task failed"
+        assert log.read_text().count(f"celery.chord_unlock[{unlock_id}] retry") == \
+            UNLOCK_RETRIES
+    else:
+        # Celery 5.5: the forged chord_unlock ends at its first poll, dead-lettered
+        assert outcome["celery.chord_unlock"] in ("dead-lettered: its task failed",
+                                                  "dead-lettered HANDLER_ERROR"), unlock
     assert outcome["celery.chain"] == "dead-lettered: its task failed"  # not a real task
     assert outcome["celery.not_a_builtin"] == "dead-lettered UNKNOWN_JOB_TYPE"
     assert outcome["celery.accumulate"] == "ran and acked"
@@ -207,7 +219,8 @@ def test_a_foreign_chord_unlock_on_a_least_privilege_worker_ends_and_the_worker_
 
             wait_until(dead_lettered, 120, "the chord_unlock job's dead letter")
             assert worker.alive(), worker.log_text()[-3000:]
-            assert why(found[unlock["id"]]) == ": its task failed"
+            assert why(found[unlock["id"]]) in ((": its task failed",) if POLLS_UNLOCK else
+                                                (": its task failed", " HANDLER_ERROR"))
             reader.confirm_select()
             good_job_runs(channel, LP_QUEUE)
         finally:

@@ -22,7 +22,6 @@ from typing import Any
 from celery import Celery
 from celery.backends.base import DisabledBackend
 from celery.backends.rpc import RPCBackend
-from celery.exceptions import TimeLimitExceeded, WorkerLostError
 
 from ..amqp.broker.connection import connect_on_demand
 from ..amqp.broker.dead_letters import (
@@ -42,7 +41,7 @@ from ..spec.failures import (
     JobFailure,
     decide,
 )
-from .retries import failure_retryable, job_retry_policy
+from .retries import failure_retryable, happened_of, job_retry_policy
 
 logger = logging.getLogger(__name__)
 
@@ -100,11 +99,9 @@ def failure_code(app: Celery, dead: DeadLetter, exc: BaseException) -> str:
     attempt = dead.attempt or 1
     task, request = _task_and_request(app, dead)
     failure = JobFailure.from_exception(exc)
-    if isinstance(exc, TimeLimitExceeded):
-        delivered = Delivered(Happened.TIME_LIMIT, failure, retryable=False)
-        max_attempts = attempt
-    elif isinstance(exc, WorkerLostError):
-        delivered = Delivered(Happened.WORKER_LOST, failure, retryable=False)
+    happened = happened_of(exc)
+    if happened is not Happened.HANDLER_ERROR:  # a time limit or a lost pool process
+        delivered = Delivered(happened, failure, retryable=False)
         max_attempts = attempt
     elif task is None:  # its task is not in the app: no policy to judge it by
         return HANDLER_ERROR

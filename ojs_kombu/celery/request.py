@@ -21,7 +21,7 @@ from functools import cached_property
 from typing import Any
 
 from billiard.einfo import ExceptionWithTraceback
-from celery.exceptions import Retry, TimeLimitExceeded, WorkerLostError
+from celery.exceptions import Retry, TimeLimitExceeded
 from celery.worker import state as worker_state
 from celery.worker.request import Request
 
@@ -42,7 +42,7 @@ from ..spec.retry import Backoff
 from .celery_seam import request_context, request_hooks
 from .control import JobRecord, cancellations, job_ids_of, outcomes, queue_of
 from .events import count_completed
-from .retries import failure_retryable, job_retry_policy
+from .retries import failure_retryable, happened_of, job_retry_policy
 from .task import REPUBLISHED, JobCancelled, not_retried_code
 
 logger = logging.getLogger(__name__)
@@ -339,9 +339,7 @@ class JobRequest(Request):
         if exc is None:
             exc = (TimeLimitExceeded(self.time_limits[0]) if timed_out
                    else RuntimeError("rejected by Celery"))
-        happened = (Happened.TIME_LIMIT if timed_out else
-                    Happened.WORKER_LOST if isinstance(exc, WorkerLostError) else
-                    Happened.HANDLER_ERROR)
+        happened = Happened.TIME_LIMIT if timed_out else happened_of(exc)
         traceback = exc_info.traceback if exc_info else None
         verdict = not_retried_code(exc) if happened is Happened.HANDLER_ERROR else None
         if verdict is not None:

@@ -24,6 +24,7 @@ from celery.exceptions import Reject, Retry, TimeLimitExceeded, WorkerLostError
 from ..spec.decode import CELERY_JOB_HEADER, RETRY_HEADER
 from ..spec.envelope import RetryPolicy
 from ..spec.errors import OJSConfigurationError
+from ..spec.failures import Happened
 from ..spec.retry import matches, merge, policy_from
 
 #: ``max_retries=None`` (retry forever) as an OJS ``max_attempts``: the largest
@@ -195,6 +196,17 @@ def follows_celery_retries(task: Task, request: Mapping[str, Any]) -> bool:
         return True
     base = task_retry_policy(task, "celery")
     return merge(base, policy_from(own, source="the job's retry policy")) == base
+
+
+def happened_of(exc: BaseException) -> Happened:
+    """What a failed attempt's exception says happened: a time limit, a lost pool
+    process, or the handler's own error (the worker's rejection and the dead-letter
+    tools' reading of a stored failure judge it the same way)."""
+    if isinstance(exc, TimeLimitExceeded):
+        return Happened.TIME_LIMIT
+    if isinstance(exc, WorkerLostError):
+        return Happened.WORKER_LOST
+    return Happened.HANDLER_ERROR
 
 
 def failure_retryable(task: Task, exc: BaseException, policy: RetryPolicy,

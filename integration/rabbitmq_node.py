@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from .conftest import RABBITMQ_EXEC, rabbitmqctl_command, wait_until
+from .conftest import RABBITMQ_EXEC, rabbitmqctl_command, run_rabbitmqctl, wait_until
 
 
 def free_port() -> int:
@@ -79,12 +79,7 @@ class TLSNode:
     folder: Path
 
     def ctl(self, *args: str) -> str:
-        result = subprocess.run(rabbitmqctl_command(*args, node=self.name), capture_output=True,
-                                text=True, timeout=120, check=False)
-        if result.returncode != 0:
-            raise RuntimeError(f"rabbitmqctl -n {self.name} {' '.join(args)} failed: "
-                               f"{result.stderr.strip()}")
-        return result.stdout
+        return run_rabbitmqctl(*args, node=self.name)
 
     def ssl_options(self, **changes: object) -> dict[str, object]:
         """Celery's ``broker_use_ssl`` for this node as docs/production.rst writes it (its

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import socket
 import subprocess
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -175,6 +176,28 @@ def test_a_cancelled_consumer_closes_its_connection_before_the_reconnect(
                         channel=next_connection.channel()).declare()
     finally:
         connection.release()
+
+
+def test_an_exclusive_queue_still_held_by_the_previous_connection_is_waited_for(
+        own_vhost: str) -> None:
+    """A worker that reconnects declares its pidbox queue again while the broker may
+    still hold it for the connection it lost (RabbitMQ 4.3, the old connection's node
+    killed): the declaration waits for the queue to be let go (here: the holder closes
+    after 1 s) instead of failing at once with 405 ``RESOURCE_LOCKED``, which stopped
+    Celery's worker.  A queue held for longer than the wait still raises."""
+    url = f"ojs://guest:guest@{HOST}:{PORT}/{own_vhost}"
+    holder = kombu.Connection(url)
+    kombu.Queue("node.pidbox", exclusive=True, channel=holder.channel()).declare()
+    closer = threading.Timer(1.0, holder.release)
+    closer.start()
+    try:
+        with kombu.Connection(url) as next_connection:
+            name = kombu.Queue("node.pidbox", exclusive=True,
+                               channel=next_connection.channel()).declare()
+            assert name == "node.pidbox"
+            assert "node.pidbox" in rabbitmqctl("list_queues", "-p", own_vhost, "name")
+    finally:
+        closer.join()
 
 
 def test_a_deleted_quorum_control_queue_is_consumed_again(

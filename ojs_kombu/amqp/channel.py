@@ -21,12 +21,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from contextvars import ContextVar
+from time import monotonic, sleep
 from typing import Any
 
 import amqp
 from amqp import spec
 from kombu.transport import pyamqp
 
+from ..spec.backoff import backoff
 from ..spec.encode import OutgoingJob
 from ..spec.errors import QueueNameError
 from ..spec.failures import JobFailure, Outcome
@@ -38,6 +40,12 @@ from .publishing.batch import BATCH_WINDOW, publish_batch
 from .publishing.publisher import JobPublisher
 from .wire.acks import PendingAcks, ack_frames
 from .wire.py_amqp_seam import channel_hooks, confirms_selected, publish_unconfirmed
+
+#: How long an exclusive queue's declaration waits for the broker to let go of the
+#: same queue held by this client's previous connection (Celery's pidbox queue after
+#: a reconnect): RabbitMQ 4.3 keeps the queue of a connection on a node killed with
+#: ``kill -9`` locked until the cluster has cleaned up after that node.
+EXCLUSIVE_LOCK_WAIT_S = 30.0
 
 #: True while a command whose queue names are Celery queue names runs (``celery purge``).
 _CELERY_QUEUE_NAMES: ContextVar[bool] = ContextVar("ojs_celery_queue_names", default=False)
@@ -154,6 +162,28 @@ class Channel(pyamqp.Channel):
         """Pipelined publishes and one wait for all their confirms."""
         return self.ojs_publisher.publish_many_confirmed(messages, confirm_timeout,
                                                          mandatory=mandatory, replaces=replaces)
+
+    def queue_declare(self, queue: str = "", passive: bool = False, durable: bool = False,
+                      exclusive: bool = False, auto_delete: bool = True, nowait: bool = False,
+                      arguments: dict[str, Any] | None = None, *args: Any, **kwargs: Any) -> Any:
+        """py-amqp's ``Queue.Declare``; an exclusive queue still held by another
+        connection (405 ``RESOURCE_LOCKED``) is asked for again, with the one backoff, for
+        up to :data:`EXCLUSIVE_LOCK_WAIT_S`: after a reconnect the broker may not yet
+        have let go of the previous connection's queue, and Celery's worker stops on
+        that error.  A queue still locked then (another worker of the same node name)
+        raises as before.  py-amqp reopens the channel the broker closed."""
+        deadline = monotonic() + EXCLUSIVE_LOCK_WAIT_S
+        attempt = 0
+        while True:
+            try:
+                return super().queue_declare(queue, passive, durable, exclusive, auto_delete,
+                                             nowait, arguments, *args, **kwargs)
+            except amqp.exceptions.ResourceLocked:
+                attempt += 1
+                remaining = deadline - monotonic()
+                if not exclusive or passive or remaining <= 0:
+                    raise
+                sleep(min(backoff(0.25, 2.0, attempt), remaining))
 
     # -- consume (ojs_kombu.amqp.consuming.receiver) --------------------------------------
 

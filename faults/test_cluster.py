@@ -90,8 +90,8 @@ def stream(cluster: Cluster, app: Celery, workers: Workers, queue: str, total: i
             disrupt(counts)
             thread.join(300)
             assert not thread.is_alive(), "the producer never finished"
-            counts.wait_completed(workers.done_file, timeout=180)
             try:
+                counts.wait_completed(workers.done_file, timeout=180)
                 wait_until(lambda: not any(queue_counts(cluster, f"ojs.queue.{queue}").values()),
                            60, "the queue to drain")
             except AssertionError:
@@ -123,6 +123,23 @@ def stream(cluster: Cluster, app: Celery, workers: Workers, queue: str, total: i
     return numbers
 
 
+#: What Celery's worker stops on when it reconnects to another node while the node that
+#: held its connection is down, on RabbitMQ 4.2 and later (docs/support.rst).
+PIDBOX_LOCKED = "RESOURCE_LOCKED - cannot obtain exclusive access to locked queue"
+PIDBOX_LOCKED_REASON = (
+    "RabbitMQ 4.2+ (Khepri) keeps a lost node's exclusive queues until the node returns or "
+    "is forgotten: the worker's Celery remote-control queue ({hostname}.celery.pidbox) "
+    "stays locked, and Celery's worker stops on 405 RESOURCE_LOCKED (plain Celery alike)")
+
+
+def keeps_a_lost_nodes_exclusive_queues(cluster: Cluster, lost: ClusterNode) -> bool:
+    """Whether the surviving nodes run RabbitMQ 4.2 or later, which no longer delete a
+    down node's exclusive queues (rabbitmq-server pull request 14573)."""
+    survivor = next(node for node in cluster.nodes if node is not lost)
+    version = survivor.ctl("version", check=False).strip().split(".")
+    return [int(part) for part in version[:2] if part.isdigit()] >= [4, 2]
+
+
 def test_kill_9_of_the_queue_leaders_node_under_load(healed_cluster: Cluster,
                                                      tmp_path: Any) -> None:
     """The node holding ``ojs.queue.{q}``'s leader (also the node the producer and the
@@ -140,6 +157,11 @@ def test_kill_9_of_the_queue_leaders_node_under_load(healed_cluster: Cluster,
     try:
         numbers = stream(cluster, producer(cluster), workers, queue, 5000, kill_leader,
                          "kill -9 of the leader's node")
+    except AssertionError:
+        if killed and keeps_a_lost_nodes_exclusive_queues(cluster, killed[0]) and \
+                PIDBOX_LOCKED in workers.log.read_text(errors="replace"):
+            pytest.xfail(PIDBOX_LOCKED_REASON)
+        raise
     finally:
         workers.stop_all()
     assert killed[0].pid is None  # down for the rest of the drain: nothing waited for it

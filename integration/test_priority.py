@@ -93,9 +93,11 @@ def test_priority_queues_of_an_earlier_version_keep_their_priorities(
         env = {k: v for k, v in os.environ.items() if k not in ("CELERY_APP", "OJS_PREFIX")}
         declared = subprocess.run(
             [str(Path(sys.executable).parent / "ojs-kombu"), "topology", "declare", "-q", queue,
-             "-b", broker_url], cwd=ROOT, env=env, capture_output=True, text=True,
+             "-b", broker_url, "--json"], cwd=ROOT, env=env, capture_output=True, text=True,
             timeout=120, check=False)
         assert declared.returncode == 0, declared.stdout + declared.stderr
+        job = json.loads(declared.stdout)["declared"][0]["queues"][0]
+        assert job["name"] == f"ojs.queue.{queue}" and job["arguments"]["x-max-priority"] == 10
         with in_process_worker(app, [queue], pool="solo", concurrency=1, shutdown_timeout=30):
             wait_until(lambda: len(app.calls.all()) == 13, 60, "13 jobs")
         assert '{"x-max-priority",10}' in queue_arguments(vhost, f"ojs.queue.{queue}")

@@ -23,6 +23,16 @@ from .workers import in_process_worker
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def ojs_kombu_cli(broker_url: str, *args: str) -> str:
+    """``ojs-kombu ARGS -b broker_url`` (no app: the default settings); its output."""
+    env = {k: v for k, v in os.environ.items() if k not in ("CELERY_APP", "OJS_PREFIX")}
+    result = subprocess.run([str(Path(sys.executable).parent / "ojs-kombu"), *args,
+                             "-b", broker_url], cwd=ROOT, env=env, capture_output=True,
+                            text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
 def queue_arguments(vhost: str, queue: str) -> str:
     """The arguments RabbitMQ holds for ``queue`` (``rabbitmqctl list_queues``)."""
     listing = rabbitmqctl("list_queues", "--no-table-headers", "-p", vhost, "name", "arguments")
@@ -90,14 +100,11 @@ def test_priority_queues_of_an_earlier_version_keep_their_priorities(
         kept = [r.getMessage() for r in caplog.records if "keeps its priorities" in r.message]
         assert len(kept) == 1 and "'ojs.queue.upgraded'" in kept[0]
         assert "ojs_queues" in kept[0] and "'priority': 10" in kept[0]
-        env = {k: v for k, v in os.environ.items() if k not in ("CELERY_APP", "OJS_PREFIX")}
-        declared = subprocess.run(
-            [str(Path(sys.executable).parent / "ojs-kombu"), "topology", "declare", "-q", queue,
-             "-b", broker_url, "--json"], cwd=ROOT, env=env, capture_output=True, text=True,
-            timeout=120, check=False)
-        assert declared.returncode == 0, declared.stdout + declared.stderr
-        job = json.loads(declared.stdout)["declared"][0]["queues"][0]
+        declared = ojs_kombu_cli(broker_url, "topology", "declare", "-q", queue, "--json")
+        job = json.loads(declared)["declared"][0]["queues"][0]
         assert job["name"] == f"ojs.queue.{queue}" and job["arguments"]["x-max-priority"] == 10
+        listed = json.loads(ojs_kombu_cli(broker_url, "dlq", "list", "-q", queue, "--json"))
+        assert listed["dead_letters"] == []
         with in_process_worker(app, [queue], pool="solo", concurrency=1, shutdown_timeout=30):
             wait_until(lambda: len(app.calls.all()) == 13, 60, "13 jobs")
         assert '{"x-max-priority",10}' in queue_arguments(vhost, f"ojs.queue.{queue}")

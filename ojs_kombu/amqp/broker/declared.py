@@ -9,6 +9,13 @@ operator, or one with ``.*``) declares everything as it goes, shared entities
 included.  A user that may not is *scoped* (:mod:`.permissions`): it declares only
 its own retry queues and checks the rest passively; anything missing or refused is
 one :class:`~ojs_kombu.spec.errors.TopologyPermissionError`.
+
+Every job queue's topology is declared here (:meth:`DeclaredTopology.ensure`), for
+producers, workers (Celery's own declarations of its queues included: a
+:class:`~.entities.JobQueue` declares through it), the command line and the
+dead-letter tools.  A job queue that exists with ``x-max-priority`` though the app
+asks for none, as earlier versions declared every classic job queue, is declared
+with the broker's value from then on (:meth:`DeclaredTopology.arguments`).
 """
 
 from __future__ import annotations

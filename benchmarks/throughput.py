@@ -67,7 +67,7 @@ def sides(broker: Broker, broker_url: str
         # Celery on its defaults: no confirms, acks on receipt (the drains' first reference)
         made.append(make_plain_side(broker_url, pid, confirm=False, acks_early=True))
         made.append(make_ojs_side(broker_url, pid))
-        # The same x-max-priority as the ojs_kombu job queue (AMQP-030 default).
+        # The same x-max-priority as the ojs_kombu job queue (BENCH_MAX_PRIORITY).
         priority = made[2].app.amqp.binding.declare_arguments(made[2].celery_queue)[
             "x-max-priority"]
         made.append(make_plain_side(broker_url, pid, max_priority=priority))

@@ -51,7 +51,7 @@ _ACKS_LATE = ("a job is acked after it ran (task_acks_late, AMQP-008/009), so a 
               "shows acknowledged=False; it came through ojs.exchange.direct with its OJS "
               "queue as routing key ('default', Celery's 'celery')")
 _QUEUES = ("job queues are ojs.queue.{q} on ojs.exchange.direct with a dead-letter exchange "
-           "and x-max-priority 10 (AMQP-031, 004, 030), Celery's 'celery' is 'default'")
+           "(AMQP-031, 004), Celery's 'celery' is 'default'")
 _SCHEDULED = ("countdown and eta jobs wait in the broker until due, so a worker holds none "
               "and inspect().scheduled() is empty")
 _CONFIRM = ("apply_async returns once the broker confirmed the job, so the worker can "

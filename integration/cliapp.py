@@ -6,7 +6,9 @@ for workers whose INFO answers depend on it; ``OJS_TEST_CANCEL_GRACE`` sets
 ``OJS_TEST_CONFORMANCE_PROBES`` registers the tasks
 ``ojs-kombu conformance`` sends; ``OJS_TEST_EVENT_SINKS`` sets ``ojs_event_sinks``
 (comma-separated); ``OJS_TEST_CONTROL_USERS`` (JSON) sets ``ojs_control_users``;
-``OJS_TEST_DEAD_LETTER_MODE`` sets ``ojs_dead_letter_mode`` (unset: the default, ``nack``).
+``OJS_TEST_DEAD_LETTER_MODE`` sets ``ojs_dead_letter_mode`` (unset: the default, ``nack``);
+``OJS_TEST_QUEUE_MAX_PRIORITY`` sets Celery's ``task_queue_max_priority`` (priority queues,
+AMQP-030, as the example app asks for them).
 """
 
 import json
@@ -29,5 +31,7 @@ if "OJS_TEST_BROKER_HEARTBEAT" in os.environ:
     app.conf.broker_heartbeat = float(os.environ["OJS_TEST_BROKER_HEARTBEAT"])
 if os.environ.get("OJS_TEST_EVENT_SINKS"):
     app.conf.ojs_event_sinks = os.environ["OJS_TEST_EVENT_SINKS"].split(",")
+if "OJS_TEST_QUEUE_MAX_PRIORITY" in os.environ:
+    app.conf.task_queue_max_priority = int(os.environ["OJS_TEST_QUEUE_MAX_PRIORITY"])
 if "OJS_TEST_CONTROL_USERS" in os.environ:
     app.conf.ojs_control_users = json.loads(os.environ["OJS_TEST_CONTROL_USERS"])

@@ -212,7 +212,7 @@ def test_topology_declare_then_show(broker_url: str, amqp_channel: amqp.Channel,
     assert job["name"] == "ojs.queue.cli-topo" and job["messages"] == 2
     assert job["consumers"] == 0
     assert job["arguments"] == {"x-dead-letter-exchange": "ojs.exchange.dlx",
-                                "x-dead-letter-routing-key": "cli-topo", "x-max-priority": 10}
+                                "x-dead-letter-routing-key": "cli-topo"}
     assert topo["problems"] == []
     assert email["queues"][0]["consumers"] >= 1  # the session worker
     assert {b["routing_key"] for b in topo["bindings"]} == {"cli-topo",
@@ -588,7 +588,8 @@ def test_conformance_of_a_good_setup(worker_launcher: Any, broker_url: str, vhos
     (``ojs_job_heartbeat=1``: the AMQP-020 check waits for the running probe's BEAT)."""
     queue = "cli-conformance"
     with worker_launcher("integration.cliapp", queue, control=True,
-                         env={"OJS_TEST_CONFORMANCE_PROBES": "1"}):
+                         env={"OJS_TEST_CONFORMANCE_PROBES": "1",
+                              "OJS_TEST_QUEUE_MAX_PRIORITY": "10"}):
         dead_before = queue_depth(amqp_channel, f"ojs.queue.dlx.{queue}")
         code, report = run_json(broker_url, "conformance", "-q", queue, "--schedule")
         checks = {c["id"]: c for c in report["checks"]}
@@ -596,7 +597,8 @@ def test_conformance_of_a_good_setup(worker_launcher: Any, broker_url: str, vhos
         failed = {i: c["reason"] for i, c in checks.items() if c["status"] == "fail"}
         assert failed == {} and code == 0
         for check_id in ("AMQP-004", "AMQP-009", "AMQP-014", "AMQP-015", "AMQP-017", "AMQP-019",
-                         "AMQP-020", "AMQP-021", "AMQP-022", "AMQP-023", "AMQP-025", "AMQP-028"):
+                         "AMQP-020", "AMQP-021", "AMQP-022", "AMQP-023", "AMQP-025", "AMQP-028",
+                         "AMQP-030"):
             assert checks[check_id]["status"] == "pass", checks[check_id]
         # what the worker did, not the checker
         assert f"a worker of {queue} nacked" in checks["AMQP-009"]["reason"]

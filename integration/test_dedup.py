@@ -106,11 +106,11 @@ def settings_of(broker_url: str) -> object:
 def publish_foreign(channel: amqp.Channel, queue: str, job_id: str, args: list[object], *,
                     headers: dict[str, object] | None = None,
                     unique: dict[str, object] | None = None) -> None:
-    """What a producer without ojs_kombu sends (binding sections 5.1, 6)."""
+    """What a producer without ojs_kombu sends (binding sections 5.1, 6), declaring the
+    queue as section 7.2 asks (priority queues are optional; the app asks for none)."""
     channel.queue_declare(f"ojs.queue.{queue}", durable=True, auto_delete=False,
                           arguments={"x-dead-letter-exchange": "ojs.exchange.dlx",
-                                     "x-dead-letter-routing-key": queue,
-                                     "x-max-priority": 10})
+                                     "x-dead-letter-routing-key": queue})
     channel.exchange_declare("ojs.exchange.direct", "direct", durable=True, auto_delete=False)
     channel.queue_bind(f"ojs.queue.{queue}", "ojs.exchange.direct", queue)
     envelope: dict[str, object] = {"specversion": "1.0", "id": job_id, "type": "dedup.count",

@@ -65,7 +65,8 @@ def test_conformance_as_docs_cli_shows_it(worker_launcher: WorkerLauncher) -> No
     with private_vhost("ojs-kombu-docs") as vhost:
         broker_url = f"ojs://guest:guest@{HOST}:{PORT}/{vhost}"
         with worker_launcher("integration.cliapp", "email", broker_url=broker_url,
-                             control=True, env={"OJS_TEST_CONFORMANCE_PROBES": "1"}):
+                             control=True, env={"OJS_TEST_CONFORMANCE_PROBES": "1",
+                                                "OJS_TEST_QUEUE_MAX_PRIORITY": "10"}):
             output = ojs_kombu(broker_url, "conformance", "-q", "email", "--schedule",
                                "--recovery")
     output = normalise(re.sub(r"ojs-conformance-[0-9a-f]{10}", "ojs-conformance-5f2c8e41a0",

@@ -338,6 +338,9 @@ class BrokerConnection:
     def forget_topology(self, queue: str | None = None) -> None:
         """Nothing is cached: every ensure_topology declares again."""
 
+    def topology_arguments(self, queue: str) -> dict[str, Any]:
+        return self.ojs.declare_arguments(queue)
+
     def close(self) -> None:
         self.connected = False
 

@@ -50,8 +50,7 @@ def arguments(queue: str = "email", **options: Any) -> dict[str, Any]:
 
 def test_bounds_and_strategies_become_queue_arguments() -> None:
     assert arguments(queues={"email": {"max_depth": 10000, "max_size_bytes": 1 << 20}}) == {
-        "x-max-length": 10000, "x-max-length-bytes": 1 << 20, "x-overflow": "reject-publish",
-        "x-max-priority": 10}
+        "x-max-length": 10000, "x-max-length-bytes": 1 << 20, "x-overflow": "reject-publish"}
     assert arguments(queues={"email": {"max_depth": 5, "strategy": "block"}})[
         "x-overflow"] == "reject-publish"
     assert arguments(queues={"email": {"max_depth": 5, "strategy": "drop_oldest"}})[
@@ -59,7 +58,9 @@ def test_bounds_and_strategies_become_queue_arguments() -> None:
 
 
 def test_unconfigured_queue_is_unbounded_and_keeps_default_priority() -> None:
-    assert arguments(queues={"other": {"max_depth": 5}}) == {"x-max-priority": 10}
+    assert arguments(queues={"other": {"max_depth": 5}}) == {}
+    assert arguments(max_priority=10, queues={"other": {"max_depth": 5}}) == {
+        "x-max-priority": 10}
 
 
 def test_drop_oldest_is_never_a_default_for_raw_bounds() -> None:
@@ -103,7 +104,7 @@ def test_quorum_queues_with_at_least_once_dead_lettering() -> None:
 
 def test_defaults_apply_to_every_queue_and_entries_override_them() -> None:
     binding = Binding.from_settings(settings(
-        queue_defaults={"type": "quorum", "max_depth": 1000},
+        max_priority=10, queue_defaults={"type": "quorum", "max_depth": 1000},
         queues={"email": {"max_depth": 10}, "legacy": {"type": "classic"}}))
     assert binding.declare_arguments("email")["x-max-length"] == 10
     assert binding.declare_arguments("email")["x-queue-type"] == "quorum"

@@ -77,8 +77,7 @@ def test_default_queue_is_the_ojs_default_queue() -> None:
     assert default.routing_key == "default"
     assert default.durable and not default.auto_delete and not default.exclusive
     assert default.queue_arguments == {"x-dead-letter-exchange": "ojs.exchange.dlx",
-                                       "x-dead-letter-routing-key": "default",
-                                       "x-max-priority": 10}
+                                       "x-dead-letter-routing-key": "default"}
     assert queues["default"] is default and queues["ojs.queue.default"] is default
 
 

@@ -10,7 +10,7 @@ from ojs_kombu.spec.settings import OJSSettings
 def test_defaults() -> None:
     settings = OJSSettings.from_options({}, source="test")
     assert settings.prefix == "" and settings.queue_aliases == {"celery": "default"}
-    assert settings.max_priority == 10 and settings.confirm_timeout == 30.0
+    assert settings.max_priority is None and settings.confirm_timeout == 30.0
 
 
 def test_reads_only_ojs_keys() -> None:
@@ -33,12 +33,13 @@ def test_invalid_value_is_named() -> None:
 
 
 def test_declare_arguments_merge_priority_and_extras() -> None:
-    binding = Binding.from_settings(OJSSettings(queue_arguments={"email": {"x-max-length": 5}}))
+    binding = Binding.from_settings(OJSSettings(queue_arguments={"email": {"x-max-length": 5}},
+                                                max_priority=10))
     # a bound rejects publishes unless x-overflow says otherwise (drop-head is opt-in)
     assert binding.declare_arguments("email") == {"x-max-length": 5, "x-max-priority": 10,
                                                   "x-overflow": "reject-publish"}
     assert binding.declare_arguments("other") == {"x-max-priority": 10}
-    no_priority = Binding.from_settings(OJSSettings(max_priority=None))
+    no_priority = Binding.from_settings(OJSSettings())
     assert no_priority.declare_arguments("email") == {}
 
 

@@ -38,5 +38,8 @@ app.conf.update(
     # without a route go to Celery's default queue ``celery``, which is OJS's
     # ``default`` queue.
     task_routes={"proj.tasks.send_email": {"queue": "email"}},
+    # Priority queues (x-max-priority, AMQP-030) as Celery asks for them: without
+    # this, queues are classic queues and a job's priority= is not acted on.
+    task_queue_max_priority=10,
     broker_connection_retry_on_startup=True,
 )

@@ -119,6 +119,10 @@ class JobConnection(Protocol):
 
     def forget_topology(self, queue: str | None = None) -> None: ...
 
+    def topology_arguments(self, queue: str) -> dict[str, Any]:
+        """The ``Queue.Declare`` arguments job queue ``queue`` is declared with on this
+        connection (the binding's, with an ``x-max-priority`` the queue keeps)."""
+
     def queue_depth(self, queue: str) -> int | None: ...
 
     def wait_until(self, done: Callable[[], bool], limit: float) -> bool:

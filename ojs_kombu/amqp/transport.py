@@ -325,6 +325,9 @@ class Connection(pyamqp.Connection):
         """Make the next use re-declare ``queue`` (or every queue)."""
         self.ojs_topology.forget(queue)
 
+    def topology_arguments(self, queue: str) -> dict[str, Any]:
+        return self.ojs_topology.arguments(queue)
+
     def queue_depth(self, queue: str) -> int | None:
         """Ready jobs in ``ojs.queue.{queue}``."""
         return self.ojs_topology.queue_depth(queue)

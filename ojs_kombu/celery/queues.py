@@ -33,6 +33,9 @@ class OJSQueues(Queues):
 
     def __init__(self, queues: Any = None, *args: Any, binding: Binding, **kwargs: Any) -> None:
         self.binding = binding
+        # task_queue_max_priority is the binding's max_priority (OJSSettings.from_options),
+        # which skips quorum queues: Celery would add it to every queue's arguments
+        kwargs["max_priority"] = None
         super().__init__(queues, *args, **kwargs)
         set_default_consume_from(self, {queue.name: queue for queue in self.values()})
 

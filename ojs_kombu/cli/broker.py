@@ -18,7 +18,6 @@ Every probe uses a channel of its own, since a refused declare closes it.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
@@ -31,16 +30,12 @@ from amqp.exceptions import NotFound, PreconditionFailed
 
 from ..amqp.binding import Binding
 from ..amqp.job_channel import JobConnection
+from ..spec.inequivalent import parse_inequivalent
 from .common import EXIT_NOT_FOUND, EXIT_USAGE, CLIError, Options, options
 from .config import broker_url
 
-__all__ = ["broker_url", "connect", "queue_name"]
+__all__ = ["broker_url", "connect", "parse_inequivalent", "queue_name"]
 
-_INEQUIVALENT = re.compile(
-    r"inequivalent arg '(?P<key>[^']+)' for (?P<kind>queue|exchange) '[^']*' in vhost '[^']*': "
-    r"received (?P<received>none|the value '.*?' of type '\w+'|'.*?') "
-    r"but current is (?P<current>none|the value '(?P<value>.*?)' of type '(?P<type>\w+)'|"
-    r"'(?P<plain>.*?)')$")
 #: Entity properties (not arguments) named in 406 replies.
 _PROPERTIES = ("durable", "auto_delete", "exclusive", "type", "internal")
 _MAX_PROBES = 16
@@ -127,33 +122,6 @@ def require_queue(amqp_connection: Any, amqp_name: str, what: str) -> QueueState
         raise CLIError(f"unknown queue: {amqp_name!r} does not exist ({what})", EXIT_NOT_FOUND,
                        "not_found")
     return state
-
-
-def _parse_value(value: str, kind: str) -> Any:
-    if kind in ("signedint", "long", "short", "byte", "unsignedbyte", "unsignedshort",
-                "unsignedint", "timestamp"):
-        with suppress(ValueError):
-            return int(value)
-    if kind == "bool":
-        return value == "true"
-    if kind in ("double", "float"):
-        with suppress(ValueError):
-            return float(value)
-    return value
-
-
-def parse_inequivalent(reply: str) -> tuple[str, Any] | None:
-    """``(name, current value)`` from a 406 reply; the value is ``None`` for "none"."""
-    text = reply.split(" - ", 1)[-1].strip()
-    match = _INEQUIVALENT.search(text)
-    if match is None:
-        return None
-    if match["current"] == "none":
-        return match["key"], None
-    if match["plain"] is not None:
-        plain = match["plain"]
-        return match["key"], (plain == "true") if plain in ("true", "false") else plain
-    return match["key"], _parse_value(match["value"], match["type"])
 
 
 def queue_equivalence(amqp_connection: Any, name: str, arguments: Mapping[str, Any]

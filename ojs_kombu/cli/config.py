@@ -31,7 +31,7 @@ import kombu
 from ..amqp.binding import Binding
 from ..amqp.broker.entities import extra_arguments
 from ..spec.errors import OJSConfigurationError
-from ..spec.settings import BINDING_OPTION, OPTION_PREFIX, OJSSettings
+from ..spec.settings import BINDING_OPTION, CELERY_MAX_PRIORITY, OPTION_PREFIX, OJSSettings
 from .exits import EXIT_USAGE, CLIError
 
 DEFAULT_BROKER = "ojs://guest:guest@localhost:5672//"
@@ -153,6 +153,7 @@ class Options:
         conf: Mapping[str, Any] = app.conf if app is not None else {}
         values = {k: v for k, v in conf.items()
                   if isinstance(k, str) and k.startswith(OPTION_PREFIX)}
+        values[CELERY_MAX_PRIORITY] = conf.get(CELERY_MAX_PRIORITY)
         prefix = self.prefix if self.prefix is not None else os.environ.get("OJS_PREFIX")
         if prefix is not None:
             values["ojs_prefix"] = prefix

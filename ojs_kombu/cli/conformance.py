@@ -87,7 +87,9 @@ def check_declarations(results: Results, amqp_connection: Any, binding: Binding,
         elif queue_type == "quorum":
             results.set("AMQP-030", "n/a", "quorum queues have no x-max-priority")
         else:
-            results.set("AMQP-030", "warn", f"{job['name']} has no x-max-priority")
+            results.set("AMQP-030", "warn", f"{job['name']} has no x-max-priority: the app "
+                        "asks for no priority queue (task_queue_max_priority, or "
+                        f"ojs_queues={{{queue!r}: {{'priority': 10}}}})")
         if queue_type == "quorum":
             results.set("AMQP-032", "pass", "x-queue-type=quorum")
         else:

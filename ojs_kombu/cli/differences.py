@@ -164,9 +164,10 @@ DIFFERENCES: tuple[Difference, ...] = (
         met_by='a task self.retry() can retry beyond its max_attempts'),
     Difference(
         "queue-layout", "different",
-        "job queues are ojs.queue.{q} priority queues with a dead-letter and a control queue",
+        "job queues are ojs.queue.{q} queues with a dead-letter and a control queue",
         "queues are ``ojs.queue.{q}`` (Celery's ``celery`` is ``default``), classic queues "
-        "with ``x-max-priority=10`` by default, plus a dead-letter and a control queue each "
+        "(priority queues where the app asks, as in Celery: :ref:`priority-queues`), plus a "
+        "dead-letter and a control queue each "
         "(:ref:`topology`): plain Celery workers and OJS workers never share a queue; "
         "``inspect active_queues`` shows those",
         "The OJS names (AMQP-031) are what other OJS clients use; separate names are what "

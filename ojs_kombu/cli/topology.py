@@ -82,7 +82,8 @@ def declare(ctx: click.Context, queues: tuple[str, ...], schedule: bool) -> None
         declared = []
         for queue in names:
             amqp_connection.ensure_schedule(queue)
-            declared.append(expected_topology(binding, queue))
+            declared.append(expected_topology(binding, queue,
+                                              amqp_connection.topology_arguments(queue)))
     shared = {"exchanges": binding.names.exchanges(delayed=False),
               "queues": [binding.names.dlx_unroutable_queue,
                          binding.names.schedule_unroutable_queue,
@@ -105,11 +106,14 @@ def _print_declared(declared: list[dict[str, Any]], shared: dict[str, list[str]]
                f"{len(shared['queues'])} queues (the scheduling ladder's included)")
 
 
-def expected_topology(binding: Binding, queue: str) -> dict[str, Any]:
-    """The entities ojs_kombu declares for ``queue`` (section 4, 7), as plain data."""
+def expected_topology(binding: Binding, queue: str,
+                      arguments: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The entities ojs_kombu declares for ``queue`` (section 4, 7), as plain data;
+    ``arguments``: those a connection declared the job queue with, if not the binding's."""
     names: TopologyNames = binding.names
     control = names.control_queue(queue)
-    arguments = binding.declare_arguments(queue)
+    if arguments is None:
+        arguments = binding.declare_arguments(queue)
     job_arguments = job_queue_arguments(names, queue, arguments)
     topology: dict[str, Any] = {
         "queue": queue,

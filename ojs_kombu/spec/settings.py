@@ -34,6 +34,9 @@ OPTION_PREFIX = "ojs_"
 #: (``celery inspect stats``, Flower's worker page).  The transport itself also accepts
 #: the :class:`~ojs_kombu.amqp.binding.Binding` object.
 BINDING_OPTION = "ojs_binding"
+#: Celery's setting that makes every queue a priority queue; it stands for
+#: ``ojs_max_priority`` when that is not given (:meth:`OJSSettings.from_options`).
+CELERY_MAX_PRIORITY = "task_queue_max_priority"
 
 
 class OJSSettings(BaseModel):
@@ -49,11 +52,13 @@ class OJSSettings(BaseModel):
     job_types: dict[str, str] = Field(default_factory=dict)
     #: Extra ``Queue.Declare`` arguments per OJS queue (``{"email": {"x-max-length": 1000}}``).
     queue_arguments: dict[str, dict[str, Any]] = Field(default_factory=dict)
-    #: ``x-max-priority`` of job queues (AMQP-030); 10 as in the binding's section 15.1
-    #: producer example, so queues declared by spec-following producers are equivalent.
-    #: ``None`` declares queues without priorities.  Not applied to queues given an
-    #: ``x-queue-type`` (quorum and stream queues refuse ``x-max-priority``).
-    max_priority: int | None = Field(default=10, ge=1, le=255)
+    #: ``x-max-priority`` of every classic job queue (AMQP-030), as Celery's
+    #: ``task_queue_max_priority``, which sets it when this is not given.  ``None``
+    #: (the default): priority queues only where the app asks (``ojs_queues[q]
+    #: ["priority"]``, a Celery ``Queue``'s ``x-max-priority``/``max_priority``).
+    #: Not applied to queues given an ``x-queue-type`` (quorum and stream queues
+    #: refuse ``x-max-priority``).
+    max_priority: int | None = Field(default=None, ge=1, le=255)
     #: Seconds to wait for a publisher confirm before raising ``PublishConfirmTimeout``.
     confirm_timeout: float = Field(default=30.0, gt=0)
     #: How a job's publish waits for its publisher confirm (AMQP-014).  ``"wait"``: it
@@ -215,12 +220,15 @@ class OJSSettings(BaseModel):
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any], *, source: str) -> OJSSettings:
-        """Build from the ``ojs_*`` keys of ``options``; ``source`` names them in errors."""
+        """Build from the ``ojs_*`` keys of ``options`` (and Celery's
+        :data:`CELERY_MAX_PRIORITY`); ``source`` names them in errors."""
         values = {
             key[len(OPTION_PREFIX):]: value
             for key, value in options.items()
             if isinstance(key, str) and key.startswith(OPTION_PREFIX) and key != BINDING_OPTION
         }
+        if "max_priority" not in values and options.get(CELERY_MAX_PRIORITY) is not None:
+            values["max_priority"] = options[CELERY_MAX_PRIORITY]
         unknown = sorted(set(values) - set(cls.model_fields))
         if unknown:
             known = ", ".join(OPTION_PREFIX + name for name in cls.model_fields)

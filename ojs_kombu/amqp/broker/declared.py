@@ -9,10 +9,18 @@ operator, or one with ``.*``) declares everything as it goes, shared entities
 included.  A user that may not is *scoped* (:mod:`.permissions`): it declares only
 its own retry queues and checks the rest passively; anything missing or refused is
 one :class:`~ojs_kombu.spec.errors.TopologyPermissionError`.
+
+Every job queue's topology is declared here (:meth:`DeclaredTopology.ensure`), for
+producers, workers (Celery's own declarations of its queues included: a
+:class:`~.entities.JobQueue` declares through it), the command line and the
+dead-letter tools.  A job queue that exists with ``x-max-priority`` though the app
+asks for none, as earlier versions declared every classic job queue, is declared
+with the broker's value from then on (:meth:`DeclaredTopology.arguments`).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable
 from contextlib import suppress
 from time import monotonic
@@ -20,6 +28,8 @@ from typing import Any
 
 from amqp.exceptions import AccessRefused, NotFound, PreconditionFailed
 
+from ...spec.errors import TopologyConflictError
+from ...spec.inequivalent import kept_max_priority
 from ..job_channel import Declarer
 from .declaring import declare_on, declare_spread
 from .permissions import (
@@ -40,6 +50,8 @@ from .topology import (
     queue_message_count,
 )
 
+logger = logging.getLogger("ojs_kombu")
+
 
 class DeclaredTopology:
     """What one connection declared, so that each declaration is made once on it.
@@ -59,6 +71,9 @@ class DeclaredTopology:
         #: whether the user may not declare the shared entities (found once, kept
         #: across :meth:`forget`: it is the user's, not the broker's state)
         self._scoped: bool | None = None
+        #: queue -> the ``x-max-priority`` its job queue has though the app asks for
+        #: none (:meth:`_keeps_priority`)
+        self._kept_priority: dict[str, int] = {}
 
     @property
     def scoped(self) -> bool:
@@ -78,18 +93,53 @@ class DeclaredTopology:
         rest: ``via`` then checks nothing)."""
         if queue in self._declared:
             return
-        ojs = self._connection.ojs
         if self.scoped:
             if via is None:
                 self._check(published_topology_exists, queue)
         else:
+            unroutable = self._connection.ojs.settings.unroutable_dead_letter_arguments()
             try:
-                (via or self._declare)(declare_queue_topology, queue,
-                                       ojs.declare_arguments(queue),
-                                       ojs.settings.unroutable_dead_letter_arguments())
+                try:
+                    (via or self._declare)(declare_queue_topology, queue,
+                                           self.arguments(queue), unroutable)
+                except TopologyConflictError as exc:
+                    if not self._keeps_priority(queue, exc):
+                        raise
+                    self._declare(declare_queue_topology, queue, self.arguments(queue),
+                                  unroutable)
             except AccessRefused as exc:
                 raise permission_error(exc) from None
         self._declared.add(queue)
+
+    def arguments(self, queue: str) -> dict[str, Any]:
+        """The ``Queue.Declare`` arguments of job queue ``queue`` on this connection: the
+        binding's (:meth:`~ojs_kombu.amqp.binding.Binding.declare_arguments`), with the
+        ``x-max-priority`` the queue keeps (:meth:`_keeps_priority`)."""
+        arguments = self._connection.ojs.declare_arguments(queue)
+        if queue in self._kept_priority:
+            arguments["x-max-priority"] = self._kept_priority[queue]
+        return arguments
+
+    def _keeps_priority(self, queue: str, conflict: TopologyConflictError) -> bool:
+        """Whether ``conflict`` is only that ``ojs.queue.{queue}`` exists as a priority
+        queue though the app asks for none: earlier versions of ojs_kombu declared every
+        classic job queue with ``x-max-priority=10``.  The queue then keeps its value
+        (its jobs keep their priorities), declared with it from now on by this
+        connection; said once, with the setting that asks for it."""
+        names = self._connection.ojs.names
+        if conflict.kind != "queue" or conflict.name != names.job_queue(queue) \
+                or queue in self._kept_priority:
+            return False
+        kept = kept_max_priority(conflict.broker_reply)
+        if kept is None:
+            return False
+        self._kept_priority[queue] = kept
+        logger.info("queue %r exists as a priority queue (x-max-priority=%d) though the app "
+                    "asks for none: it keeps its priorities. Set app.conf.ojs_queues = "
+                    "{%r: {'priority': %d}} (or task_queue_max_priority = %d) to say so, or "
+                    "delete the queue while it is empty to have it declared without",
+                    conflict.name, kept, queue, kept, kept)
+        return True
 
     def ensure_each(self, queues: Iterable[str]) -> None:
         """The OJS topology of every queue of ``queues`` at once (a worker's start),
@@ -98,16 +148,15 @@ class DeclaredTopology:
         todo = [queue for queue in dict.fromkeys(queues) if queue not in self._declared]
         if not todo:
             return
-        ojs = self._connection.ojs
         if self.scoped:
             for queue in todo:
-                self._check(consumed_topology_exists, queue, ojs.declare_arguments(queue))
+                self._check(consumed_topology_exists, queue, self.arguments(queue))
             self._declared.update(todo)
             return
-        unroutable = ojs.settings.unroutable_dead_letter_arguments()
+        unroutable = self._connection.ojs.settings.unroutable_dead_letter_arguments()
         try:
             declare_spread(self._connection, declare_queue_topology,
-                           [(queue, ojs.declare_arguments(queue), unroutable) for queue in todo])
+                           [(queue, self.arguments(queue), unroutable) for queue in todo])
         except AccessRefused as exc:  # a worker's start: it must declare its topology
             raise permission_error(exc) from None
         except PreconditionFailed:
@@ -123,8 +172,8 @@ class DeclaredTopology:
         declared = self._retry_declared.get(key)
         if declared is not None and monotonic() - declared < RETRY_QUEUE_IDLE_MS / 2000:
             return
-        (via or self._declare)(declare_retry_queue, queue, delay_ms,
-                               self._connection.ojs.declare_arguments(queue), not self.scoped)
+        (via or self._declare)(declare_retry_queue, queue, delay_ms, self.arguments(queue),
+                               not self.scoped)
         self._retry_declared[key] = monotonic()
 
     def retry_route(self, queue: str, delay_ms: int) -> tuple[str, str]:
@@ -154,7 +203,7 @@ class DeclaredTopology:
             declare(declare_schedule_ladder,
                     self._connection.ojs.settings.schedule_arguments())
             self._ladder = True
-        declare(bind_scheduled_delivery, queue, self._connection.ojs.declare_arguments(queue))
+        declare(bind_scheduled_delivery, queue, self.arguments(queue))
         self._scheduled.add(queue)
 
     def ensure_delayed_exchange(self, queue: str) -> None:
@@ -170,8 +219,7 @@ class DeclaredTopology:
             return
         probe = self._connect()
         try:
-            declare_on(probe, declare_delayed_exchange, queue,
-                       self._connection.ojs.declare_arguments(queue))
+            declare_on(probe, declare_delayed_exchange, queue, self.arguments(queue))
         finally:
             with suppress(Exception):
                 probe.close()
@@ -191,9 +239,11 @@ class DeclaredTopology:
             self._scheduled.clear()
             self._ladder = False
             self._retry_declared.clear()
+            self._kept_priority.clear()
         else:
             self._declared.discard(queue)
             self._scheduled.discard(queue)
+            self._kept_priority.pop(queue, None)  # the queue may be gone
             for key in [k for k in self._retry_declared if k[0] == queue]:
                 del self._retry_declared[key]
 

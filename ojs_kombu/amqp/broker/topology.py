@@ -4,7 +4,8 @@
 RabbitMQ close the channel with 406 PRECONDITION_FAILED.  Declarations are
 therefore made on a channel of their own, and a 406 becomes one
 :class:`TopologyConflictError` naming the entity and the arguments sent;
-nothing is redeclared.
+nothing is redeclared (but a job queue's ``x-max-priority`` the app does not ask
+for: :mod:`.declared`).
 
 :class:`DeclaredTopology` is a connection's memory of what it declared: a
 queue's topology is declared once per connection (the first publish to it, or

@@ -467,7 +467,9 @@ def test_interrupted_replay_loses_nothing(broker_url: str, amqp_channel: amqp.Ch
 
 
 def test_info_and_cancel_a_running_job(app: Celery, worker: Any, broker_url: str) -> None:
-    code, job = run_json(broker_url, "enqueue", "loop.until_cancelled", "[30]", "-q", "email")
+    # the job runs until cancelled (at most 300 s): the four CLI runs before the cancel
+    # took more than 30 s on 2 loaded cores, and the job had ended before it came
+    code, job = run_json(broker_url, "enqueue", "loop.until_cancelled", "[300]", "-q", "email")
     assert code == 0
 
     def active() -> bool:

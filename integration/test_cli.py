@@ -445,8 +445,9 @@ def test_interrupted_replay_loses_nothing(broker_url: str, amqp_channel: amqp.Ch
     process = subprocess.Popen([cli_path(), "dlq", "replay", "-q", "cli-replay", "--all"],
                                env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True)
+    # the CLI's start-up alone took over 20 s on 2 cores at a load average of 20
     wait_until(lambda: queue_depth(amqp_channel, "ojs.queue.cli-replay") > 0
-               or process.poll() is not None, what="the replay to start")
+               or process.poll() is not None, timeout=120, what="the replay to start")
     process.send_signal(signal.SIGINT)
     out, err = process.communicate(timeout=60)
     # A Ctrl-C that lands after the last window finds nothing left to stop: exit 0, or,

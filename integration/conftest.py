@@ -47,12 +47,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     def rank(item: pytest.Item) -> float:
         if here not in Path(item.path).parents:
             return 0
-        if getattr(item.module, "in_process_worker", None) is in_process_worker:
+        module = item.module
+        if getattr(module, "in_process_worker", None) is in_process_worker:
             return 1
-        # then the modules that start a RabbitMQ node of their own (rabbitmq_node.py), the
-        # longest to set up: under xdist they start first rather than last
-        starts_node = getattr(getattr(item.module, "tls_node", None), "__module__", "")
-        return 1.5 if starts_node.endswith(".rabbitmq_node") else 2
+        # then the modules that run a RabbitMQ node of their own (rabbitmq_node.py's
+        # TLSNode, theirs or test_tls's), the longest to set up, and the modules that
+        # say they take minutes (XDIST_LONG): under xdist they start first, not last
+        node_type = getattr(getattr(module, "TLSNode", None), "__module__", "")
+        if node_type.endswith(".rabbitmq_node"):
+            return 1.5
+        return 1.7 if getattr(module, "XDIST_LONG", False) is True else 2
 
     items.sort(key=rank)
 

@@ -28,6 +28,9 @@ from .conftest import publish_raw, wait_until
 from .workers import launch_worker
 
 ROOT = Path(__file__).resolve().parents[1]
+#: Minutes of this module on one xdist worker: it goes out before the other modules
+#: (integration/conftest.py), not last and alone at the end of the run.
+XDIST_LONG = True
 
 
 def celery_cli(broker_url: str, *args: str, timeout: float = 60

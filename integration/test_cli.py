@@ -445,8 +445,9 @@ def test_interrupted_replay_loses_nothing(broker_url: str, amqp_channel: amqp.Ch
     process = subprocess.Popen([cli_path(), "dlq", "replay", "-q", "cli-replay", "--all"],
                                env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True)
+    # the CLI's start-up alone took over 20 s on 2 cores at a load average of 20
     wait_until(lambda: queue_depth(amqp_channel, "ojs.queue.cli-replay") > 0
-               or process.poll() is not None, what="the replay to start")
+               or process.poll() is not None, timeout=120, what="the replay to start")
     process.send_signal(signal.SIGINT)
     out, err = process.communicate(timeout=60)
     # A Ctrl-C that lands after the last window finds nothing left to stop: exit 0, or,
@@ -467,7 +468,9 @@ def test_interrupted_replay_loses_nothing(broker_url: str, amqp_channel: amqp.Ch
 
 
 def test_info_and_cancel_a_running_job(app: Celery, worker: Any, broker_url: str) -> None:
-    code, job = run_json(broker_url, "enqueue", "loop.until_cancelled", "[30]", "-q", "email")
+    # the job runs until cancelled (at most 300 s): the four CLI runs before the cancel
+    # took more than 30 s on 2 loaded cores, and the job had ended before it came
+    code, job = run_json(broker_url, "enqueue", "loop.until_cancelled", "[300]", "-q", "email")
     assert code == 0
 
     def active() -> bool:

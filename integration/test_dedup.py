@@ -27,6 +27,9 @@ from .dedupapp import REDIS, make_dedup_app, runs_key
 from .workers import WorkerProcess, launch_worker
 
 COUNTER = redis.Redis.from_url(f"{REDIS}/2")
+#: Minutes of this module on one xdist worker: it goes out before the other modules
+#: (integration/conftest.py), not last and alone at the end of the run.
+XDIST_LONG = True
 
 
 def dedup_worker(broker_url: str, queue: str, log: Path, concurrency: int = 2,

@@ -28,6 +28,9 @@ REPUBLISH = {"OJS_TEST_DEAD_LETTER_MODE": "republish"}
 #: The result backend of the default-mode workers and of ``dlq -A integration.cliapp``.
 BACKEND = "redis://127.0.0.1:6379/14"
 OJS = "application/openjobspec+json"
+#: Each test uses queues of its own and a worker it starts, if any: xdist may hand
+#: them out one by one (conftest.py); each takes about a minute on 2 loaded cores.
+XDIST_SPREAD = True
 
 
 def dead_letters(broker_url: str, queue: str) -> list[dict[str, Any]]:

@@ -23,6 +23,9 @@ import pytest
 from .conftest import HOST, PORT, private_vhost
 
 PROJECT = Path(__file__).resolve().parents[1]
+#: Minutes of this module on one xdist worker: it goes out before the other modules
+#: (integration/conftest.py), not last and alone at the end of the run.
+XDIST_LONG = True
 SUITE = "t/integration/test_py_amqp.py"
 
 

@@ -30,6 +30,9 @@ from .test_cli import cli_path
 from .workers import WorkerProcess, launch_worker
 
 ROOT = Path(__file__).resolve().parents[1]
+#: Minutes of this module on one xdist worker: it goes out before the other modules
+#: (integration/conftest.py), not last and alone at the end of the run.
+XDIST_LONG = True
 QUEUE = "lp"
 ROLES = ("producer", "worker", "operator")
 

@@ -28,6 +28,7 @@ import argparse
 import json
 import os
 import pstats
+import statistics
 import sys
 import tempfile
 import time
@@ -42,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import workers
 from admin import Broker
 from measure import publish
+from raw_side import raw_drain
 from sides import DEFAULT_BROKER, TASK_ARGS, Side, make_ojs_side, make_plain_side
 
 #: cProfile entries that are the event loop waiting, not work.
@@ -129,7 +131,8 @@ def summarize_profile(path: Path, n: int, top: int) -> dict[str, Any]:
 
 def measure(side: Side, broker: Broker, pool: str, concurrency: int, n: int,
             workdir: Path, name: str, profile: Path | None, poison: bool = False,
-            extra_args: tuple[str, ...] = (), acks_early: bool = False) -> dict[str, Any]:
+            extra_args: tuple[str, ...] = (), acks_early: bool = False,
+            no_priority: bool = False) -> dict[str, Any]:
     broker.purge(side.amqp_queue)
     if poison:  # jobs of a type no task handles: dead-lettered (ojs_kombu) or rejected
         for _ in range(n):
@@ -141,6 +144,7 @@ def measure(side: Side, broker: Broker, pool: str, concurrency: int, n: int,
         "BENCH_DRAIN_QUEUE": side.celery_queue,
         "BENCH_DRAIN_OJS_PREFIX": side.app.conf.get("ojs_prefix") or "",
         "BENCH_DRAIN_ACKS_EARLY": "1" if acks_early else "",
+        "BENCH_DRAIN_OJS_NO_PRIORITY": "1" if no_priority else "",
     }
     with workers.WorkerProcess(
             app_module="drain_app", pool=pool, concurrency=concurrency,
@@ -158,6 +162,14 @@ def measure(side: Side, broker: Broker, pool: str, concurrency: int, n: int,
     return {**cpu, "jobs_per_s": round(n / seconds, 1)}
 
 
+def measure_raw(side: Side, broker: Broker, concurrency: int, n: int) -> dict[str, Any]:
+    """The raw py-amqp drain (``raw_side.raw_drain``) of ``n`` jobs of plain Celery's queue,
+    at the prefetch a worker of ``concurrency`` takes (Celery's multiplier, 4)."""
+    broker.purge(side.amqp_queue)
+    publish(side, n)
+    return raw_drain(side.app.conf.broker_url, side.amqp_queue, n, 4 * concurrency)
+
+
 def _wait_empty(broker: Broker, queue: str, n: int, first: Any) -> float:
     """Seconds from the first message taken off ``queue`` until it is empty (polled)."""
     deadline, started = time.monotonic() + 600, None
@@ -172,6 +184,44 @@ def _wait_empty(broker: Broker, queue: str, n: int, first: Any) -> float:
     raise RuntimeError(f"{queue} still holds messages after 600 s")
 
 
+def _print_medians(results: dict[str, Any], pool: str, concurrency: str,
+                   keys: list[str]) -> None:
+    """Each side's medians over the rounds, and jobs/s and main-process CPU as ratios to
+    plain Celery on its defaults (``plaindef``) when it ran."""
+    medians = {}
+    for key in keys:
+        entry = results[f"{key} {pool} c{concurrency}"]
+        entry["median"] = medians[key] = {
+            field: statistics.median(r[field] for r in entry["rounds"])
+            for field in entry["rounds"][0]}
+    base = medians.get("plaindef")
+    for key, median in medians.items():
+        ratios = ""
+        if base:
+            cpu = median["main_cpu_us_per_delivery"] / base["main_cpu_us_per_delivery"]
+            ratios = (f"  jobs/s {median['jobs_per_s'] / base['jobs_per_s']:.2f}x, "
+                      f"main CPU {cpu:.2f}x plaindef")
+        print(f"=== {key} {pool} c{concurrency} median: {median}{ratios}", flush=True)
+
+
+def _profile(side: Side, broker: Broker, pool: str, concurrency: int,
+             args: argparse.Namespace, workdir: Path, key: str) -> dict[str, Any]:
+    """One more drain under cProfile (``cpu_profile.py``), summarized and printed."""
+    label = f"{key} {pool} c{concurrency}"
+    out = (args.profile_dir or workdir) / f"{key}-{pool}.prof"
+    measure(side, broker, pool, concurrency, args.jobs, workdir, f"{key}-{pool}-prof", out,
+            args.poison, acks_early=key == "plaindef", no_priority=args.ojs_no_priority)
+    deadline = time.monotonic() + 30
+    while not out.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    summary = summarize_profile(out, args.jobs, args.top)
+    print(f"--- {label} under cProfile: {summary['us_per_delivery']} us/delivery "
+          f"{summary['packages']}")
+    for row in summary["functions"]:
+        print(f"  {row['us']:8.2f} us  x{row['calls_per_delivery']:<6} {row['function']}")
+    return summary
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--broker", default=DEFAULT_BROKER)
@@ -181,11 +231,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cprofile", action="store_true")
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--sides", default="ojs,plain,plaindef",
-                        help="ojs; plain (acks late, as ojs_kombu); plaindef (acks early)")
+                        help="ojs; plain (acks late, as ojs_kombu); plaindef (acks early); raw "
+                             "(a raw py-amqp consumer acking after each no-op: the ceiling)")
     parser.add_argument("--worker-args", default="",
                         help="more ``celery worker`` options, e.g. '--prefetch-multiplier 16'")
     parser.add_argument("--poison", action="store_true",
                         help="jobs of a type no task handles (the poison storm's backlog)")
+    parser.add_argument("--ojs-no-priority", action="store_true",
+                        help="ojs_kombu with ojs_max_priority=None (classic job queue)")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--profile-dir", type=Path,
                         help="keep the cProfile files there (pstats), not in a temporary directory")
@@ -196,7 +249,9 @@ def main(argv: list[str] | None = None) -> int:
     pid = os.getpid()
     plain = make_plain_side(args.broker, pid)
     # plaindef: plain Celery on its own defaults (acks on receipt), on the plain side's queue
-    sides = {"ojs": make_ojs_side(args.broker, pid), "plain": plain, "plaindef": plain}
+    ojs_conf = {"ojs_max_priority": None} if args.ojs_no_priority else None
+    sides = {"ojs": make_ojs_side(args.broker, pid, conf=ojs_conf), "plain": plain,
+             "plaindef": plain, "raw": plain}
     sides = {k: v for k, v in sides.items() if k in args.sides.split(",")}
     declared = list({id(side): side for side in sides.values()}.values())  # plain once
     results: dict[str, Any] = {"load": os.getloadavg()[0]}
@@ -207,34 +262,26 @@ def main(argv: list[str] | None = None) -> int:
             workdir = Path(tmp)
             for spec in args.pools.split(","):
                 pool, _, concurrency = spec.partition(":")
-                for key, side in sides.items():
-                    label = f"{key} {pool} c{concurrency}"
-                    cpus = []
-                    for round_ in range(args.rounds):
-                        reading = measure(side, broker, pool, int(concurrency), args.jobs,
-                                          workdir, f"{key}-{pool}-{round_}", None,
-                                          args.poison, tuple(args.worker_args.split()),
-                                          acks_early=key == "plaindef")
-                        cpus.append(reading)
+                for round_ in range(args.rounds):  # the sides alternated: reversed on odd rounds
+                    order = list(sides.items())
+                    for key, side in order[::-1] if round_ % 2 else order:
+                        label = f"{key} {pool} c{concurrency}"
+                        reading = (measure_raw(side, broker, int(concurrency), args.jobs)
+                                   if key == "raw" else
+                                   measure(side, broker, pool, int(concurrency), args.jobs,
+                                           workdir, f"{key}-{pool}-{round_}", None,
+                                           args.poison, tuple(args.worker_args.split()),
+                                           acks_early=key == "plaindef",
+                                           no_priority=args.ojs_no_priority))
+                        results.setdefault(label, {"rounds": []})["rounds"].append(reading)
                         print(f"{label}: {reading} (load {os.getloadavg()[0]:.2f})",
                               flush=True)
-                    results[label] = {"rounds": cpus}
-                    if args.cprofile:
-                        out = (args.profile_dir or workdir) / f"{key}-{pool}.prof"
-                        measure(side, broker, pool, int(concurrency), args.jobs, workdir,
-                                f"{key}-{pool}-prof", out, args.poison,
-                                acks_early=key == "plaindef")
-                        deadline = time.monotonic() + 30
-                        while not out.exists() and time.monotonic() < deadline:
-                            time.sleep(0.2)
-                        summary = summarize_profile(out, args.jobs, args.top)
-                        results[label]["profile"] = summary
-                        print(f"--- {label} under cProfile: "
-                              f"{summary['us_per_delivery']} us/delivery "
-                              f"{summary['packages']}")
-                        for row in summary["functions"]:
-                            print(f"  {row['us']:8.2f} us  x{row['calls_per_delivery']:<6} "
-                                  f"{row['function']}")
+                _print_medians(results, pool, concurrency, list(sides))
+                for key, side in sides.items() if args.cprofile else ():
+                    if key != "raw":
+                        label = f"{key} {pool} c{concurrency}"
+                        results[label]["profile"] = _profile(
+                            side, broker, pool, int(concurrency), args, workdir, key)
     finally:
         for side in declared:
             broker.delete_side(side)

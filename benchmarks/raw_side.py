@@ -14,6 +14,7 @@ of this message with every job confirmed, and ``enqueue_many`` (or
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -112,3 +113,42 @@ def raw_publisher(broker: Broker, broker_url: str, ojs: Side) -> Iterator[RawCon
         yield publisher
     finally:
         publisher.close()
+
+
+def raw_drain(broker_url: str, queue: str, n: int, prefetch: int,
+              timeout: float = 600.0) -> dict[str, float]:
+    """Drain ``n`` Celery jobs from ``queue`` with a raw py-amqp consumer doing the worker's
+    loop and nothing else: each delivery's body decoded (Celery's protocol v2 JSON), the
+    no-op called, then ``Basic.Ack`` (after the job, as ``task_acks_late``), at
+    ``prefetch``.  What a worker of one process could reach on this broker: the drains'
+    ceiling.  Jobs/s from the first delivery to the last ack, and the CPU of the loop's
+    thread per delivery."""
+    connection = connect(broker_url)
+    channel = connection.channel()
+    channel.basic_qos(0, prefetch, False)
+    done = {"n": 0, "first": 0.0, "cpu": 0.0}
+
+    def noop(*_args: Any) -> None:
+        return None
+
+    def on_message(message: amqp.Message) -> None:
+        if not done["n"]:
+            done["first"], done["cpu"] = time.perf_counter(), time.thread_time()
+        args, kwargs, _embed = json.loads(message.body)
+        noop(*args, **kwargs)
+        channel.basic_ack(message.delivery_tag)
+        done["n"] += 1
+
+    channel.basic_consume(queue, callback=on_message)
+    deadline = time.monotonic() + timeout
+    try:
+        while done["n"] < n:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"raw drain: {done['n']} of {n} jobs after {timeout} s")
+            connection.drain_events(timeout=1)
+        seconds, cpu = time.perf_counter() - done["first"], time.thread_time() - done["cpu"]
+    finally:
+        with suppress(Exception):
+            connection.close()
+    return {"main_cpu_us_per_delivery": round(cpu * 1e6 / n, 1),
+            "jobs_per_s": round(n / seconds, 1)}

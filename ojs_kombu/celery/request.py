@@ -124,10 +124,13 @@ class JobRequest(Request):
         """Celery's check, by the job's OJS id too (a CANCEL by the OJS id of a job whose
         Celery task id differs may reach this worker before the job does), and for a
         CANCEL of a job of this job's queue that came before the job."""
-        ids = job_ids_of(self)
-        if self.id not in worker_state.revoked and (
-                (len(ids) > 1 and ids[1] in worker_state.revoked) or self._ojs_cancel_here(ids)):
-            worker_state.revoked.add(self.id)
+        # Both sets are empty until a revoke or a CANCEL comes: then nothing to look up.
+        if cancellations or worker_state.revoked:
+            ids = job_ids_of(self)
+            if self.id not in worker_state.revoked and (
+                    (len(ids) > 1 and ids[1] in worker_state.revoked)
+                    or self._ojs_cancel_here(ids)):
+                worker_state.revoked.add(self.id)
         return bool(super().revoked())
 
     def _ojs_cancel_here(self, ids: tuple[str, ...]) -> bool:

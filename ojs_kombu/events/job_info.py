@@ -14,8 +14,8 @@ from .metrics import labels
 class JobInfo:
     """What every job event says about its job."""
 
-    __slots__ = ("_enqueued_at", "_labels", "attempt", "cancel", "job_id", "job_type", "queue",
-                 "trace_id")
+    __slots__ = ("_enqueued_at", "_labels", "_trace_id", "attempt", "cancel", "job_id",
+                 "job_type", "queue")
 
     def __init__(self, job_id: str, job_type: str, queue: str, attempt: int = 0,
                  trace_id: str | None = None, enqueued_at: datetime | None = None) -> None:
@@ -23,7 +23,8 @@ class JobInfo:
         self.job_type = job_type
         self.queue = queue
         self.attempt = attempt
-        self.trace_id = trace_id
+        #: the trace id, or the ``traceparent`` header as it came (parsed when first read)
+        self._trace_id: str | tuple[str] | None = trace_id
         #: a datetime, or ``x-ojs-enqueued-at`` as it came (parsed when first read)
         self._enqueued_at: datetime | str | None = enqueued_at
         #: Why a CANCEL of this running job was not carried out (its pool cannot end it):
@@ -35,13 +36,24 @@ class JobInfo:
     def from_headers(cls, job_id: str, job_type: str, queue: str,
                      headers: Mapping[str, Any]) -> JobInfo:
         attempt = headers.get("x-ojs-attempt")
-        traceparent = headers.get("x-ojs-trace-id") or headers.get("x-ojs-traceparent")
         info = cls(job_id, job_type, queue, attempt if isinstance(attempt, int) and attempt > 0
-                   else 1, trace_id_of(traceparent))
+                   else 1)
+        traceparent = headers.get("x-ojs-trace-id") or headers.get("x-ojs-traceparent")
+        if traceparent is not None:  # read by the first event that says it
+            info._trace_id = (traceparent,)
         enqueued_at = headers.get("x-ojs-enqueued-at")
         if isinstance(enqueued_at, str):
             info._enqueued_at = enqueued_at
         return info
+
+    @property
+    def trace_id(self) -> str | None:
+        """The trace id of the job's ``traceparent`` (``x-ojs-trace-id``), parsed on the
+        first read: a job's events read it only when something hears them."""
+        value = self._trace_id
+        if isinstance(value, tuple):
+            value = self._trace_id = trace_id_of(value[0])
+        return value
 
     @property
     def enqueued_at(self) -> datetime | None:

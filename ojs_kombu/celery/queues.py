@@ -8,6 +8,7 @@ Configured, default and missing queues alike become
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from celery.app.amqp import Queues
@@ -18,6 +19,9 @@ from ..amqp.broker.entities import JobQueue, extra_arguments, job_queue
 from ..amqp.broker.topology import OWNED_ARGUMENTS
 from ..spec.errors import OJSConfigurationError
 from .celery_seam import queues_hooks, set_default_consume_from
+
+#: Celery's ``Queues.__init__`` parameters, whose order differs between Celery versions.
+_QUEUES_SIGNATURE = inspect.signature(Queues.__init__)
 
 
 @queues_hooks
@@ -34,9 +38,11 @@ class OJSQueues(Queues):
     def __init__(self, queues: Any = None, *args: Any, binding: Binding, **kwargs: Any) -> None:
         self.binding = binding
         # task_queue_max_priority is the binding's max_priority (OJSSettings.from_options),
-        # which skips quorum queues: Celery would add it to every queue's arguments
-        kwargs["max_priority"] = None
-        super().__init__(queues, *args, **kwargs)
+        # which skips quorum queues: Celery would add it to every queue's arguments.
+        # Celery 5.5 and 5.6 pass it by position, 5.7 by name.
+        bound = _QUEUES_SIGNATURE.bind(self, queues, *args, **kwargs)
+        bound.arguments["max_priority"] = None
+        super().__init__(*bound.args[1:], **bound.kwargs)
         set_default_consume_from(self, {queue.name: queue for queue in self.values()})
 
     def __missing__(self, name: str) -> Queue:

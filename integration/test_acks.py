@@ -32,7 +32,8 @@ def test_a_backlog_is_acked_in_batches_and_every_job_runs_once(
     for result in results:
         app.calls.wait_for(result.id, timeout=60)  # type: ignore[attr-defined]
     queue = app.amqp.binding.names.job_queue("default")
-    wait_until(lambda: unacked(vhost, queue) == 0, timeout=30, what="every job acked")
+    wait_until(lambda: unacked(vhost, queue) == 0, timeout=30, what="every job acked",
+               interval=1.0)
     assert all(app.calls.count(r.id) == 1 for r in results)  # type: ignore[attr-defined]
     assert queue_depth(amqp_channel, queue) == 0
     # Fewer writes than jobs; one Basic.Ack(multiple=false) per job (section 5.3).

@@ -16,7 +16,7 @@ from ojs_kombu.spec.errors import ControlError, ControlTimeout
 from ojs_kombu.spec.job_ids import new_job_id
 
 from .apps import make_app
-from .conftest import publish_raw, queue_depth, rabbitmqctl, wait_until
+from .conftest import publish_raw, queue_counts, queue_depth, rabbitmqctl, wait_until
 from .workers import WorkerProcess, launch_worker
 
 
@@ -25,9 +25,8 @@ def test_control_queues_are_part_of_the_topology(app: Celery, worker: Any, vhost
                            "destination_name", "routing_key")
     assert ("ojs.exchange.direct\tojs.queue.control.email\tojs.queue.control.email"
             in bindings)
-    consumers = rabbitmqctl("list_queues", "--no-table-headers", "-p", vhost, "name",
-                            "consumers")
-    assert "ojs.queue.control.email\t1" in consumers  # the worker consumes it
+    counts = queue_counts(vhost, "ojs.queue.control.email")
+    assert counts is not None and counts[1] == 1  # the worker consumes it
 
 
 def consumers_of(vhost: str, queue: str) -> set[tuple[str, str]]:
@@ -45,7 +44,7 @@ def test_a_deleted_control_queue_is_declared_and_consumed_again_without_a_reconn
     jobs = consumers_of(vhost, "ojs.queue.email")
     assert jobs
     amqp_channel.queue_delete("ojs.queue.control.email")
-    wait_until(lambda: consumers_of(vhost, "ojs.queue.control.email"), 30,
+    wait_until(lambda: (queue_counts(vhost, "ojs.queue.control.email") or (0, 0))[1], 30,
                "the control queue consumed again")
     assert consumers_of(vhost, "ojs.queue.email") == jobs  # same channel, same consumer
     result = app.tasks["email.send"].apply_async(("a@b.c", "after"), queue="email")

@@ -142,7 +142,7 @@ def test_each_internal_task_from_a_producer_ends_bounded_on_a_prefork_worker(
     # no job is left running or waiting to be republished.
     try:
         wait_until(lambda: set(settled_queues(vhost, queue)) <= {dlq} or not worker.alive(), 180,
-                   "every internal job to end")
+                   "every internal job to end", interval=2.0)  # unacked: rabbitmqctl only
     except AssertionError as exc:
         raise AssertionError(f"{exc}: {settled_queues(vhost, queue)}\n{log.read_text()[-6000:]}"
                              ) from None

@@ -1,17 +1,15 @@
 """Reconnection, re-declaration, consumer cancellation and failover against the real broker.
 
-Each test works in a vhost of its own and breaks only its own connections
-(``rabbitmqctl close_connection`` on that vhost's connections, never all of
-the broker's).  Broker restarts are in the fault suite (faults/), which runs
-its own node.
+The module works in a vhost of its own (each test in queues of its own names; the
+quorum-queue test in a vhost of its own) and breaks only that vhost's connections
+(``rabbitmqctl close_all_connections`` on it, never all of the broker's).  Broker
+restarts are in the fault suite (faults/), which runs its own node.
 """
 
 from __future__ import annotations
 
 import socket
-import subprocess
 import threading
-import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -23,17 +21,22 @@ from celery import Celery
 import ojs_kombu
 
 from .apps import make_app
-from .conftest import HOST, PORT, rabbitmqctl, rabbitmqctl_command, wait_until
+from .conftest import HOST, PORT, private_vhost, queue_counts, rabbitmqctl, wait_until
 from .workers import in_process_worker
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def own_vhost() -> Iterator[str]:
-    name = f"ojs-kombu-reconnect-{uuid.uuid4().hex[:8]}"
-    rabbitmqctl("add_vhost", name)
-    rabbitmqctl("set_permissions", "-p", name, "guest", ".*", ".*", ".*")
-    yield name
-    rabbitmqctl("delete_vhost", name)
+    with private_vhost("ojs-kombu-reconnect") as name:
+        yield name
+
+
+@pytest.fixture
+def quorum_vhost() -> Iterator[str]:
+    """A vhost of the test's own, where the topology's queues are quorum queues (the
+    module's holds them as classic queues: a worker declaring them stops there)."""
+    with private_vhost("ojs-kombu-reconnect-quorum") as name:
+        yield name
 
 
 ConnectionEvents = Callable[[Celery], list[dict[str, Any]]]
@@ -56,15 +59,13 @@ def connection_events() -> Iterator[ConnectionEvents]:
 
 
 def close_connections_of(vhost: str) -> int:
-    """Close every connection of ``vhost`` (and only those)."""
-    closed = 0
-    for line in rabbitmqctl("list_connections", "pid", "vhost").splitlines():
-        pid, _, name = line.partition("\t")
-        if name == vhost:
-            subprocess.run(rabbitmqctl_command("close_connection", pid, "reconnect test"),
-                           capture_output=True, timeout=60, check=False)
-            closed += 1
-    return closed
+    """Close every connection of ``vhost`` (and only those); how many it had."""
+    listed = rabbitmqctl("list_connections", "vhost").splitlines()
+    count = sum(name == vhost for name in listed)
+    if count:
+        rabbitmqctl("close_all_connections", "--vhost", vhost, "--limit", str(count),
+                    "reconnect test")
+    return count
 
 
 def consumers_of(vhost: str, queue: str) -> list[int]:
@@ -72,6 +73,16 @@ def consumers_of(vhost: str, queue: str) -> list[int]:
     out = rabbitmqctl("list_consumers", "-p", vhost, "queue_name", "prefetch_count")
     return [int(line.split("\t")[1]) for line in out.splitlines()
             if line.split("\t")[0] == queue]
+
+
+def wait_for_consumers(vhost: str, queues: list[str], prefetch: int, what: str) -> None:
+    """Wait until each of ``queues`` has one consumer, with ``prefetch``: first for a
+    consumer at all over AMQP (cheap to poll), then for the prefetch, which only
+    ``rabbitmqctl`` tells (asked once a second)."""
+    wait_until(lambda: all((queue_counts(vhost, queue) or (0, 0))[1] >= 1
+                           for queue in queues), 30, what)
+    wait_until(lambda: all(consumers_of(vhost, queue) == [prefetch] for queue in queues), 30,
+               what, interval=1.0)
 
 
 def test_worker_reconnects_redeclares_and_consumes_with_the_same_prefetch(
@@ -91,10 +102,9 @@ def test_worker_reconnects_redeclares_and_consumes_with_the_same_prefetch(
         event = next(e for e in events if e["data"].get("role") == "worker")
         assert event["data"]["queues"] == ["rq"]
         assert event["data"]["prefetch_count"] == 8
-        wait_until(lambda: consumers_of(own_vhost, "ojs.queue.rq") == prefetch, 30,
-                   "the consumer back with the same prefetch")
-        queues = rabbitmqctl("list_queues", "-p", own_vhost, "name")
-        assert "ojs.queue.dlx.rq" in queues.split()  # re-declared with the topology
+        wait_for_consumers(own_vhost, ["ojs.queue.rq"], 8,
+                           "the consumer back with the same prefetch")
+        assert queue_counts(own_vhost, "ojs.queue.dlx.rq") is not None  # re-declared
         second = app.tasks["math.add"].apply_async((2, 2), queue="rq")
         app.calls.wait_for(second.id)
 
@@ -110,8 +120,7 @@ def test_producer_redeclares_topology_after_reconnecting(
                 '<<"ojs.exchange.direct">>), false, <<"test">>).')
     assert close_connections_of(own_vhost) >= 1
     app.tasks["math.add"].apply_async((2, 2), queue="pq")  # mandatory + confirmed
-    depth = rabbitmqctl("list_queues", "-p", own_vhost, "name", "messages")
-    assert "ojs.queue.pq\t1" in depth.splitlines()
+    assert queue_counts(own_vhost, "ojs.queue.pq") == (1, 0)
     assert [e["data"]["role"] for e in events
             if e["type"] == "connection.reconnected"] == ["client"]
 
@@ -124,8 +133,7 @@ def test_producer_with_the_rpc_backend_publishes_after_its_connection_was_closed
     app.tasks["math.add"].apply_async((1, 1), queue="rpcq")
     assert close_connections_of(own_vhost) >= 1
     app.tasks["math.add"].apply_async((2, 2), queue="rpcq")
-    depth = rabbitmqctl("list_queues", "-p", own_vhost, "name", "messages")
-    assert "ojs.queue.rpcq\t2" in depth.splitlines()
+    assert queue_counts(own_vhost, "ojs.queue.rpcq") == (2, 0)
 
 
 def test_deleted_queue_cancels_the_consumer_which_comes_back(
@@ -146,8 +154,8 @@ def test_deleted_queue_cancels_the_consumer_which_comes_back(
             cancelled = [e for e in events if e["type"] == "consumer.cancelled"][-1]
             assert cancelled["data"]["queue"] == "cq"
             assert 750 <= cancelled["data"]["retry_in_ms"] <= 1250  # the schedule's first step
-            wait_until(lambda: consumers_of(own_vhost, "ojs.queue.cq") == [8], 30,
-                       "the consumer re-registered with the same prefetch")
+            wait_for_consumers(own_vhost, ["ojs.queue.cq"], 8,
+                               "the consumer re-registered with the same prefetch")
             again = app.tasks["math.add"].apply_async((cycle, 2), queue="cq")
             app.calls.wait_for(again.id)
             assert wait_until(lambda: app.control.ping([worker.hostname], timeout=1.0), 10,
@@ -201,7 +209,7 @@ def test_an_exclusive_queue_still_held_by_the_previous_connection_is_waited_for(
 
 
 def test_a_deleted_quorum_control_queue_is_consumed_again(
-        own_vhost: str, connection_events: ConnectionEvents) -> None:
+        quorum_vhost: str, connection_events: ConnectionEvents) -> None:
     """RabbitMQ 4.0 cancels the consumers of a quorum queue before the queue is gone: the
     worker declares it again after the schedule's first step (not at once, which found
     the dying queue and then no queue), and INFO is answered through it again; the
@@ -209,21 +217,20 @@ def test_a_deleted_quorum_control_queue_is_consumed_again(
     from ojs_kombu import ControlClient
     from ojs_kombu.spec.job_ids import new_job_id
 
-    app = make_app("cancel-control", f"ojs://guest:guest@{HOST}:{PORT}/{own_vhost}",
+    app = make_app("cancel-control", f"ojs://guest:guest@{HOST}:{PORT}/{quorum_vhost}",
                    "cache+memory://", ojs_queue_defaults={"type": "quorum"})
     events = connection_events(app)
     controls = ["ojs.queue.control.qa", "ojs.queue.control.qb"]
     with in_process_worker(app, ["qa", "qb"], pool="threads", concurrency=2):
-        wait_until(lambda: all(consumers_of(own_vhost, c) == [16] for c in controls), 30,
-                   "the worker consuming both control queues")
-        rabbitmqctl("delete_queue", "-p", own_vhost, controls[0])
+        wait_for_consumers(quorum_vhost, controls, 16, "the worker consuming both control queues")
+        rabbitmqctl("delete_queue", "-p", quorum_vhost, controls[0])
         wait_until(lambda: any(e["type"] == "consumer.cancelled" for e in events), 30,
                    "consumer.cancelled")
         cancelled = next(e for e in events if e["type"] == "consumer.cancelled")
         assert cancelled["data"]["queue"] == controls[0]
         assert 750 <= cancelled["data"]["retry_in_ms"] <= 1250  # first step of the schedule
-        wait_until(lambda: all(consumers_of(own_vhost, c) == [16] for c in controls), 30,
-                   "both control queues consumed again with the same prefetch")
+        wait_for_consumers(quorum_vhost, controls, 16,
+                           "both control queues consumed again with the same prefetch")
         with ControlClient(app) as client:
             for queue in ("qa", "qb"):
                 assert client.info(new_job_id(), queue, timeout=10)["state"] == "not_found"

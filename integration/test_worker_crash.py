@@ -82,7 +82,7 @@ def test_kill_9_after_later_jobs_were_acked_redelivers_only_the_running_job(
         # The rpc:// replies come before the acks: wait until the broker holds only
         # the long job as unacknowledged (everything else settled).
         wait_until(lambda: unacked(vhost, "ojs.queue.crash") == 1, timeout=20,
-                   what="the quick jobs' acks")
+                   what="the quick jobs' acks", interval=1.0)
         worker.kill()
         queue = "ojs.queue.crash"
         wait_until(lambda: queue_depth(amqp_channel, queue) >= 1, timeout=20,

@@ -5,12 +5,17 @@ Checked with Celery 5.5.3, 5.6.3 and 5.7.0 (:data:`CHECKED`).  Each use is a
 ``tests/test_seams.py`` and checked by :func:`verify_celery` when
 ``install(app)`` runs: a missing one refuses with
 :class:`~ojs_kombu.spec.errors.UnsupportedDependencyError` naming it, before
-any worker starts.
+any worker starts.  The Redis result backend's hook (which loads the redis client and,
+through it, OpenTelemetry's SDK) is checked only where a Redis backend is in use: by
+:func:`verify_result_backend`, at the start of a worker and before the first chord
+header task is published.
 """
 
 from __future__ import annotations
 
+import importlib
 import inspect
+import sys
 from collections.abc import Callable
 from functools import cache
 from typing import Any, TypeVar
@@ -18,16 +23,12 @@ from typing import Any, TypeVar
 from celery import canvas
 from celery.app import amqp as celery_amqp
 from celery.app.task import Task
-from celery.bin import purge as purge_command
 from celery.events.dispatcher import EventDispatcher
 from celery.worker.request import Request
 
 from ..spec.seams import Hook, source_uses, verify
 
-try:  # Celery's Redis result backend needs the redis client, an optional dependency
-    from celery.backends import redis as redis_backend
-except ImportError:  # pragma: no cover  (no client: no Redis backend to mind)
-    redis_backend = None
+_REDIS_BACKEND = "celery.backends.redis"
 
 CHECKED = "5.5.3, 5.6.3, 5.7.0"
 
@@ -43,9 +44,20 @@ def _hook(owner: Any, member: str, why: str, params: tuple[str, ...] | None = No
 
 
 @cache
+def _redis_backend() -> Any:
+    """Celery's Redis result backend module, imported on first need (``None`` without the
+    redis client, an optional dependency: then there is no Redis backend to mind)."""
+    try:
+        return importlib.import_module(_REDIS_BACKEND)
+    except ImportError:  # pragma: no cover  (no client)
+        return None
+
+
+@cache
 def _chord_done_marker() -> str | None:
     """The key suffix of the Redis backend's chord done marker (``".c"``, Celery 5.7), or
     ``""`` when the backend has none (its chords have no such race)."""
+    redis_backend = _redis_backend()
     if redis_backend is None:
         return ""
     source = inspect.getsource(redis_backend)
@@ -55,7 +67,8 @@ def _chord_done_marker() -> str | None:
     return ".c" if "'.c'" in set_size or '".c"' in set_size else None
 
 
-HOOKS: tuple[Hook, ...] = (
+#: The hooks every app needs, checked by ``install(app)``.
+CORE_HOOKS: tuple[Hook, ...] = (
     _hook(celery_amqp.AMQP, "_create_task_sender", "publishing every task as an OJS job "
           "through Celery's own send path (celery/task_sender.py)", ()),
     _hook(celery_amqp.AMQP, "_producer_pool", "producers of the app's own class",
@@ -74,18 +87,51 @@ HOOKS: tuple[Hook, ...] = (
           probe=source_uses(EventDispatcher, "self._group_buffer = defaultdict(list)")),
     _hook(EventDispatcher, "_publish", "publishing the buffered task events taken",
           ("event", "producer", "routing_key", "retry", "retry_policy", "utcoffset")),
-    *([] if redis_backend is None else [
-        _hook(redis_backend.RedisBackend, "set_chord_size", "clearing a re-applied chord's "
-              "done marker before its first header task is published "
-              "(celery/task_sender.py)", ("group_id", "chord_size"),
-              probe=lambda: _chord_done_marker() is not None)]),
 )
+
+
+@cache
+def redis_backend_hooks() -> tuple[Hook, ...]:
+    """The Redis result backend's hooks (none without the redis client)."""
+    redis_backend = _redis_backend()
+    if redis_backend is None:
+        return ()
+    return (_hook(redis_backend.RedisBackend, "set_chord_size", "clearing a re-applied "
+                  "chord's done marker before its first header task is published "
+                  "(celery/task_sender.py)", ("group_id", "chord_size"),
+                  probe=lambda: _chord_done_marker() is not None),)
+
+
+def __getattr__(name: str) -> Any:
+    """``HOOKS``: every hook of the seam, the Redis backend's included (loads it)."""
+    if name == "HOOKS":
+        return CORE_HOOKS + redis_backend_hooks()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @cache
 def verify_celery() -> None:
     """Refuse to start on a Celery without the hooks (once per process)."""
-    verify(HOOKS)
+    verify(CORE_HOOKS)
+
+
+def _is_redis_backend(backend: Any) -> bool:
+    """Whether ``backend`` is Celery's Redis result backend (or a subclass); a backend of
+    that class means its module is loaded, so this never imports it."""
+    redis_backend = sys.modules.get(_REDIS_BACKEND)
+    return redis_backend is not None and isinstance(backend, redis_backend.RedisBackend)
+
+
+def verify_result_backend(backend: Any) -> None:
+    """Refuse, with :class:`~ojs_kombu.spec.errors.UnsupportedDependencyError`, a Redis
+    result backend whose Celery lacks its hook (other backends have none)."""
+    if _is_redis_backend(backend):
+        _verify_redis_backend()
+
+
+@cache
+def _verify_redis_backend() -> None:
+    verify(redis_backend_hooks())
 
 
 # -- the uses ------------------------------------------------------------------------
@@ -152,8 +198,11 @@ def clear_chord_done_marker(backend: Any, group_id: str) -> None:
     publishes a worker can finish an earlier header task before that, and Celery then
     drops its result and never calls the body.  Called as the first header task is
     published; other backends have no marker."""
+    if not _is_redis_backend(backend):
+        return
+    _verify_redis_backend()
     suffix = _chord_done_marker()
-    if suffix and redis_backend is not None and isinstance(backend, redis_backend.RedisBackend):
+    if suffix:
         backend.ensure(backend.client.delete, (backend.get_key_for_group(group_id, suffix),))
 
 
@@ -180,6 +229,8 @@ def around_purge_command(wrap: Callable[[Callable[..., Any]], Callable[..., Any]
     already wrapped is left alone).  Click looks the callback up when the command runs,
     after ``-A`` loaded the app, so installing an app wires the command.  (The command's
     ``callback`` is click's public attribute; integration/test_purge.py runs the command.)"""
+    from celery.bin import purge as purge_command  # Celery's command line: loaded on use
+
     command = purge_command.purge
     if not getattr(command.callback, "ojs_wrapped", False):
         wrapped = wrap(command.callback)

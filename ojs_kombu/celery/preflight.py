@@ -13,6 +13,7 @@ from celery import Celery, bootsteps
 
 from ..amqp.broker.entities import JobQueue
 from ..spec.errors import OJSConfigurationError
+from .celery_seam import verify_result_backend
 from .conf import pickle_settings
 from .events import consumed_queues
 from .expired import ExpiredResults
@@ -78,6 +79,7 @@ class OJSPreflight(bootsteps.Step):
 
     def __init__(self, parent: Any, **kwargs: Any) -> None:
         check_app(parent.app)
+        verify_result_backend(parent.app.backend)  # a Redis backend's hook, checked here
         # one line for the queues this worker consumes (-Q), not the app's whole table
         binding = parent.app.amqp.binding
         binding.warn_unbounded(consumed_queues(parent.app))

@@ -2,14 +2,37 @@
 
 from __future__ import annotations
 
+import importlib
 import logging
 import sys
 import textwrap
 
 import click
 
-from . import conformance, dedup, dlq, events, jobs, migrate, topology
 from .common import EXIT_CODES, OJSGroup, global_options
+
+#: Each command and where it is defined (``module:attribute`` under ``ojs_kombu.cli``),
+#: imported only when asked for: ``ojs-kombu dlq list`` does not load the conformance
+#: worker or the migration check (click's lazy group).
+COMMANDS = {
+    "cancel": "jobs:cancel", "conformance": "conformance:conformance", "dedup": "dedup:dedup",
+    "dlq": "dlq:dlq", "enqueue": "jobs:enqueue", "events": "events:events",
+    "info": "jobs:info", "migrate": "migrate:migrate", "topology": "topology:topology",
+}
+
+
+class LazyGroup(OJSGroup):
+    """The top group: its commands load on first use (:data:`COMMANDS`)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *COMMANDS})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in COMMANDS and cmd_name not in self.commands:
+            module, _, attribute = COMMANDS[cmd_name].partition(":")
+            command = getattr(importlib.import_module(f"{__package__}.{module}"), attribute)
+            self.add_command(command, cmd_name)
+        return super().get_command(ctx, cmd_name)
 
 
 def _epilog() -> str:
@@ -20,7 +43,7 @@ def _epilog() -> str:
     return "\n".join(lines)
 
 
-@click.group(cls=OJSGroup, epilog=_epilog(), context_settings={"max_content_width": 100})
+@click.group(cls=LazyGroup, epilog=_epilog(), context_settings={"max_content_width": 100})
 @click.version_option(package_name="ojs_kombu", prog_name="ojs-kombu")
 @global_options
 def cli() -> None:
@@ -33,11 +56,6 @@ def cli() -> None:
     settings (prefix, queue aliases, queue settings) apply.  A job id is the
     argument JOB_ID.  Run `ojs-kombu COMMAND --help` for a command's options.
     """
-
-
-for command in (topology.topology, jobs.enqueue, jobs.cancel, jobs.info, dlq.dlq, dedup.dedup,
-                events.events, conformance.conformance, migrate.migrate):
-    cli.add_command(command)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -61,7 +61,7 @@ class EventFilter(BaseModel):
     catalog events never gets one.
     """
 
-    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+    model_config = ConfigDict(defer_build=True, strict=True, extra="forbid", frozen=True)
 
     event_types: list[_Item] | None = None
     queues: list[_Item] | None = None

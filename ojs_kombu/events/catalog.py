@@ -92,7 +92,7 @@ TraceId = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{32}$")]
 class EventData(BaseModel):
     """Base of the section 4 data models: strict types, unknown fields kept."""
 
-    model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
+    model_config = ConfigDict(defer_build=True, strict=True, extra="allow", allow_inf_nan=False)
 
     #: Optional fields for which an explicit ``null`` is meaningful and written.
     _nullable: ClassVar[frozenset[str]] = frozenset()
@@ -109,7 +109,7 @@ class EventData(BaseModel):
 class ErrorInfo(BaseModel):
     """``error`` of ``job.retrying``, ``workflow.failed``; ``last_error`` of ``job.discarded``."""
 
-    model_config = ConfigDict(strict=True, extra="allow")
+    model_config = ConfigDict(defer_build=True, strict=True, extra="allow")
 
     code: NonEmptyStr
     message: str  # may be empty: str() of a bare exception is

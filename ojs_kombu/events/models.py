@@ -121,7 +121,7 @@ class Event(BaseModel):
     to build one.
     """
 
-    model_config = ConfigDict(strict=True, extra="allow", frozen=True)
+    model_config = ConfigDict(defer_build=True, strict=True, extra="allow", frozen=True)
 
     specversion: Literal["1.0"] = SPEC_VERSION
     id: NonEmptyStr = Field(default_factory=new_event_id)

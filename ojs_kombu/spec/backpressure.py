@@ -55,7 +55,7 @@ class QueueConfig(BaseModel):
     (RabbitMQ 4.0+: 20; 3.x: none).
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(defer_build=True, extra="forbid", frozen=True, strict=True)
 
     max_depth: int = Field(default=0, ge=0)
     max_size_bytes: int = Field(default=0, ge=0)
@@ -257,7 +257,7 @@ class Bounds:
 class ProducerBackpressure(BaseModel):
     """``ojs_backpressure``: how producers react to a full queue (sections 8.1, 8.2)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(defer_build=True, extra="forbid", frozen=True, strict=True)
 
     #: Automatic re-publishes of a rejected job before ``QueueFullError`` reaches the
     #: caller (``reject`` queues; ``block`` queues retry until their ``block_timeout``).

@@ -61,7 +61,7 @@ def _unique(values: list[Any] | None, field: str) -> list[Any] | None:
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(defer_build=True, strict=True, extra="forbid", populate_by_name=True)
 
 
 class RetryPolicy(_Strict):
@@ -145,7 +145,7 @@ class JobError(_Strict):
 class ErrorEntry(BaseModel):
     """One item of the ``errors`` history; unknown keys are kept."""
 
-    model_config = ConfigDict(strict=True, extra="allow")
+    model_config = ConfigDict(defer_build=True, strict=True, extra="allow")
 
     code: NonEmptyStr
     message: NonEmptyStr
@@ -157,7 +157,7 @@ class ErrorEntry(BaseModel):
 class JobEnvelope(BaseModel):
     """An OJS job (``job.schema.json``)."""
 
-    model_config = ConfigDict(strict=True, extra="allow", populate_by_name=True)
+    model_config = ConfigDict(defer_build=True, strict=True, extra="allow", populate_by_name=True)
 
     specversion: Literal["1.0"]
     id: Annotated[str, StringConstraints(pattern=JOB_ID_RE.pattern)]

@@ -42,7 +42,7 @@ CELERY_MAX_PRIORITY = "task_queue_max_priority"
 class OJSSettings(BaseModel):
     """Every setting, with its default; ``app.conf.ojs_<name>`` sets ``<name>``."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(defer_build=True, extra="forbid", frozen=True)
 
     #: Multi-tenancy prefix: ``tenant1`` gives ``tenant1.ojs.queue.email``.
     prefix: str = ""

@@ -129,10 +129,11 @@ def reader_hook(cls: type[_T]) -> type[_T]:
     :data:`~.py_amqp_seam.NO_READ_AHEAD` is in force)."""
 
     def _make_reader(self: Any, connection: Any, *args: Any, **kwargs: Any) -> Any:
+        if NO_READ_AHEAD in fallbacks():  # verified when first needed, not at import
+            return super(cls, self)._make_reader(connection, *args, **kwargs)
         return super(cls, self)._make_reader(self.loop_reader(connection), *args, **kwargs)
 
-    if NO_READ_AHEAD not in fallbacks():
-        cls._make_reader = _make_reader  # type: ignore[attr-defined]
+    cls._make_reader = _make_reader  # type: ignore[attr-defined]
     return cls
 
 

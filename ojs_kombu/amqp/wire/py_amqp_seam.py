@@ -122,13 +122,13 @@ def channel_hooks(cls: type[_T]) -> type[_T]:
     def _on_basic_deliver(self: Any, consumer_tag: str, delivery_tag: int,
                           redelivered: bool, exchange: str, routing_key: str,
                           msg: amqp.Message) -> None:
-        self.on_deliver(consumer_tag, delivery_tag)
+        if NO_LOOP_ACKS not in fallbacks():  # verified once, at the first delivery at latest
+            self.on_deliver(consumer_tag, delivery_tag)
         super(cls, self)._on_basic_deliver(consumer_tag, delivery_tag, redelivered, exchange,
                                            routing_key, msg)
 
     cls._do_revive = _do_revive  # type: ignore[attr-defined]
-    if NO_LOOP_ACKS not in fallbacks():
-        cls._on_basic_deliver = _on_basic_deliver  # type: ignore[attr-defined]
+    cls._on_basic_deliver = _on_basic_deliver  # type: ignore[attr-defined]
     return cls
 
 
@@ -148,18 +148,19 @@ def write_failure_hook(cls: type[_T]) -> type[_T]:
     """When the set-up of ``cls``'s socket (a py-amqp ``SSLTransport``: the TLS handshake,
     then the AMQP protocol header's write) fails with an ``OSError``, what ``cls``'s
     ``on_setup_failed(exc)`` returns is raised (``exc`` itself: unchanged), with the
-    socket still open; unless :data:`NO_TLS_ALERT` is in force."""
+    socket still open; unless :data:`NO_TLS_ALERT` is in force (checked at the first set-up,
+    not at import: py-amqp's hooks are verified once, when a connection first needs them)."""
 
-    def _init_socket(self: Any, socket_settings: Any, read_timeout: Any,
-                     write_timeout: Any) -> None:
+    def _init_socket(self: Any, *args: Any, **kwargs: Any) -> None:
+        if NO_TLS_ALERT in fallbacks():  # py-amqp's own set-up, unchanged
+            return super(cls, self)._init_socket(*args, **kwargs)
         try:
-            super(cls, self)._init_socket(socket_settings, read_timeout, write_timeout)
+            super(cls, self)._init_socket(*args, **kwargs)
         except OSError as exc:
             raised = self.on_setup_failed(exc)
             if raised is exc:
                 raise
             raise raised from exc
 
-    if NO_TLS_ALERT not in fallbacks():
-        cls._init_socket = _init_socket  # type: ignore[attr-defined]
+    cls._init_socket = _init_socket  # type: ignore[attr-defined]
     return cls

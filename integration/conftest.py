@@ -101,6 +101,18 @@ def rabbitmqctl(*args: str) -> str:
     return run_rabbitmqctl(*args)
 
 
+def broker_version() -> tuple[int, ...]:
+    """The RabbitMQ version of the broker under test, from its AMQP server properties."""
+    probe = amqp.Connection(f"{HOST}:{PORT}", connect_timeout=10)
+    probe.connect()
+    try:
+        version = probe.server_properties.get("version", b"0")
+    finally:
+        probe.close()
+    text = version.decode() if isinstance(version, bytes) else str(version)
+    return tuple(int(part) for part in re.findall(r"\d+", text)[:3])
+
+
 @pytest.fixture(scope="session")
 def vhost() -> Iterator[str]:
     """A vhost of this test session only, so the spec's exact names can be used."""

@@ -25,11 +25,11 @@ import pytest
 from celery import Celery
 
 from ojs_kombu.amqp.broker.control import ControlClient
-from ojs_kombu.spec.errors import ControlForbidden
+from ojs_kombu.spec.errors import ControlForbidden, TopologyPermissionError
 from ojs_kombu.spec.job_ids import new_job_id
 
 from .apps import make_app
-from .conftest import HOST, PORT, private_vhost, rabbitmqctl, wait_until
+from .conftest import HOST, PORT, broker_version, private_vhost, rabbitmqctl, wait_until
 from .test_permissions import documented_permissions
 from .workers import WorkerProcess, launch_worker
 
@@ -79,6 +79,13 @@ def log_has(worker: WorkerProcess, pattern: str) -> bool:
     return re.search(pattern, worker.log_text()) is not None
 
 
+def broker_refuses_first() -> bool:
+    """RabbitMQ 4.2.6 and later ask a permission on a queue for a passive declaration of
+    it: the email user's client is refused its check of billing's topology by the broker
+    itself, before a request is sent (and the worker's rule is not reached)."""
+    return broker_version() >= (4, 2, 6)
+
+
 def test_an_email_user_can_neither_cancel_nor_inspect_a_billing_job(
         site: dict[str, Any], producer: Celery) -> None:
     worker = site["worker"]
@@ -89,14 +96,20 @@ def test_an_email_user_can_neither_cancel_nor_inspect_a_billing_job(
         assert billing.user_id == site["users"][BILLING]
         assert wait_until(lambda: billing.info(running, BILLING, timeout=10)["state"]
                           == "active", 60, "the billing job to run")
-        # through billing's control queue: refused, answered forbidden, nothing of the job
-        with pytest.raises(ControlForbidden, match="not authorised") as refused:
-            email.info(running, BILLING, timeout=30)
-        assert "active" not in str(refused.value) and "attempt" not in str(refused.value)
-        email.cancel(running, BILLING, reason="hostile")
-        wait_until(lambda: log_has(worker, f"CANCEL of job {running}: refused: broker "
-                                   f"user '{site['users'][EMAIL]}' is not authorised"),
-                   30, "the refused CANCEL in the worker's log")
+        if broker_refuses_first():
+            with pytest.raises(TopologyPermissionError, match=r"ojs\.queue\.billing"):
+                email.info(running, BILLING, timeout=30)
+            with pytest.raises(TopologyPermissionError, match=r"ojs\.queue\.billing"):
+                email.cancel(running, BILLING, reason="hostile")
+        else:
+            # through billing's control queue: refused, answered forbidden, nothing of it
+            with pytest.raises(ControlForbidden, match="not authorised") as refused:
+                email.info(running, BILLING, timeout=30)
+            assert "active" not in str(refused.value) and "attempt" not in str(refused.value)
+            email.cancel(running, BILLING, reason="hostile")
+            wait_until(lambda: log_has(worker, f"CANCEL of job {running}: refused: broker "
+                                       f"user '{site['users'][EMAIL]}' is not authorised"),
+                       30, "the refused CANCEL in the worker's log")
         # through its own control queue: the job is not one of email's
         assert email.info(running, EMAIL, timeout=10)["state"] in ("unknown", "not_found")
         email.cancel(running, EMAIL, reason="hostile")
@@ -124,7 +137,11 @@ def test_a_cancel_before_the_job_arrives_cancels_only_a_job_of_its_queue(
     later = add.apply_async((2, 3), queue=BILLING, countdown=20).id
     mine = add.apply_async((4, 5), queue=EMAIL, countdown=20).id
     with ControlClient(site["urls"][EMAIL]) as email:
-        email.cancel(later, BILLING)
+        if broker_refuses_first():
+            with pytest.raises(TopologyPermissionError, match=r"ojs\.queue\.billing"):
+                email.cancel(later, BILLING)
+        else:
+            email.cancel(later, BILLING)
         email.cancel(later, EMAIL)   # recorded for email's jobs only
         email.cancel(mine, EMAIL)    # its own: honoured
         wait_until(lambda: log_has(worker, f"cancel of job {mine}: not on this worker"), 30,

@@ -171,7 +171,18 @@ class Channel(pyamqp.Channel):
         up to :data:`EXCLUSIVE_LOCK_WAIT_S`: after a reconnect the broker may not yet
         have let go of the previous connection's queue, and Celery's worker stops on
         that error.  A queue still locked then (another worker of the same node name)
-        raises as before.  py-amqp reopens the channel the broker closed."""
+        raises as before.  py-amqp reopens the channel the broker closed.
+
+        A named non-exclusive auto-delete queue asked for as transient (a client's own:
+        Celery 5.5's and 5.6's remote-control, event and ``rpc://`` result queues,
+        ``{hostname}.celery.pidbox``, ``celeryev.{id}``, the thread's oid) is declared
+        durable, as Celery 5.7 declares its ``rpc://`` queue: RabbitMQ 4.x refuses a
+        transient non-exclusive queue once ``transient_nonexcl_queues`` is denied (541,
+        which closes the connection), and Celery's worker then reconnected for ever
+        without starting.  Auto-delete (and any ``x-expires``) still removes it; it
+        stays usable from every connection, which an exclusive queue would not."""
+        if queue and auto_delete and not (durable or exclusive or passive):
+            durable = True
         deadline = monotonic() + EXCLUSIVE_LOCK_WAIT_S
         attempt = 0
         while True:

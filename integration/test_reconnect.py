@@ -208,6 +208,21 @@ def test_an_exclusive_queue_still_held_by_the_previous_connection_is_waited_for(
         closer.join()
 
 
+def test_a_transient_shared_queue_is_declared_durable_and_auto_delete(own_vhost: str) -> None:
+    """Celery 5.5's and 5.6's remote-control, event and ``rpc://`` queues ask for transient
+    non-exclusive auto-delete queues, which RabbitMQ 4.x refuses (541, the connection
+    closed) once ``transient_nonexcl_queues`` is denied, as CI's 4.x nodes deny it: the
+    worker reconnected for ever.  ojs_kombu declares them durable, still auto-delete,
+    and usable from another connection."""
+    url = f"ojs://guest:guest@{HOST}:{PORT}/{own_vhost}"
+    with kombu.Connection(url) as first, kombu.Connection(url) as second:
+        for connection in (first, second):
+            kombu.Queue("node.celery.pidbox", durable=False, auto_delete=True,
+                        channel=connection.channel()).declare()
+        listing = rabbitmqctl("list_queues", "-p", own_vhost, "name", "durable", "auto_delete")
+        assert "node.celery.pidbox\ttrue\ttrue" in listing.splitlines(), listing
+
+
 def test_a_deleted_quorum_control_queue_is_consumed_again(
         quorum_vhost: str, connection_events: ConnectionEvents) -> None:
     """RabbitMQ 4.0 cancels the consumers of a quorum queue before the queue is gone: the

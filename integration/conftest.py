@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fcntl
+import functools
 import json
 import os
 import re
@@ -17,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import amqp
+import amqp.exceptions
+import celery
 import pytest
 from amqp.exceptions import NotFound
 from celery import Celery
@@ -111,6 +114,33 @@ def broker_version() -> tuple[int, ...]:
         probe.close()
     text = version.decode() if isinstance(version, bytes) else str(version)
     return tuple(int(part) for part in re.findall(r"\d+", text)[:3])
+
+
+@functools.cache
+def plain_celery_refused() -> str | None:
+    """Why plain Celery (``amqp://``) cannot run on the broker under test, or None.
+
+    Celery before 5.6 declares its workers' pidbox queues and its event receivers'
+    ``celeryev.*`` queues transient and not exclusive, with no setting to change it;
+    a RabbitMQ 4.x node that denies the deprecated ``transient_nonexcl_queues``
+    feature (as CI's 4.x nodes do) refuses them, and plain Celery's worker restarts
+    for ever.  Tests that run plain Celery beside ojs_kombu skip only that side here.
+    """
+    from celery.app.defaults import NAMESPACES
+
+    if "queue_exclusive" in NAMESPACES["control"]:  # Celery 5.6+: exclusive by default
+        return None
+    name = f"ojs-kombu-probe-{uuid.uuid4().hex}"
+    with amqp.Connection(f"{HOST}:{PORT}", connect_timeout=10) as probe:
+        try:
+            probe.channel().queue_declare(name, durable=False, exclusive=False,
+                                          auto_delete=True)
+        except amqp.exceptions.AMQPError as exc:
+            return (f"plain Celery {celery.__version__} declares transient non-exclusive "
+                    f"queues, which this broker refuses (transient_nonexcl_queues denied): "
+                    f"{exc}")
+        probe.channel().queue_delete(name)
+    return None
 
 
 @pytest.fixture(scope="session")

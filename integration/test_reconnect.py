@@ -208,19 +208,30 @@ def test_an_exclusive_queue_still_held_by_the_previous_connection_is_waited_for(
         closer.join()
 
 
-def test_a_transient_shared_queue_is_declared_durable_and_auto_delete(own_vhost: str) -> None:
-    """Celery 5.5's and 5.6's remote-control, event and ``rpc://`` queues ask for transient
+def test_celery_55s_transient_client_queues_are_declared_as_celery_57_declares_them(
+        own_vhost: str) -> None:
+    """Celery 5.5's remote-control, event and ``rpc://`` queues ask for transient
     non-exclusive auto-delete queues, which RabbitMQ 4.x refuses (541, the connection
     closed) once ``transient_nonexcl_queues`` is denied, as CI's 4.x nodes deny it: the
-    worker reconnected for ever.  ojs_kombu declares them durable, still auto-delete,
-    and usable from another connection."""
+    worker reconnected for ever.  ojs_kombu declares the remote-control and event
+    queues exclusive (deleted with their connection, even when its node dies: a durable
+    one stayed behind on a killed node and the worker stopped on 404), and any other
+    durable, still auto-delete, usable from another connection."""
     url = f"ojs://guest:guest@{HOST}:{PORT}/{own_vhost}"
     with kombu.Connection(url) as first, kombu.Connection(url) as second:
+        for name in ("node.celery.pidbox", "celeryev.e1"):
+            kombu.Queue(name, durable=False, auto_delete=True,
+                        channel=first.channel()).declare()
         for connection in (first, second):
-            kombu.Queue("node.celery.pidbox", durable=False, auto_delete=True,
+            kombu.Queue("3f2b-oid", durable=False, auto_delete=True,
                         channel=connection.channel()).declare()
-        listing = rabbitmqctl("list_queues", "-p", own_vhost, "name", "durable", "auto_delete")
-        assert "node.celery.pidbox\ttrue\ttrue" in listing.splitlines(), listing
+        listing = rabbitmqctl("list_queues", "-p", own_vhost, "name", "durable",
+                              "auto_delete", "exclusive").splitlines()
+        assert "node.celery.pidbox\tfalse\ttrue\ttrue" in listing, listing
+        assert "celeryev.e1\tfalse\ttrue\ttrue" in listing, listing
+        assert "3f2b-oid\ttrue\ttrue\tfalse" in listing, listing
+    listing = rabbitmqctl("list_queues", "-p", own_vhost, "name")
+    assert "node.celery.pidbox" not in listing and "celeryev.e1" not in listing, listing
 
 
 def test_a_deleted_quorum_control_queue_is_consumed_again(

@@ -18,6 +18,7 @@ What the rest of ojs_kombu uses of it is :class:`ojs_kombu.amqp.job_channel.JobC
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from contextvars import ContextVar
@@ -46,6 +47,11 @@ from .wire.py_amqp_seam import channel_hooks, confirms_selected, publish_unconfi
 #: a reconnect): RabbitMQ 4.3 keeps the queue of a connection on a node killed with
 #: ``kill -9`` locked until the cluster has cleaned up after that node.
 EXCLUSIVE_LOCK_WAIT_S = 30.0
+
+#: Celery's remote-control (``{hostname}.celery.pidbox``, ``{oid}.reply.celery.pidbox``)
+#: and event (``celeryev.{id}``) queue names: queues consumed by the connection that
+#: declares them (:meth:`Channel.queue_declare`).
+CONNECTION_OWN_QUEUE = re.compile(r"\.pidbox$|^celeryev\.")
 
 #: True while a command whose queue names are Celery queue names runs (``celery purge``).
 _CELERY_QUEUE_NAMES: ContextVar[bool] = ContextVar("ojs_celery_queue_names", default=False)
@@ -173,16 +179,21 @@ class Channel(pyamqp.Channel):
         that error.  A queue still locked then (another worker of the same node name)
         raises as before.  py-amqp reopens the channel the broker closed.
 
-        A named non-exclusive auto-delete queue asked for as transient (a client's own:
-        Celery 5.5's and 5.6's remote-control, event and ``rpc://`` result queues,
-        ``{hostname}.celery.pidbox``, ``celeryev.{id}``, the thread's oid) is declared
-        durable, as Celery 5.7 declares its ``rpc://`` queue: RabbitMQ 4.x refuses a
+        A named non-exclusive auto-delete queue asked for as transient (a client's own,
+        as Celery 5.5 declares them) is not declared transient: RabbitMQ 4.x refuses a
         transient non-exclusive queue once ``transient_nonexcl_queues`` is denied (541,
         which closes the connection), and Celery's worker then reconnected for ever
-        without starting.  Auto-delete (and any ``x-expires``) still removes it; it
-        stays usable from every connection, which an exclusive queue would not."""
+        without starting.  Remote-control and event queues (``*.pidbox``,
+        ``celeryev.*``: one connection's own) are declared exclusive, as Celery 5.6+
+        declares them (``control_queue_exclusive``, ``event_queue_exclusive``), so that
+        the broker deletes them with their connection, even when that connection's node
+        dies; any other (the ``rpc://`` result queue) durable, as Celery 5.7 declares it,
+        usable from every connection.  Auto-delete and any ``x-expires`` still apply."""
         if queue and auto_delete and not (durable or exclusive or passive):
-            durable = True
+            if CONNECTION_OWN_QUEUE.search(queue):
+                exclusive = True
+            else:
+                durable = True
         deadline = monotonic() + EXCLUSIVE_LOCK_WAIT_S
         attempt = 0
         while True:

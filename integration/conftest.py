@@ -26,6 +26,7 @@ from celery import Celery
 
 import ojs_kombu
 
+from . import management
 from .apps import WORKER_QUEUES, make_app
 from .workers import WorkerProcess, in_process_worker, launch_worker
 
@@ -101,6 +102,11 @@ def run_rabbitmqctl(*args: str, node: str = NODE, attempts: int = 3) -> str:
 
 
 def rabbitmqctl(*args: str) -> str:
+    """``rabbitmqctl -q ARGS`` on the broker under test; its vhost, user and permission
+    commands over the management API where it answers (:mod:`integration.management`:
+    each ``rabbitmqctl`` costs the machine ~0.6 s of CPU)."""
+    if management.administer(args):
+        return ""
     return run_rabbitmqctl(*args)
 
 

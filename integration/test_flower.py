@@ -16,7 +16,6 @@ management API does not answer.
 
 from __future__ import annotations
 
-import base64
 import importlib.util
 import json
 import os
@@ -32,12 +31,13 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, unquote
+from urllib.parse import quote
 
 import amqp
 import pytest
 from celery import Celery
 
+from . import management
 from .apps import make_app
 from .conftest import HOST, PORT, get_message, plain_celery_refused, wait_until
 from .workers import launch_worker
@@ -47,7 +47,6 @@ QUEUE = "flower"
 CHROMIUM = next(filter(None, map(shutil.which, ("chromium", "chromium-browser",
                                                  "google-chrome"))), None)
 CHROMEDRIVER = shutil.which("chromedriver")
-MANAGEMENT_API = os.environ.get("OJS_TEST_RABBITMQ_API", f"http://guest:guest@{HOST}:15672/api/")
 
 
 def _flower_missing() -> str | None:
@@ -75,22 +74,6 @@ def _free_port() -> int:
 def _get(url: str) -> str:
     with urllib.request.urlopen(url, timeout=5) as response:
         return str(response.read().decode())
-
-
-def _management_api_answers() -> bool:
-    """Whether RabbitMQ's management API answers at ``MANAGEMENT_API`` (credentials
-    from the URL, sent as Basic auth)."""
-    parts = urllib.parse.urlsplit(MANAGEMENT_API)
-    netloc = f"{parts.hostname}:{parts.port}" if parts.port else str(parts.hostname)
-    request = urllib.request.Request(urllib.parse.urlunsplit(parts._replace(netloc=netloc))
-                                     + "overview")
-    credentials = f"{unquote(parts.username or 'guest')}:{unquote(parts.password or 'guest')}"
-    request.add_header("Authorization", "Basic " + base64.b64encode(credentials.encode()).decode())
-    try:
-        with urllib.request.urlopen(request, timeout=5) as response:
-            return bool(response.status == 200)
-    except OSError:
-        return False
 
 
 class Processes:
@@ -164,7 +147,7 @@ def flower_setup(broker_url: str, vhost: str,
         # receive events on this broker, its tests skip with the reason.
         broker_tab_flower = None if plain_celery_refused() else _start_flower(
             processes, broker_url, "--broker", amqp_url,
-            flower_options=(f"--broker_api={MANAGEMENT_API}",))
+            flower_options=(f"--broker_api={management.MANAGEMENT_API}",))
         # Flower learns of jobs from the worker's events: send them once both Flowers
         # have had one (a worker heartbeat, every 2 s).
         for base in filter(None, (ojs_flower, broker_tab_flower)):
@@ -289,8 +272,8 @@ def _skip_without_broker_tab(flower_setup: dict[str, Any]) -> None:
 
 def test_broker_tab_shows_the_ojs_queues(flower_setup: dict[str, Any], browser: Any) -> None:
     _skip_without_broker_tab(flower_setup)
-    if not _management_api_answers():
-        pytest.skip(f"RabbitMQ's management API does not answer at {MANAGEMENT_API} "
+    if not management.answers():
+        pytest.skip(f"RabbitMQ's management API does not answer at {management.MANAGEMENT_API} "
                     "(rabbitmq-plugins enable rabbitmq_management)")
     from selenium.webdriver.common.by import By
 

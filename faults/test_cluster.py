@@ -81,7 +81,7 @@ def stream(cluster: Cluster, app: Celery, workers: Workers, queue: str, total: i
     workers.wait_ready()
     counts = Counts()
     thread = threading.Thread(target=publish, args=(app, counts, total),
-                              kwargs={"queue": queue, "pause": pause})
+                              kwargs={"queue": queue, "pause": pause}, daemon=True)
     with CompletionClock(workers.done_file) as clock:
         try:
             thread.start()

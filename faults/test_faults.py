@@ -120,7 +120,8 @@ def _stream(app: Celery, workers: Workers, queue: str, total: int,
                   "--prefetch-multiplier", str(prefetch_multiplier))
     workers.wait_ready()
     counts = Counts()
-    thread = threading.Thread(target=publish, args=(app, counts, total), kwargs={"queue": queue})
+    thread = threading.Thread(target=publish, args=(app, counts, total),
+                              kwargs={"queue": queue}, daemon=True)
     try:
         thread.start()
         wait_until(lambda: len(counts.confirmed) >= total // 5, 120, "a fifth confirmed")

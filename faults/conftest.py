@@ -20,7 +20,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -239,9 +239,20 @@ class Counts:
                   f"{type(exc).__module__}.{type(exc).__qualname__}: {exc}")
         return numbers
 
-    def wait_completed(self, done_file: Path, timeout: float) -> None:
-        wait_until(lambda: all(job in self.completions(done_file) for job in self.confirmed),
-                   timeout, "every confirmed job to complete")
+    def wait_completed(self, done_file: Path, timeout: float,
+                       stop: Callable[[], str | None] = lambda: None) -> None:
+        """Wait until every confirmed job ran; ``stop()``, asked every 2 s, names a reason
+        none can complete any more (the worker stopped), which ends the wait at once."""
+        asked = [0.0]
+
+        def done() -> bool:
+            if time.monotonic() - asked[0] >= 2.0:
+                asked[0] = time.monotonic()
+                if reason := stop():
+                    raise AssertionError(f"stopped waiting for the jobs to complete: {reason}")
+            return all(job in self.completions(done_file) for job in self.confirmed)
+
+        wait_until(done, timeout, "every confirmed job to complete")
 
 
 def publish(app: Celery, counts: Counts, n: int, *, seconds: float = 0.0,

@@ -193,7 +193,7 @@ def render(medians: dict[str, dict[str, float]], jobs: dict[str, int],
         lines.append("  plain Celery drains with task_acks_late=True (as ojs_kombu, AMQP-008) "
                      "unless 'its defaults' says acks on receipt")
         lines.append("  priority queue: the plain Celery queue declared with the "
-                     "x-max-priority ojs_kombu gives its job queues by default (AMQP-030)")
+                     "x-max-priority the ojs_kombu sides declare (sides.BENCH_MAX_PRIORITY)")
     if "ojsclassic_batch" in medians or "ojsclassic_publish" in medians:
         lines.append("  classic queue: an ojs_kombu job queue without x-max-priority "
                      "(ojs_max_priority=None), the queue type Dramatiq declares")

@@ -99,8 +99,9 @@ def test_each_drain_is_compared_with_plain_celery_on_the_same_pool() -> None:
 
 
 def test_each_drain_is_also_compared_with_plain_celery_on_a_priority_queue() -> None:
-    """ojs_kombu's job queues have x-max-priority by default (AMQP-030), which costs the
-    broker per message: the second drain ratio divides by plain Celery on such a queue."""
+    """The benchmark's ojs_kombu sides declare their job queues with x-max-priority
+    (AMQP-030, ``sides.BENCH_MAX_PRIORITY``), which costs the broker per message: the
+    second drain ratio divides by plain Celery on such a queue."""
     assessed = report.assess(medians())
     threads = target(assessed, "ojs_drain_threads", "plainpq_drain_threads")
     prefork = target(assessed, "ojs_drain_prefork", "plainpq_drain_prefork")

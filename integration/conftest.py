@@ -18,10 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import amqp
-import amqp.exceptions
 import celery
 import pytest
-from amqp.exceptions import NotFound
+from amqp.exceptions import AMQPError, NotFound
 from celery import Celery
 
 import ojs_kombu
@@ -141,7 +140,7 @@ def plain_celery_refused() -> str | None:
         try:
             probe.channel().queue_declare(name, durable=False, exclusive=False,
                                           auto_delete=True)
-        except amqp.exceptions.AMQPError as exc:
+        except AMQPError as exc:
             return (f"plain Celery {celery.__version__} declares transient non-exclusive "
                     f"queues, which this broker refuses (transient_nonexcl_queues denied): "
                     f"{exc}")

@@ -125,3 +125,53 @@ def test_an_app_s_observers_follow_its_events_and_metrics() -> None:
     ojs_kombu.remove_observer(app, middleware)
     hook.job_started(JOB, "w1")
     assert seen[2:] == [("event", "job.started")]
+
+
+class Dozing(Recording):
+    """An observer that says when it is idle, as the event emitter and the metrics do."""
+
+    def __init__(self, name: str, calls: list[tuple[str, str]]) -> None:
+        super().__init__(name, calls)
+        self.up = False
+
+    def awake(self) -> bool:
+        return self.up
+
+
+def test_an_observer_asleep_is_skipped_and_its_moment_not_listened_to() -> None:
+    calls: list[tuple[str, str]] = []
+    dozing = Dozing("dozing", calls)
+    hook = Hook(dozing)
+    assert hook.observes("job_started") and not hook.listens("job_started")
+    hook.job_started(JOB, "w1")
+    assert calls == []
+    dozing.up = True  # no re-wiring: the next moment asks again
+    assert hook.listens("job_started")
+    hook.job_started(JOB, "w1")
+    assert calls == [("dozing", f"started {JOB.job_id} on w1")]
+
+
+def test_an_observer_always_awake_keeps_the_moment_listened_to() -> None:
+    calls: list[tuple[str, str]] = []
+    hook = Hook(Dozing("dozing", calls), Recording("always", calls))
+    assert hook.listens("job_started") and hook.listens("message_acked")
+    assert not hook.listens("job_completed")  # nobody observes it
+    hook.message_acked("email")
+    assert calls == [("always", "acked email")]
+
+
+def test_a_worker_with_no_subscriber_and_no_metrics_sdk_listens_to_no_job_moment() -> None:
+    """The app's own observers: the OJS events wake with a subscriber; a job's moments
+    cost nothing until then (``JobRequest`` builds no ``JobInfo`` for them)."""
+    app = ojs_kombu.install(Celery("asleep", broker="ojs://", set_as_current=False))
+    hook = app.amqp.binding.hook
+    if app.amqp.binding.metrics.live():
+        pytest.skip("a global OpenTelemetry MeterProvider is set in this process")
+    assert not hook.listens("job_started") and not hook.listens("job_completed")
+    seen: list[str] = []
+    subscription = ojs_kombu.subscribe(app, lambda event: seen.append(event.type))
+    assert hook.listens("job_started")
+    hook.job_started(JOB, "w1")
+    assert seen == ["job.started"]
+    subscription.cancel()
+    assert not hook.listens("job_started")

@@ -82,6 +82,40 @@ def test_the_global_provider_set_after_the_app_gets_every_metric() -> None:
             "ojs_amqp_connections_active", "ojs_amqp_channels_active"} <= set(names)
 
 
+def test_jobs_before_the_global_provider_is_set_are_not_counted() -> None:
+    """Until an SDK is behind the instruments the metrics observer sleeps (nothing
+    counted, nothing built per job), as OpenTelemetry's own counters drop values;
+    from the provider on, every job counts."""
+    script = textwrap.dedent("""
+        import json
+
+        from celery import Celery
+        from opentelemetry import metrics
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+        import ojs_kombu
+        from ojs_kombu.events.job_info import JobInfo
+
+        app = ojs_kombu.install(Celery("late", broker="ojs://localhost//"))
+        hook = app.amqp.binding.hook
+        job = JobInfo("019461a8-1a2b-7c3d-8e4f-5a6b7c8d9e0f", "email.send", "email", 1)
+        before = hook.listens("job_completed")
+        hook.job_completed(job, 0.042, None)
+        reader = InMemoryMetricReader()
+        metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+        after = hook.listens("job_completed")
+        hook.job_completed(job, 0.042, None)
+        hook.job_completed(job, 0.042, None)
+        data = reader.get_metrics_data()
+        points = {m.name: [p.value for p in m.data.data_points if hasattr(p, "value")]
+                  for r in data.resource_metrics for s in r.scope_metrics for m in s.metrics}
+        print(json.dumps([before, after, points["ojs.jobs.completed"]]))
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60, check=True)
+    assert json.loads(done.stdout) == [False, True, [2]]
+
+
 def prometheus_text() -> str:
     """The Prometheus exposition of every kind of ojs_kombu metric, each recorded once."""
     provider = MeterProvider(metric_readers=[PrometheusMetricReader()])  # global registry

@@ -154,7 +154,9 @@ class JobRequest(Request):
         super().on_accepted(pid, time_accepted)
         message = self.message
         if isinstance(message, JobMessage):
-            self._ojs_hook.job_started(message.ojs.info(), self.hostname)
+            hook = self._ojs_hook
+            if hook.listens("job_started"):  # else no JobInfo to build
+                hook.job_started(message.ojs.info(), self.hostname)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         # Celery's worker builds a subclass per task whose on_success does not
@@ -177,7 +179,9 @@ class JobRequest(Request):
         if not failed and isinstance(message, JobMessage):
             count_completed()
             self._remember("completed", message)
-            self._ojs_hook.job_completed(message.ojs.info(), runtime, pool_result(retval))
+            hook = self._ojs_hook
+            if hook.listens("job_completed"):
+                hook.job_completed(message.ojs.info(), runtime, pool_result(retval))
 
     def on_retry(self, exc_info: Any) -> None:
         message = self.message

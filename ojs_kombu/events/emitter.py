@@ -55,6 +55,10 @@ class JobEvents(Observer):
     def active(self) -> bool:
         return len(self.bus) > 0
 
+    def awake(self) -> bool:
+        """Awake while the bus has a subscriber: with none, no moment becomes an event."""
+        return len(self.bus) > 0
+
     #: Validate every event against its data model before publishing it (slower;
     #: the test suites switch it on).
     validate = False

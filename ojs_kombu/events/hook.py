@@ -1,8 +1,9 @@
 """The one observation hook: where ojs_kombu says "this happened", and who hears it.
 
 A :class:`Hook` has a method per moment (:class:`~ojs_kombu.events.observer.Observer`'s);
-calling it calls that method of every registered observer that overrides it,
-in registration order.  Which observers override which moment is worked out
+calling it calls that method of every registered observer that overrides it
+and is awake (:meth:`~ojs_kombu.events.observer.Observer.awake`), in
+registration order.  Which observers override which moment is worked out
 when an observer is added or removed, not per call: a moment nobody overrides
 is the base class's no-op, and one observer is called without a loop.  An
 observer that raises is logged and counted (:attr:`Hook.failures`); the
@@ -18,7 +19,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from .observer import MOMENTS, Observer, overrides
+from .observer import MOMENTS, Observer, overrides, sleeps_at_times
 
 logger = logging.getLogger("ojs_kombu.events")
 
@@ -33,6 +34,9 @@ class Hook(Observer):
     def __init__(self, *observers: Observer) -> None:
         self._lock = threading.Lock()
         self._observers: tuple[Observer, ...] = ()
+        #: Per moment: ``True`` (an observer that is always awake), or the ``awake``
+        #: of each of its observers; a moment nobody observes is not in it.
+        self._awake: dict[str, bool | tuple[Callable[[], bool], ...]] = {}
         #: How many observer calls raised, over the hook's lifetime.
         self.failures = 0
         for observer in observers:
@@ -59,33 +63,60 @@ class Hook(Observer):
             self._wire()
 
     def observes(self, moment: str) -> bool:
-        """Whether some observer overrides ``moment`` (so its arguments are worth building)."""
+        """Whether some observer overrides ``moment`` (awake or not)."""
         return moment in self.__dict__
 
+    def listens(self, moment: str) -> bool:
+        """Whether some observer of ``moment`` is awake now (:meth:`Observer.awake`), so
+        that its arguments are worth building: with no event subscriber and no metrics
+        SDK, a job's moments cost the worker nothing."""
+        awake = self._awake.get(moment, False)
+        if awake is True or awake is False:
+            return awake
+        for check in awake:  # noqa: SIM110  (a loop: no generator made per job)
+            if check():
+                return True
+        return False
+
     def _wire(self) -> None:
+        awake: dict[str, bool | tuple[Callable[[], bool], ...]] = {}
         for moment in MOMENTS:
-            methods = tuple(getattr(o, moment) for o in self._observers if overrides(o, moment))
-            if methods:
-                setattr(self, moment, self._dispatch(moment, methods))
+            pairs = tuple((getattr(o, moment), o.awake if sleeps_at_times(o) else None)
+                          for o in self._observers if overrides(o, moment))
+            if pairs:
+                setattr(self, moment, self._dispatch(moment, pairs))
+                checks = tuple(awake for _, awake in pairs if awake is not None)
+                awake[moment] = checks if len(checks) == len(pairs) else True
             else:
                 self.__dict__.pop(moment, None)  # the base class's no-op
+        self._awake = awake
 
-    def _dispatch(self, moment: str, methods: tuple[Callable[..., Any], ...]
+    def _dispatch(self, moment: str,
+                  pairs: tuple[tuple[Callable[..., Any], Callable[[], bool] | None], ...]
                   ) -> Callable[..., None]:
-        if len(methods) == 1:
-            (method,) = methods
+        if len(pairs) == 1:
+            ((method, awake),) = pairs
+            if awake is None:
+                def one(*args: Any, **kwargs: Any) -> None:
+                    try:
+                        method(*args, **kwargs)
+                    except Exception:
+                        self._failed(moment, method)
+                return one
 
-            def one(*args: Any, **kwargs: Any) -> None:
+            def one_awake(*args: Any, **kwargs: Any) -> None:
                 try:
-                    method(*args, **kwargs)
+                    if awake():
+                        method(*args, **kwargs)
                 except Exception:
                     self._failed(moment, method)
-            return one
+            return one_awake
 
         def each(*args: Any, **kwargs: Any) -> None:
-            for method in methods:
+            for method, awake in pairs:
                 try:
-                    method(*args, **kwargs)
+                    if awake is None or awake():
+                        method(*args, **kwargs)
                 except Exception:
                     self._failed(moment, method)
         return each

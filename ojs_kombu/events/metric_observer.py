@@ -23,6 +23,12 @@ class MetricsObserver(Observer):
         #: ``{"queue": q}`` per queue: the counters' attributes, made once per queue.
         self._queue_labels: dict[str, dict[str, str]] = {}
 
+    def awake(self) -> bool:
+        """Awake once an OpenTelemetry SDK is behind the instruments
+        (:meth:`OJSMetrics.live`): until then the API would drop every value, so
+        nothing is counted, as with OpenTelemetry's own counters."""
+        return self.metrics.live()
+
     def _queue(self, queue: str) -> dict[str, str]:
         labels = self._queue_labels.get(queue)
         if labels is None:

@@ -30,6 +30,17 @@ Data = Mapping[str, Any]
 class Observer:
     """Base of every observer: one no-op method per moment (see :data:`MOMENTS`)."""
 
+    def awake(self) -> bool:
+        """Whether the observer does anything now (not a moment).
+
+        An observer that is idle for a while (the OJS event emitter with no
+        subscriber, the metrics with no OpenTelemetry SDK) returns ``False``: the
+        hook then skips it, and a moment whose observers all sleep is not worth
+        building its arguments for (:meth:`~ojs_kombu.events.hook.Hook.listens`).
+        Asked at every moment, so it must be cheap; the default is always awake.
+        """
+        return True
+
     # -- a job's lifecycle (OJS events section 4.1) --------------------------
 
     def job_enqueued(self, job: JobInfo, priority: int | None, delay_s: float) -> None:
@@ -138,9 +149,14 @@ class Observer:
 #: Every moment, in the order above.
 MOMENTS: tuple[str, ...] = tuple(
     name for name, value in vars(Observer).items()
-    if callable(value) and not name.startswith("_"))
+    if callable(value) and not name.startswith("_") and name != "awake")
 
 
 def overrides(observer: Observer, moment: str) -> bool:
     """Whether ``observer``'s class does something at ``moment``."""
     return getattr(type(observer), moment) is not getattr(Observer, moment)
+
+
+def sleeps_at_times(observer: Observer) -> bool:
+    """Whether ``observer``'s class says when it is idle (overrides :meth:`Observer.awake`)."""
+    return type(observer).awake is not Observer.awake

@@ -1,9 +1,10 @@
 """Where a worker's main process spends its time per delivery: ojs_kombu beside plain Celery.
 
-For each pool (``prefork -c 2``, ``threads -c 4``) and side (ojs_kombu, plain Celery with
-``task_acks_late=True`` on a classic queue), fill the side's queue with ``--jobs`` no-op jobs,
-start one ``celery worker`` subprocess (``drain_app``) and wait until every job ran.  Two
-readings of the worker's main process:
+For each pool (``prefork -c 2``, ``threads -c 4``) and side (ojs_kombu on its defaults,
+plain Celery with ``task_acks_late=True`` and on its own defaults, each on a classic
+queue; ``--ojs-priority``: ojs_kombu on the other parts' priority queues), fill the
+side's queue with ``--jobs`` no-op jobs, start one ``celery worker`` subprocess
+(``drain_app``) and wait until every job ran.  Two readings of the worker's main process:
 
 * its CPU time (``/proc/<pid>/stat``, user + system) from the first job recorded to the
   last, per delivery: little disturbed by other load on the machine, unlike wall-clock;
@@ -210,7 +211,7 @@ def _profile(side: Side, broker: Broker, pool: str, concurrency: int,
     label = f"{key} {pool} c{concurrency}"
     out = (args.profile_dir or workdir) / f"{key}-{pool}.prof"
     measure(side, broker, pool, concurrency, args.jobs, workdir, f"{key}-{pool}-prof", out,
-            args.poison, acks_early=key == "plaindef", no_priority=args.ojs_no_priority)
+            args.poison, acks_early=key == "plaindef", no_priority=not args.ojs_priority)
     deadline = time.monotonic() + 30
     while not out.exists() and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -237,8 +238,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="more ``celery worker`` options, e.g. '--prefetch-multiplier 16'")
     parser.add_argument("--poison", action="store_true",
                         help="jobs of a type no task handles (the poison storm's backlog)")
-    parser.add_argument("--ojs-no-priority", action="store_true",
-                        help="ojs_kombu with ojs_max_priority=None (classic job queue)")
+    parser.add_argument("--ojs-priority", action="store_true",
+                        help="ojs_kombu on the benchmarks' priority job queues "
+                             "(sides.BENCH_MAX_PRIORITY); default: its own defaults, a "
+                             "classic job queue as plain Celery's")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--profile-dir", type=Path,
                         help="keep the cProfile files there (pstats), not in a temporary directory")
@@ -249,7 +252,9 @@ def main(argv: list[str] | None = None) -> int:
     pid = os.getpid()
     plain = make_plain_side(args.broker, pid)
     # plaindef: plain Celery on its own defaults (acks on receipt), on the plain side's queue
-    ojs_conf = {"ojs_max_priority": None} if args.ojs_no_priority else None
+    # ojs_kombu on its defaults (no x-max-priority unless the app asks), unless
+    # --ojs-priority asks for the priority queues the other parts' figures were measured on
+    ojs_conf = None if args.ojs_priority else {"ojs_max_priority": None}
     sides = {"ojs": make_ojs_side(args.broker, pid, conf=ojs_conf), "plain": plain,
              "plaindef": plain, "raw": plain}
     sides = {k: v for k, v in sides.items() if k in args.sides.split(",")}
@@ -272,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
                                            workdir, f"{key}-{pool}-{round_}", None,
                                            args.poison, tuple(args.worker_args.split()),
                                            acks_early=key == "plaindef",
-                                           no_priority=args.ojs_no_priority))
+                                           no_priority=not args.ojs_priority))
                         results.setdefault(label, {"rounds": []})["rounds"].append(reading)
                         print(f"{label}: {reading} (load {os.getloadavg()[0]:.2f})",
                               flush=True)

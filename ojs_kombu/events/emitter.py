@@ -53,7 +53,7 @@ class JobEvents(Observer):
 
     @property
     def active(self) -> bool:
-        return len(self.bus) > 0
+        return self.awake()
 
     def awake(self) -> bool:
         """Awake while the bus has a subscriber: with none, no moment becomes an event."""

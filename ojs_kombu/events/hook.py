@@ -79,17 +79,17 @@ class Hook(Observer):
         return False
 
     def _wire(self) -> None:
-        awake: dict[str, bool | tuple[Callable[[], bool], ...]] = {}
+        listening: dict[str, bool | tuple[Callable[[], bool], ...]] = {}
         for moment in MOMENTS:
             pairs = tuple((getattr(o, moment), o.awake if sleeps_at_times(o) else None)
                           for o in self._observers if overrides(o, moment))
             if pairs:
                 setattr(self, moment, self._dispatch(moment, pairs))
-                checks = tuple(awake for _, awake in pairs if awake is not None)
-                awake[moment] = checks if len(checks) == len(pairs) else True
+                checks = tuple(check for _, check in pairs if check is not None)
+                listening[moment] = checks if len(checks) == len(pairs) else True
             else:
                 self.__dict__.pop(moment, None)  # the base class's no-op
-        self._awake = awake
+        self._awake = listening
 
     def _dispatch(self, moment: str,
                   pairs: tuple[tuple[Callable[..., Any], Callable[[], bool] | None], ...]

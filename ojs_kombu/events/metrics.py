@@ -68,11 +68,9 @@ class OJSMetrics:
     def live(self) -> bool:
         """Whether an OpenTelemetry SDK is behind the instruments (a ``MeterProvider``
         was given, or set globally since): until then nothing is worth counting.
-        Asked for every job while no SDK is set, so it asks the API's proxy directly."""
-        if self._live:
-            return True
-        histogram = real_instrument(self.duration.instrument)
-        self._live = histogram is not None and not isinstance(histogram, metrics.NoOpHistogram)
+        Asked at every moment of every job while no SDK is set."""
+        if not self._live:
+            self._live = self.duration.recording
         return self._live
 
     def register_instruments(self, meter_provider: Any) -> None:
@@ -283,11 +281,6 @@ class BufferedHistogram:
     def recording(self) -> bool:
         """Whether a value recorded now reaches an SDK (so it is worth computing)."""
         return not self._discards()
-
-    @property
-    def instrument(self) -> Any:
-        """The API's histogram (a proxy until an SDK is set)."""
-        return self._histogram
 
     def _discards(self) -> bool:
         """No SDK behind the instrument (the API's no-op, or its proxy while no provider

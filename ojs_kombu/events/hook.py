@@ -5,9 +5,10 @@ calling it calls that method of every registered observer that overrides it
 and is awake (:meth:`~ojs_kombu.events.observer.Observer.awake`), in
 registration order.  Which observers override which moment is worked out
 when an observer is added or removed, not per call: a moment nobody overrides
-is the base class's no-op, and one observer is called without a loop.  An
-observer that raises is logged and counted (:attr:`Hook.failures`); the
-moment still reaches the observers after it and the caller never sees it.
+is the base class's no-op, and one observer that is always awake is called
+without a loop.  An observer that raises is logged and counted
+(:attr:`Hook.failures`); the moment still reaches the observers after it and
+the caller never sees it.
 Only :class:`Exception` is contained: ``KeyboardInterrupt`` and ``SystemExit``
 propagate.  Pure code: no I/O.
 """
@@ -34,9 +35,9 @@ class Hook(Observer):
     def __init__(self, *observers: Observer) -> None:
         self._lock = threading.Lock()
         self._observers: tuple[Observer, ...] = ()
-        #: Per moment: ``True`` (an observer that is always awake), or the ``awake``
-        #: of each of its observers; a moment nobody observes is not in it.
-        self._awake: dict[str, bool | tuple[Callable[[], bool], ...]] = {}
+        #: Per moment: the ``awake`` of each of its observers, or ``None`` when one of
+        #: them is always awake; a moment nobody observes is not in it.
+        self._awake: dict[str, tuple[Callable[[], bool], ...] | None] = {}
         #: How many observer calls raised, over the hook's lifetime.
         self.failures = 0
         for observer in observers:
@@ -70,23 +71,23 @@ class Hook(Observer):
         """Whether some observer of ``moment`` is awake now (:meth:`Observer.awake`), so
         that its arguments are worth building: with no event subscriber and no metrics
         SDK, a job's moments cost the worker nothing."""
-        awake = self._awake.get(moment, False)
-        if awake is True or awake is False:
-            return awake
-        for check in awake:  # noqa: SIM110  (a loop: no generator made per job)
+        checks = self._awake.get(moment, ())
+        if checks is None:
+            return True
+        for check in checks:  # noqa: SIM110  (a loop: no generator made per job)
             if check():
                 return True
         return False
 
     def _wire(self) -> None:
-        listening: dict[str, bool | tuple[Callable[[], bool], ...]] = {}
+        listening: dict[str, tuple[Callable[[], bool], ...] | None] = {}
         for moment in MOMENTS:
             pairs = tuple((getattr(o, moment), o.awake if sleeps_at_times(o) else None)
                           for o in self._observers if overrides(o, moment))
             if pairs:
                 setattr(self, moment, self._dispatch(moment, pairs))
                 checks = tuple(check for _, check in pairs if check is not None)
-                listening[moment] = checks if len(checks) == len(pairs) else True
+                listening[moment] = checks if len(checks) == len(pairs) else None
             else:
                 self.__dict__.pop(moment, None)  # the base class's no-op
         self._awake = listening
@@ -94,23 +95,15 @@ class Hook(Observer):
     def _dispatch(self, moment: str,
                   pairs: tuple[tuple[Callable[..., Any], Callable[[], bool] | None], ...]
                   ) -> Callable[..., None]:
-        if len(pairs) == 1:
-            ((method, awake),) = pairs
-            if awake is None:
-                def one(*args: Any, **kwargs: Any) -> None:
-                    try:
-                        method(*args, **kwargs)
-                    except Exception:
-                        self._failed(moment, method)
-                return one
+        if len(pairs) == 1 and pairs[0][1] is None:  # one observer, always awake
+            ((method, _),) = pairs
 
-            def one_awake(*args: Any, **kwargs: Any) -> None:
+            def one(*args: Any, **kwargs: Any) -> None:
                 try:
-                    if awake():
-                        method(*args, **kwargs)
+                    method(*args, **kwargs)
                 except Exception:
                     self._failed(moment, method)
-            return one_awake
+            return one
 
         def each(*args: Any, **kwargs: Any) -> None:
             for method, awake in pairs:

@@ -41,13 +41,11 @@ class MetricsObserver(Observer):
         self.metrics.jobs_enqueued.add(1, job.labels())
 
     def job_started(self, job: JobInfo, worker_id: str) -> None:
-        wait = self.metrics.wait
-        if not wait.recording:  # no SDK: neither the clock nor the header is read
-            return
+        # Called only while awake (an SDK records): the hook asked already.
         enqueued_at = job.enqueued_at
         if enqueued_at is not None:
             waited = (datetime.now(UTC) - enqueued_at).total_seconds()
-            wait.record(max(waited * 1000, 0), job.labels())
+            self.metrics.wait.record(max(waited * 1000, 0), job.labels())
 
     def job_completed(self, job: JobInfo, duration_s: float, result: Any) -> None:
         labels = job.labels()

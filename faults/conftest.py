@@ -256,11 +256,15 @@ class Counts:
 
 
 def publish(app: Celery, counts: Counts, n: int, *, seconds: float = 0.0,
-            queue: str, pause: float = 0.0, task_name: str = "faults.record") -> None:
+            queue: str, pause: float = 0.0, task_name: str = "faults.record",
+            until: threading.Event | None = None) -> None:
     """``n`` jobs of ``task_name`` one after another (``pause`` s apart), each counted as
-    confirmed or refused."""
+    confirmed or refused; with ``until``, more after the ``n`` th until it is set (so that
+    a disruption always finds the producer publishing, however slow the machine)."""
     task = app.tasks[task_name]
-    for _ in range(n):
+    for sent in itertools.count():
+        if sent >= n and (until is None or until.is_set()):
+            break
         if pause:
             time.sleep(pause)
         job_id = new_job_id()  # known before the publish: a refused job may still run

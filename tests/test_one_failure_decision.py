@@ -69,14 +69,14 @@ def make_app(semantics: str = "celery") -> tuple[Celery, list[Any]]:
     return app, events
 
 
-def attempt(app: Celery, name: str, attempt_no: int, args: tuple[Any, ...] = (),
-            job_id: str = "") -> tuple[SettlingChannel, str]:
-    """One attempt of a job of task ``name``: run in the pool, settled by its request."""
-    job_id = job_id or ojs_kombu.new_job_id()
-    task = app.tasks[name]
+def celery_request(app: Celery, name: str, job_id: str, args: tuple[Any, ...] = (),
+                   attempt_no: int = 1, **headers: Any
+                   ) -> tuple[JobRequest, SettlingChannel, amqp.Message]:
+    """The worker's request of a Celery job of task ``name`` (Celery headers plus
+    ``headers``), as the transport hands it, settling on a :class:`SettlingChannel`."""
     headers = {"id": job_id, "task": name, "retries": attempt_no - 1, "lang": "py",
                "root_id": job_id, "parent_id": None, "group": None,
-               "x-ojs-attempt": attempt_no, CELERY_JOB_HEADER: True}
+               "x-ojs-attempt": attempt_no, CELERY_JOB_HEADER: True, **headers}
     body = json.dumps([list(args), {}, {"callbacks": None, "errbacks": None,
                                         "chain": None, "chord": None}]).encode()
     raw = amqp.Message(body, message_id=job_id, content_type="application/json",
@@ -86,10 +86,19 @@ def attempt(app: Celery, name: str, attempt_no: int, args: tuple[Any, ...] = (),
     channel = SettlingChannel()
     message = JobMessage(raw, channel=channel)
     message.ojs = JobDelivery("jobs", job_id, body, dict(raw.properties), "d")
-    request = JobRequest(message, app=app, task=task, hostname="w@test",
+    request = JobRequest(message, app=app, task=app.tasks[name], hostname="w@test",
                          on_reject=message.reject_log_error)
+    return request, channel, raw
+
+
+def attempt(app: Celery, name: str, attempt_no: int, args: tuple[Any, ...] = (),
+            job_id: str = "") -> tuple[SettlingChannel, str]:
+    """One attempt of a job of task ``name``: run in the pool, settled by its request."""
+    job_id = job_id or ojs_kombu.new_job_id()
+    request, channel, raw = celery_request(app, name, job_id, args, attempt_no)
+    headers = raw.properties["application_headers"]
     # The pool: Celery's tracer records the attempt, and the report is pickled.
-    tracer = build_tracer(name, task, app=app, eager=False, propagate=False)
+    tracer = build_tracer(name, app.tasks[name], app=app, eager=False, propagate=False)
     retval = tracer(job_id, list(args), {}, {**headers, "delivery_info": raw.delivery_info,
                                               "hostname": "w@test", "is_eager": False})[0]
     report = pickle.loads(pickle.dumps(retval))

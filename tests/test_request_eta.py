@@ -9,21 +9,15 @@ read the same each time: a true ETA turning ``None`` halfway stopped the worker
 
 from __future__ import annotations
 
-import json
 import time
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
-import amqp
 from celery import Celery
 
 import ojs_kombu
-from ojs_kombu.amqp.consuming.delivery import JobMessage
-from ojs_kombu.amqp.job_channel import JobDelivery
 from ojs_kombu.celery.request import JobRequest
-from ojs_kombu.spec.decode import CELERY_JOB_HEADER
 
-from .test_delivery import SettlingChannel
+from .test_one_failure_decision import celery_request
 
 
 def request_due_at(eta: datetime | None) -> JobRequest:
@@ -35,20 +29,9 @@ def request_due_at(eta: datetime | None) -> JobRequest:
     def report() -> None:
         """A task."""
 
-    job_id = ojs_kombu.new_job_id()
-    headers: dict[str, Any] = {
-        "id": job_id, "task": "e.report", "retries": 0, "lang": "py", "root_id": job_id,
-        "parent_id": None, "group": None, "eta": eta and eta.isoformat(), "utc": True,
-        "x-ojs-attempt": 1, CELERY_JOB_HEADER: True}
-    body = json.dumps([[], {}, {"callbacks": None, "errbacks": None, "chain": None,
-                                "chord": None}]).encode()
-    raw = amqp.Message(body, message_id=job_id, content_type="application/json",
-                       content_encoding="utf-8", application_headers=headers)
-    raw.delivery_info = {"delivery_tag": 1, "exchange": "ojs.exchange.direct",
-                         "routing_key": "reports", "redelivered": False}
-    message = JobMessage(raw, channel=SettlingChannel())
-    message.ojs = JobDelivery("reports", job_id, body, dict(raw.properties), "d")
-    return JobRequest(message, app=app, task=app.tasks["e.report"], hostname="w@test")
+    request, _, _ = celery_request(app, "e.report", ojs_kombu.new_job_id(),
+                                   eta=eta and eta.isoformat(), utc=True)
+    return request
 
 
 def test_a_job_falling_due_between_reads_keeps_the_eta_read_first() -> None:

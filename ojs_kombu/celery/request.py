@@ -48,8 +48,6 @@ from .task import REPUBLISHED, JobCancelled, not_retried_code
 logger = logging.getLogger(__name__)
 
 _REPR_CONSTANTS = {"None": None, "True": True, "False": False}
-#: The mark of a value not read yet (``None`` is a value: no ETA).
-_UNREAD: Any = object()
 
 
 def pool_result(retval: Any) -> Any:
@@ -113,10 +111,7 @@ class JobRequest(Request):
                 cls._ojs_task_hook = hook
         return hook
 
-    #: ``eta`` as decided at its first read (``_UNREAD`` until then).
-    _ojs_eta: Any = _UNREAD
-
-    @property
+    @cached_property
     def eta(self) -> datetime | None:
         """Celery's ETA of the job while it is still due (the transport sends back a job
         more than a moment early, and Celery's timer holds it that moment); ``None`` once
@@ -126,13 +121,8 @@ class JobRequest(Request):
         Decided once, at the first read: Celery's strategy reads ``eta`` several times
         (``if req.eta: ... req.eta.astimezone()``), and a job falling due between two
         reads must not turn a true ETA into ``None`` halfway (that stopped the worker)."""
-        eta = self._ojs_eta
-        if eta is _UNREAD:
-            eta = super().eta
-            if eta is not None and eta <= datetime.now(UTC):
-                eta = None
-            self._ojs_eta = eta
-        return eta
+        due: datetime | None = super().eta
+        return due if due is not None and due > datetime.now(UTC) else None
 
     def revoked(self) -> bool:
         """Celery's check, by the job's OJS id too (a CANCEL by the OJS id of a job whose

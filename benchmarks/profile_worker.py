@@ -11,11 +11,16 @@ side's queue with ``--jobs`` no-op jobs, start one ``celery worker`` subprocess
 * with ``--cprofile``, a second run under cProfile timed by the main thread's CPU clock
   (``cpu_profile.py``: the consumer's event loop, from ``worker_ready`` on), its
   functions' own time per delivery, largest first, and the same summed per package.
-  cProfile slows every call about alike, so read its shares, not its absolute figures.
+  cProfile slows every call about alike, so read its shares, not its absolute figures;
+* with ``--stages``, a third run with the main thread's real CPU time clocked per stage
+  of a delivery (``stage_clock.py``: receive, envelope check, strategy, accepted, ready,
+  ack flush, socket writes), the sides side by side.
 
 Run from the repository root::
 
     .venv/bin/python benchmarks/profile_worker.py --jobs 5000 --cprofile
+    .venv/bin/python benchmarks/profile_worker.py --jobs 20000 --pools prefork:2 --stages \
+        --sides ojs,plaindef
     .venv/bin/python benchmarks/profile_worker.py --poison --pools solo:1 --cprofile
 
 ``--poison`` queues jobs of a type no task handles instead (the poison storm's backlog:
@@ -133,7 +138,7 @@ def summarize_profile(path: Path, n: int, top: int) -> dict[str, Any]:
 def measure(side: Side, broker: Broker, pool: str, concurrency: int, n: int,
             workdir: Path, name: str, profile: Path | None, poison: bool = False,
             extra_args: tuple[str, ...] = (), acks_early: bool = False,
-            no_priority: bool = False) -> dict[str, Any]:
+            no_priority: bool = False, stages: Path | None = None) -> dict[str, Any]:
     broker.purge(side.amqp_queue)
     if poison:  # jobs of a type no task handles: dead-lettered (ojs_kombu) or rejected
         for _ in range(n):
@@ -151,7 +156,7 @@ def measure(side: Side, broker: Broker, pool: str, concurrency: int, n: int,
             app_module="drain_app", pool=pool, concurrency=concurrency,
             queue=side.celery_queue, workdir=workdir, name=name,
             record_var="BENCH_DRAIN_RECORD", env=env, profile=profile,
-            extra_args=extra_args) as worker:
+            extra_args=extra_args, stages=stages) as worker:
         meter = CpuMeter(worker.pid, broker_pid(urlparse(side.app.conf.broker_url).port
                                                   or 5672))
         if poison:
@@ -223,6 +228,34 @@ def _profile(side: Side, broker: Broker, pool: str, concurrency: int,
     return summary
 
 
+def _stages(sides: dict[str, Side], broker: Broker, pool: str, concurrency: int,
+            args: argparse.Namespace, workdir: Path) -> dict[str, dict[str, float]]:
+    """One more drain per side with the stage clock (``stage_clock.py``): the main
+    thread's CPU per delivery in each stage, the sides side by side."""
+    readings: dict[str, dict[str, float]] = {}
+    for key, side in sides.items():
+        if key == "raw":
+            continue
+        out = workdir / f"{key}-{pool}.stages"
+        measure(side, broker, pool, concurrency, args.jobs, workdir, f"{key}-{pool}-stages",
+                None, args.poison, acks_early=key == "plaindef",
+                no_priority=not args.ojs_priority, stages=out)
+        deadline = time.monotonic() + 30
+        while not out.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        totals = json.loads(out.read_text())
+        readings[key] = {stage: round(ns / 1000 / args.jobs, 1)
+                         for stage, (ns, _calls) in sorted(totals.items())}
+    names = sorted({stage for reading in readings.values() for stage in reading})
+    print(f"--- {pool} c{concurrency}: main-thread CPU us per delivery by stage "
+          "(stage_clock.py; stages nest)")
+    print(f"  {'stage':28}" + "".join(f"{key:>10}" for key in readings))
+    for name in names:
+        print(f"  {name:28}" + "".join(f"{reading.get(name, 0.0):>10}"
+                                       for reading in readings.values()))
+    return readings
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--broker", default=DEFAULT_BROKER)
@@ -230,6 +263,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--pools", default="prefork:2,threads:4")
     parser.add_argument("--cprofile", action="store_true")
+    parser.add_argument("--stages", action="store_true",
+                        help="one more drain per side with the main thread's CPU clocked "
+                             "per stage of a delivery (stage_clock.py)")
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--sides", default="ojs,plain,plaindef",
                         help="ojs; plain (acks late, as ojs_kombu); plaindef (acks early); raw "
@@ -282,6 +318,9 @@ def main(argv: list[str] | None = None) -> int:
                         print(f"{label}: {reading} (load {os.getloadavg()[0]:.2f})",
                               flush=True)
                 _print_medians(results, pool, concurrency, list(sides))
+                if args.stages:
+                    results[f"stages {pool} c{concurrency}"] = _stages(
+                        sides, broker, pool, int(concurrency), args, workdir)
                 for key, side in sides.items() if args.cprofile else ():
                     if key != "raw":
                         label = f"{key} {pool} c{concurrency}"

@@ -135,15 +135,20 @@ class WorkerProcess:
     part and the worker profile (``profile_worker.py``) start their workers this way:
     :meth:`spans` waits until ``n`` jobs ran, :meth:`stop` (or leaving the ``with``)
     stops it and every pool process.  ``profile``: the main thread's CPU profile into
-    that file (``cpu_profile.py``); ``extra_args``: more ``celery worker`` options."""
+    that file (``cpu_profile.py``); ``stages``: the main thread's CPU time per stage of a
+    delivery into that file (``stage_clock.py``); ``extra_args``: more ``celery worker``
+    options."""
 
     def __init__(self, *, app_module: str, pool: str, concurrency: int, queue: str,
                  workdir: Path, name: str, record_var: str, env: dict[str, str],
-                 profile: Path | None = None, extra_args: tuple[str, ...] = ()) -> None:
+                 profile: Path | None = None, extra_args: tuple[str, ...] = (),
+                 stages: Path | None = None) -> None:
         self.record, self.log = workdir / f"{name}.record", workdir / f"{name}.log"
         self.record.write_bytes(b"")
         # ``profile``: a CPU-time cProfile of the main process's main thread into that file.
         profiler = [str(HERE / "cpu_profile.py"), str(profile)] if profile is not None else []
+        if stages is not None:  # the stages' CPU clock of the main thread into that file
+            profiler = [str(HERE / "stage_clock.py"), str(stages)]
         self.process = spawn(
             [*profiler, "-m", "celery", "-A", app_module, "worker",
              "--pool", pool, "-c", str(concurrency), "-Q", queue, "--without-mingle",

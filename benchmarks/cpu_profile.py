@@ -12,29 +12,37 @@ import cProfile
 import runpy
 import sys
 import time
-from typing import Any
+from collections.abc import Callable
 
 from celery import signals
 
 
-def main() -> None:
-    out, flag, module, *rest = sys.argv[1:]
+def run_worker(usage: str, start: Callable[[], None], finish: Callable[[], None]) -> None:
+    """Run ``-m MODULE ARGS...`` (``sys.argv`` from its second item on) as ``python -m``
+    would, calling ``start`` at ``worker_ready`` and ``finish`` when it exits (the
+    wrappers of a worker's main thread: this profile, ``stage_clock.py``)."""
+    flag, module, *rest = sys.argv[2:]
     if flag != "-m":
-        raise SystemExit(__doc__)
+        raise SystemExit(usage)
     sys.argv = [module, *rest]
-    profiler = cProfile.Profile(time.thread_time)
-
-    def ready(**_: Any) -> None:
-        profiler.enable()
-
-    signals.worker_ready.connect(ready, weak=False)
+    signals.worker_ready.connect(lambda **_: start(), weak=False)
     try:
         runpy.run_module(module, run_name="__main__", alter_sys=True)
     except SystemExit:
         pass
     finally:
+        finish()
+
+
+def main() -> None:
+    out = sys.argv[1]
+    profiler = cProfile.Profile(time.thread_time)
+
+    def finish() -> None:
         profiler.disable()
         profiler.dump_stats(out)
+
+    run_worker(__doc__, profiler.enable, finish)
 
 
 if __name__ == "__main__":

@@ -210,6 +210,13 @@ def _print_medians(results: dict[str, Any], pool: str, concurrency: str,
         print(f"=== {key} {pool} c{concurrency} median: {median}{ratios}", flush=True)
 
 
+def _wait_written(path: Path, timeout: float = 30.0) -> None:
+    """Until the stopped worker's wrapper wrote ``path`` (at its exit)."""
+    deadline = time.monotonic() + timeout
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
 def _profile(side: Side, broker: Broker, pool: str, concurrency: int,
              args: argparse.Namespace, workdir: Path, key: str) -> dict[str, Any]:
     """One more drain under cProfile (``cpu_profile.py``), summarized and printed."""
@@ -217,9 +224,7 @@ def _profile(side: Side, broker: Broker, pool: str, concurrency: int,
     out = (args.profile_dir or workdir) / f"{key}-{pool}.prof"
     measure(side, broker, pool, concurrency, args.jobs, workdir, f"{key}-{pool}-prof", out,
             args.poison, acks_early=key == "plaindef", no_priority=not args.ojs_priority)
-    deadline = time.monotonic() + 30
-    while not out.exists() and time.monotonic() < deadline:
-        time.sleep(0.2)
+    _wait_written(out)
     summary = summarize_profile(out, args.jobs, args.top)
     print(f"--- {label} under cProfile: {summary['us_per_delivery']} us/delivery "
           f"{summary['packages']}")
@@ -240,9 +245,7 @@ def _stages(sides: dict[str, Side], broker: Broker, pool: str, concurrency: int,
         measure(side, broker, pool, concurrency, args.jobs, workdir, f"{key}-{pool}-stages",
                 None, args.poison, acks_early=key == "plaindef",
                 no_priority=not args.ojs_priority, stages=out)
-        deadline = time.monotonic() + 30
-        while not out.exists() and time.monotonic() < deadline:
-            time.sleep(0.2)
+        _wait_written(out)
         totals = json.loads(out.read_text())
         readings[key] = {stage: round(ns / 1000 / args.jobs, 1)
                          for stage, (ns, _calls) in sorted(totals.items())}

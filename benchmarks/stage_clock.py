@@ -28,14 +28,13 @@ both sides alike.
 from __future__ import annotations
 
 import json
-import runpy
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from celery import signals
+from cpu_profile import run_worker
 
 #: stage -> [nanoseconds, calls] while clocking
 TOTALS: dict[str, list[int]] = {}
@@ -98,28 +97,22 @@ def install() -> None:
 
 
 def main() -> None:
-    out, flag, module, *rest = sys.argv[1:]
-    if flag != "-m":
-        raise SystemExit(__doc__)
-    sys.argv = [module, *rest]
-    install()
+    out = sys.argv[1]
+    started = 0
 
-    started = [0]
-
-    def ready(**_: Any) -> None:
-        started[0] = time.thread_time_ns()
+    def start() -> None:
+        nonlocal started
+        started = time.thread_time_ns()
         _clocking[0] = True
 
-    signals.worker_ready.connect(ready, weak=False)
-    try:
-        runpy.run_module(module, run_name="__main__", alter_sys=True)
-    except SystemExit:
-        pass
-    finally:
+    def finish() -> None:
         _clocking[0] = False
-        if started[0]:
-            TOTALS["main thread, in all"] = [time.thread_time_ns() - started[0], 1]
+        if started:
+            TOTALS["main thread, in all"] = [time.thread_time_ns() - started, 1]
         Path(out).write_text(json.dumps(TOTALS))
+
+    install()
+    run_worker(__doc__, start, finish)
 
 
 if __name__ == "__main__":

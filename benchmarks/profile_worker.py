@@ -238,6 +238,7 @@ def _stages(sides: dict[str, Side], broker: Broker, pool: str, concurrency: int,
     """One more drain per side with the stage clock (``stage_clock.py``): the main
     thread's CPU per delivery in each stage, the sides side by side."""
     readings: dict[str, dict[str, float]] = {}
+    calls: dict[str, dict[str, float]] = {}
     for key, side in sides.items():
         if key == "raw":
             continue
@@ -249,13 +250,17 @@ def _stages(sides: dict[str, Side], broker: Broker, pool: str, concurrency: int,
         totals = json.loads(out.read_text())
         readings[key] = {stage: round(ns / 1000 / args.jobs, 1)
                          for stage, (ns, _calls) in sorted(totals.items())}
+        calls[key] = {stage: round(count / args.jobs, 2)
+                      for stage, (_ns, count) in sorted(totals.items())}
     names = sorted({stage for reading in readings.values() for stage in reading})
-    print(f"--- {pool} c{concurrency}: main-thread CPU us per delivery by stage "
-          "(stage_clock.py; stages nest)")
-    print(f"  {'stage':28}" + "".join(f"{key:>10}" for key in readings))
+    print(f"--- {pool} c{concurrency}: main-thread CPU us per delivery by stage, and calls "
+          "per delivery (stage_clock.py; stages nest)")
+    print(f"  {'stage':28}" + "".join(f"{key:>10}" for key in readings)
+          + "".join(f"{'x ' + key:>12}" for key in readings))
     for name in names:
         print(f"  {name:28}" + "".join(f"{reading.get(name, 0.0):>10}"
-                                       for reading in readings.values()))
+                                       for reading in readings.values())
+              + "".join(f"{count.get(name, 0.0):>12}" for count in calls.values()))
     return readings
 
 

@@ -15,8 +15,11 @@ system: the syscalls too) around a few calls that every worker makes, on both si
 * ``ack flush``: ojs_kombu writing the acks collected in one loop iteration;
 * ``socket writes``: py-amqp's writes to the broker (acks), wherever they are made;
 * ``job to pool``: the request pickled for a pool process (within ``strategy`` when a
-  process is free, else later from the loop's writer callbacks; the pipe write is
-  not clocked);
+  process is free, else later from the loop's writer callbacks); ``pipe writes``:
+  billiard's writes of those jobs to the pool processes' pipes (a header, then the
+  job), wherever they are made;
+* ``loop iteration > timers``: the hub's timers, fired once per event-loop iteration
+  (its calls count the iterations);
 * ``main thread, in all``: from ``worker_ready`` until the worker stopped (its
   shutdown too): what the stages leave out is the rest of the event loop.
 
@@ -64,14 +67,18 @@ def _wrap(owner: Any, name: str, stage: str) -> None:
 def install() -> None:
     """Wrap the stages' calls before the worker builds its consumer and pool."""
     import amqp.transport
+    import billiard.compat
     import billiard.pool
     from celery.worker import strategy
+    from kombu.asynchronous import hub
     from kombu.transport import base
 
     _wrap(base.Transport, "on_readable", "receive")
     _wrap(billiard.pool.ApplyResult, "_ack", "accepted")
     _wrap(billiard.pool.ApplyResult, "_set", "ready")
     _wrap(amqp.transport._AbstractTransport, "write", "socket writes")
+    _wrap(billiard.compat, "__write__", "pipe writes")  # send_offset's os.write
+    _wrap(hub.Hub, "fire_timers", "loop iteration > timers")
     default = strategy.default
 
     def clocked_strategy(*args: Any, **kwargs: Any) -> Any:

@@ -55,6 +55,9 @@ def test_acks_past_the_first_open_delivery_go_one_by_one() -> None:
 def test_a_single_ack_is_not_sent_as_multiple() -> None:
     acks = pending(7, 8)
     assert collect(acks, 7) == [(7, False)]
+    assert acks.open == 1  # 8: a later multiple ack of 9 may cover it, never 7 again
+    acks.delivered(9)
+    assert collect(acks, 8, 9) == [(9, True)]
 
 
 def test_a_nacked_delivery_does_not_stop_a_multiple_ack_over_it() -> None:

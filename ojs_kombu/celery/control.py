@@ -54,8 +54,9 @@ class _Recent(OrderedDict[str, Any]):
 
     def remember(self, key: str, value: Any) -> None:
         with self._lock:
+            if key in self:  # a new key goes to the end anyway
+                self.move_to_end(key)
             self[key] = value
-            self.move_to_end(key)
             while len(self) > self.size:
                 self.popitem(last=False)
 

@@ -48,6 +48,8 @@ EARLY_TOLERANCE_S = 0.05
 
 
 def _argsrepr(args: Any) -> str:
+    if not args and type(args) is list:  # a job without arguments: no repr to make
+        return "[]"
     text = safe_repr(args)
     return text if len(text) <= _MAX_ARGSREPR else text[:_MAX_ARGSREPR] + "..."
 

@@ -208,7 +208,10 @@ class ConfirmLedger:
         return self._lock
 
     def flush(self) -> None:
-        """Write the held frames, in one write."""
+        """Write the held frames, in one write.  Called every loop iteration: with nothing
+        held (frames are held only from the loop's own thread) it returns before the lock."""
+        if not self._held:
+            return
         with self._lock:
             held = self._held
             if held:

@@ -76,6 +76,10 @@ class PendingAcks:
         if not acks:
             return []
         self._acks = []
+        if len(acks) == 1:  # the most common flush: one job finished in the iteration
+            (tag,) = acks
+            self._open.pop(tag, None)
+            return [(tag, False)]
         acked = set(acks)
         last = self._end_of_finished_run(acked) if multiple else 0
         for tag in acked:

@@ -208,6 +208,27 @@ def _print_medians(results: dict[str, Any], pool: str, concurrency: str,
             ratios = (f"  jobs/s {median['jobs_per_s'] / base['jobs_per_s']:.2f}x, "
                       f"main CPU {cpu:.2f}x plaindef")
         print(f"=== {key} {pool} c{concurrency} median: {median}{ratios}", flush=True)
+    if base:
+        _print_paired(results, pool, concurrency, [k for k in keys if k != "plaindef"])
+
+
+def _print_paired(results: dict[str, Any], pool: str, concurrency: str,
+                  keys: list[str]) -> None:
+    """Each side's ratio to ``plaindef`` within each round (the two drained one after
+    the other), their median and range: a VM whose speed drifts between rounds moves
+    both sides of a round alike, so these spread less than the ratio of medians."""
+    base = results[f"plaindef {pool} c{concurrency}"]["rounds"]
+    for key in keys:
+        rounds = results[f"{key} {pool} c{concurrency}"]["rounds"]
+        line = []
+        for field, name in (("jobs_per_s", "jobs/s"), ("main_cpu_us_per_delivery", "main CPU")):
+            paired = sorted(r[field] / b[field] for r, b in zip(rounds, base, strict=True)
+                            if r.get(field) and b.get(field))
+            if paired:
+                line.append(f"{name} {statistics.median(paired):.2f}x "
+                            f"({paired[0]:.2f} to {paired[-1]:.2f})")
+        print(f"=== {key} {pool} c{concurrency} paired with plaindef, per round: "
+              + ", ".join(line), flush=True)
 
 
 def _wait_written(path: Path, timeout: float = 30.0) -> None:

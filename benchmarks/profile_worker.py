@@ -193,10 +193,11 @@ def _wait_empty(broker: Broker, queue: str, n: int, first: Any) -> float:
 def _print_medians(results: dict[str, Any], pool: str, concurrency: str,
                    keys: list[str]) -> None:
     """Each side's medians over the rounds, and jobs/s and main-process CPU as ratios to
-    plain Celery on its defaults (``plaindef``) when it ran."""
-    medians = {}
+    plain Celery on its defaults (``plaindef``) when it ran, also within each round."""
+    medians, rounds = {}, {}
     for key in keys:
         entry = results[f"{key} {pool} c{concurrency}"]
+        rounds[key] = entry["rounds"]
         entry["median"] = medians[key] = {
             field: statistics.median(r[field] for r in entry["rounds"])
             for field in entry["rounds"][0]}
@@ -208,27 +209,23 @@ def _print_medians(results: dict[str, Any], pool: str, concurrency: str,
             ratios = (f"  jobs/s {median['jobs_per_s'] / base['jobs_per_s']:.2f}x, "
                       f"main CPU {cpu:.2f}x plaindef")
         print(f"=== {key} {pool} c{concurrency} median: {median}{ratios}", flush=True)
-    if base:
-        _print_paired(results, pool, concurrency, [k for k in keys if k != "plaindef"])
+        if base and key != "plaindef":
+            print(f"=== {key} {pool} c{concurrency} paired with plaindef, per round: "
+                  + _paired(rounds[key], rounds["plaindef"]), flush=True)
 
 
-def _print_paired(results: dict[str, Any], pool: str, concurrency: str,
-                  keys: list[str]) -> None:
-    """Each side's ratio to ``plaindef`` within each round (the two drained one after
-    the other), their median and range: a VM whose speed drifts between rounds moves
-    both sides of a round alike, so these spread less than the ratio of medians."""
-    base = results[f"plaindef {pool} c{concurrency}"]["rounds"]
-    for key in keys:
-        rounds = results[f"{key} {pool} c{concurrency}"]["rounds"]
-        line = []
-        for field, name in (("jobs_per_s", "jobs/s"), ("main_cpu_us_per_delivery", "main CPU")):
-            paired = sorted(r[field] / b[field] for r, b in zip(rounds, base, strict=True)
-                            if r.get(field) and b.get(field))
-            if paired:
-                line.append(f"{name} {statistics.median(paired):.2f}x "
-                            f"({paired[0]:.2f} to {paired[-1]:.2f})")
-        print(f"=== {key} {pool} c{concurrency} paired with plaindef, per round: "
-              + ", ".join(line), flush=True)
+def _paired(rounds: list[dict[str, float]], base: list[dict[str, float]]) -> str:
+    """A side's ratio to ``plaindef`` within each round (the two drained one after the
+    other), their median and range: a VM whose speed drifts between rounds moves both
+    sides of a round alike, so these spread less than the ratio of medians."""
+    line = []
+    for field, name in (("jobs_per_s", "jobs/s"), ("main_cpu_us_per_delivery", "main CPU")):
+        paired = sorted(r[field] / b[field] for r, b in zip(rounds, base, strict=True)
+                        if r.get(field) and b.get(field))
+        if paired:
+            line.append(f"{name} {statistics.median(paired):.2f}x "
+                        f"({paired[0]:.2f} to {paired[-1]:.2f})")
+    return ", ".join(line)
 
 
 def _wait_written(path: Path, timeout: float = 30.0) -> None:

@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 from opentelemetry import metrics
 from opentelemetry.context import get_current
 
-from .otel_seam import real_instrument
+from .otel_seam import instrument_probe
 
 DURATION_BUCKETS = [5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000, 300000]
 WAIT_BUCKETS = [10, 50, 100, 500, 1000, 5000, 10000, 30000, 60000, 300000, 600000]
@@ -70,7 +70,7 @@ class OJSMetrics:
         was given, or set globally since): until then nothing is worth counting.
         Asked at every moment of every job while no SDK is set."""
         if not self._live:
-            self._live = self.duration.recording
+            self._live = not self.duration._discards()
         return self._live
 
     def register_instruments(self, meter_provider: Any) -> None:
@@ -257,7 +257,7 @@ class BufferedHistogram:
     test reading the metrics never misses a value.
     """
 
-    __slots__ = ("__weakref__", "_buffer", "_flushing", "_histogram", "name")
+    __slots__ = ("__weakref__", "_buffer", "_flushing", "_histogram", "_real", "name")
 
     #: Buffered measurements that make the recording thread flush.
     flush_at = 256
@@ -265,6 +265,7 @@ class BufferedHistogram:
     def __init__(self, meter: Any, name: str, **kwargs: Any) -> None:
         self.name = name
         self._histogram = meter.create_histogram(name, **kwargs)
+        self._real = instrument_probe(self._histogram)
         self._buffer: deque[tuple[float, Mapping[str, Any] | None, Any]] = deque()
         self._flushing = threading.Lock()
         _BUFFERED.add(self)
@@ -285,8 +286,7 @@ class BufferedHistogram:
     def _discards(self) -> bool:
         """No SDK behind the instrument (the API's no-op, or its proxy while no provider
         is set): the API would drop the value, so there is nothing to buffer or flush."""
-        histogram = self._histogram
-        histogram = real_instrument(histogram)  # the API's proxy: its SDK instrument
+        histogram = self._real()  # the API's proxy: its SDK instrument
         return histogram is None or isinstance(histogram, metrics.NoOpHistogram)
 
     def flush(self, wait: bool = False) -> None:

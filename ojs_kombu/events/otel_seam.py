@@ -10,7 +10,7 @@ the API, which drops it when no SDK is set (:data:`NO_DISCARD_CHECK`).
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import cache
+from functools import cache, partial
 from typing import Any
 
 from opentelemetry.metrics._internal import instrument as api_instrument
@@ -44,9 +44,16 @@ def fallbacks() -> frozenset[str]:
     return verify(HOOKS)
 
 
-def real_instrument(instrument: Any) -> Any:
-    """The SDK instrument behind the API's proxy ``instrument`` (``None``: none yet), or
-    ``instrument`` itself when it is no proxy or the hook is missing."""
+def instrument_probe(instrument: Any) -> Callable[[], Any]:
+    """A call without arguments that returns the SDK instrument behind the API's proxy
+    ``instrument`` (``None``: none yet), or ``instrument`` itself when it is no proxy or
+    the hook is missing.  Made once per instrument: the worker asks at every moment of
+    every job while no SDK is set, and this call (a ``getattr`` with its arguments
+    bound) runs no Python frame of its own."""
     if NO_DISCARD_CHECK in fallbacks():
-        return instrument
-    return getattr(instrument, "_real_instrument", instrument)
+        return partial(_itself, instrument)
+    return partial(getattr, instrument, "_real_instrument", instrument)
+
+
+def _itself(instrument: Any) -> Any:
+    return instrument

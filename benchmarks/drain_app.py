@@ -32,6 +32,9 @@ def make_app(broker: str, queue: str, record_path: str, ojs_prefix: str | None,
             app.conf.ojs_queue_defaults = {"type": "quorum"}
         if os.environ.get("BENCH_DRAIN_OJS_NO_PRIORITY") == "1":  # classic, no x-max-priority
             app.conf.ojs_max_priority = None
+        if os.environ.get("BENCH_DRAIN_UNCHECKED") == "1":  # the ceiling: no envelope check
+            import unchecked
+            unchecked.install()
     common_conf(app, queue, max_priority, quorum=quorum and not ojs_prefix)
     if acks_early and not ojs_prefix:  # plain Celery on its own default: ack on receipt
         app.conf.task_acks_late = False

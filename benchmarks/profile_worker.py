@@ -138,7 +138,8 @@ def summarize_profile(path: Path, n: int, top: int) -> dict[str, Any]:
 def measure(side: Side, broker: Broker, pool: str, concurrency: int, n: int,
             workdir: Path, name: str, profile: Path | None, poison: bool = False,
             extra_args: tuple[str, ...] = (), acks_early: bool = False,
-            no_priority: bool = False, stages: Path | None = None) -> dict[str, Any]:
+            no_priority: bool = False, stages: Path | None = None,
+            unchecked: bool = False) -> dict[str, Any]:
     broker.purge(side.amqp_queue)
     if poison:  # jobs of a type no task handles: dead-lettered (ojs_kombu) or rejected
         for _ in range(n):
@@ -151,6 +152,7 @@ def measure(side: Side, broker: Broker, pool: str, concurrency: int, n: int,
         "BENCH_DRAIN_OJS_PREFIX": side.app.conf.get("ojs_prefix") or "",
         "BENCH_DRAIN_ACKS_EARLY": "1" if acks_early else "",
         "BENCH_DRAIN_OJS_NO_PRIORITY": "1" if no_priority else "",
+        "BENCH_DRAIN_UNCHECKED": "1" if unchecked else "",
     }
     with workers.WorkerProcess(
             app_module="drain_app", pool=pool, concurrency=concurrency,
@@ -235,13 +237,19 @@ def _wait_written(path: Path, timeout: float = 30.0) -> None:
         time.sleep(0.2)
 
 
+def _worker_options(key: str, args: argparse.Namespace) -> dict[str, bool]:
+    """What sets side ``key``'s worker apart from its app's (``measure``'s flags)."""
+    return {"acks_early": key == "plaindef", "no_priority": not args.ojs_priority,
+            "unchecked": key == "unchecked"}
+
+
 def _profile(side: Side, broker: Broker, pool: str, concurrency: int,
              args: argparse.Namespace, workdir: Path, key: str) -> dict[str, Any]:
     """One more drain under cProfile (``cpu_profile.py``), summarized and printed."""
     label = f"{key} {pool} c{concurrency}"
     out = (args.profile_dir or workdir) / f"{key}-{pool}.prof"
     measure(side, broker, pool, concurrency, args.jobs, workdir, f"{key}-{pool}-prof", out,
-            args.poison, acks_early=key == "plaindef", no_priority=not args.ojs_priority)
+            args.poison, **_worker_options(key, args))
     _wait_written(out)
     summary = summarize_profile(out, args.jobs, args.top)
     print(f"--- {label} under cProfile: {summary['us_per_delivery']} us/delivery "
@@ -262,8 +270,7 @@ def _stages(sides: dict[str, Side], broker: Broker, pool: str, concurrency: int,
             continue
         out = workdir / f"{key}-{pool}.stages"
         measure(side, broker, pool, concurrency, args.jobs, workdir, f"{key}-{pool}-stages",
-                None, args.poison, acks_early=key == "plaindef",
-                no_priority=not args.ojs_priority, stages=out)
+                None, args.poison, stages=out, **_worker_options(key, args))
         _wait_written(out)
         totals = json.loads(out.read_text())
         readings[key] = {stage: round(ns / 1000 / args.jobs, 1)
@@ -295,7 +302,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--sides", default="ojs,plain,plaindef",
                         help="ojs; plain (acks late, as ojs_kombu); plaindef (acks early); raw "
-                             "(a raw py-amqp consumer acking after each no-op: the ceiling)")
+                             "(a raw py-amqp consumer acking after each no-op: the ceiling); "
+                             "unchecked (ojs as if checking an envelope cost nothing: "
+                             "unchecked.py)")
     parser.add_argument("--worker-args", default="",
                         help="more ``celery worker`` options, e.g. '--prefetch-multiplier 16'")
     parser.add_argument("--poison", action="store_true",
@@ -317,8 +326,8 @@ def main(argv: list[str] | None = None) -> int:
     # ojs_kombu on its defaults (no x-max-priority unless the app asks), unless
     # --ojs-priority asks for the priority queues the other parts' figures were measured on
     ojs_conf = None if args.ojs_priority else {"ojs_max_priority": None}
-    sides = {"ojs": make_ojs_side(args.broker, pid, conf=ojs_conf), "plain": plain,
-             "plaindef": plain, "raw": plain}
+    ojs = make_ojs_side(args.broker, pid, conf=ojs_conf)
+    sides = {"ojs": ojs, "unchecked": ojs, "plain": plain, "plaindef": plain, "raw": plain}
     sides = {k: v for k, v in sides.items() if k in args.sides.split(",")}
     declared = list({id(side): side for side in sides.values()}.values())  # plain once
     results: dict[str, Any] = {"load": os.getloadavg()[0]}
@@ -338,8 +347,7 @@ def main(argv: list[str] | None = None) -> int:
                                    measure(side, broker, pool, int(concurrency), args.jobs,
                                            workdir, f"{key}-{pool}-{round_}", None,
                                            args.poison, tuple(args.worker_args.split()),
-                                           acks_early=key == "plaindef",
-                                           no_priority=not args.ojs_priority))
+                                           **_worker_options(key, args)))
                         results.setdefault(label, {"rounds": []})["rounds"].append(reading)
                         print(f"{label}: {reading} (load {os.getloadavg()[0]:.2f})",
                               flush=True)

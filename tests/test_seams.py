@@ -177,3 +177,33 @@ def test_a_missing_celery_hook_refuses_install_naming_it() -> None:
     assert done.returncode == 0, done.stderr
     assert "celery.app.amqp.AMQP._create_task_sender is missing" in done.stdout
     assert "checked with Celery 5.5.3" in done.stdout
+
+
+def test_a_changed_otel_proxy_buffers_every_measurement_with_one_warning() -> None:
+    done = run_with_changed_hook("""
+        from opentelemetry.metrics._internal import instrument
+        original = instrument._ProxyInstrument.__init__
+        def __init__(self, *args, **kwargs):  # a release that renamed _real_instrument
+            original(self, *args, **kwargs)
+            self._sdk_instrument = self.__dict__.pop("_real_instrument")
+        instrument._ProxyInstrument.__init__ = __init__
+    """, """
+        from ojs_kombu.events.metrics import OJSMetrics
+        metrics = OJSMetrics()  # no SDK set: the API's proxies
+        print(metrics.duration.discards(), metrics.wait.discards())
+    """)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "False"]  # unknown: buffered, handed to the API
+    warnings = [line for line in done.stderr.splitlines() if "_real_instrument" in line]
+    assert len(warnings) == 1, done.stderr
+    assert otel_seam.NO_DISCARD_CHECK in warnings[0]
+
+
+def test_with_the_otel_hook_an_instrument_without_sdk_discards() -> None:
+    done = run_with_changed_hook("", """
+        from ojs_kombu.events.metrics import OJSMetrics
+        metrics = OJSMetrics()
+        print(metrics.duration.discards(), metrics.live())
+    """)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "False"]

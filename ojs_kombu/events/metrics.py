@@ -70,7 +70,7 @@ class OJSMetrics:
         was given, or set globally since): until then nothing is worth counting.
         Asked at every moment of every job while no SDK is set."""
         if not self._live:
-            self._live = not self.duration._discards()
+            self._live = not self.duration.discards()
         return self._live
 
     def register_instruments(self, meter_provider: Any) -> None:
@@ -271,21 +271,17 @@ class BufferedHistogram:
         _BUFFERED.add(self)
 
     def record(self, amount: float, attributes: Mapping[str, Any] | None = None) -> None:
-        if self._discards():
+        if self.discards():
             return
         buffer = self._buffer
         buffer.append((amount, attributes, get_current()))
         if len(buffer) >= self.flush_at:
             self.flush()
 
-    @property
-    def recording(self) -> bool:
-        """Whether a value recorded now reaches an SDK (so it is worth computing)."""
-        return not self._discards()
-
-    def _discards(self) -> bool:
+    def discards(self) -> bool:
         """No SDK behind the instrument (the API's no-op, or its proxy while no provider
-        is set): the API would drop the value, so there is nothing to buffer or flush."""
+        is set): the API would drop the value, so there is nothing to buffer or flush,
+        and nothing worth computing."""
         histogram = self._real()  # the API's proxy: its SDK instrument
         return histogram is None or isinstance(histogram, metrics.NoOpHistogram)
 

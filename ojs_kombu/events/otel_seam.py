@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import cache, partial
+from itertools import repeat
 from typing import Any
 
 from opentelemetry.metrics._internal import instrument as api_instrument
@@ -49,11 +50,7 @@ def instrument_probe(instrument: Any) -> Callable[[], Any]:
     ``instrument`` (``None``: none yet), or ``instrument`` itself when it is no proxy or
     the hook is missing.  Made once per instrument: the worker asks at every moment of
     every job while no SDK is set, and this call (a ``getattr`` with its arguments
-    bound) runs no Python frame of its own."""
+    bound, or an endless ``repeat`` of the instrument) runs no Python frame."""
     if NO_DISCARD_CHECK in fallbacks():
-        return partial(_itself, instrument)
+        return repeat(instrument).__next__
     return partial(getattr, instrument, "_real_instrument", instrument)
-
-
-def _itself(instrument: Any) -> Any:
-    return instrument

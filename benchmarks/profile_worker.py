@@ -40,7 +40,7 @@ import tempfile
 import time
 from contextlib import suppress
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 from urllib.parse import urlparse
 
 import psutil
@@ -117,7 +117,8 @@ def _package(filename: str) -> str:
 def summarize_profile(path: Path, n: int, top: int) -> dict[str, Any]:
     """Own time per delivery (µs) of the busiest functions and of each package."""
     stats = pstats.Stats(str(path)).stats  # type: ignore[attr-defined]
-    rows, packages = [], {}
+    rows: list[tuple[float, int, str]] = []
+    packages: dict[str, float] = {}
     for (filename, line, function), (_cc, calls, tottime, _ct, _callers) in stats.items():
         if any(word in function for word in _IDLE) and filename == "~":
             continue
@@ -237,8 +238,15 @@ def _wait_written(path: Path, timeout: float = 30.0) -> None:
         time.sleep(0.2)
 
 
-def _worker_options(key: str, args: argparse.Namespace) -> dict[str, bool]:
-    """What sets side ``key``'s worker apart from its app's (``measure``'s flags)."""
+class WorkerOptions(TypedDict):
+    """``measure``'s flags: what sets a side's worker apart from its app's."""
+
+    acks_early: bool
+    no_priority: bool
+    unchecked: bool
+
+
+def _worker_options(key: str, args: argparse.Namespace) -> WorkerOptions:
     return {"acks_early": key == "plaindef", "no_priority": not args.ojs_priority,
             "unchecked": key == "unchecked"}
 

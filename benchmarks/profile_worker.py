@@ -197,10 +197,12 @@ def _print_medians(results: dict[str, Any], pool: str, concurrency: str,
                    keys: list[str]) -> None:
     """Each side's medians over the rounds, and jobs/s and main-process CPU as ratios to
     plain Celery on its defaults (``plaindef``) when it ran, also within each round."""
-    medians, rounds = {}, {}
+    def rounds(key: str) -> list[dict[str, float]]:
+        return results[f"{key} {pool} c{concurrency}"]["rounds"]
+
+    medians = {}
     for key in keys:
         entry = results[f"{key} {pool} c{concurrency}"]
-        rounds[key] = entry["rounds"]
         entry["median"] = medians[key] = {
             field: statistics.median(r[field] for r in entry["rounds"])
             for field in entry["rounds"][0]}
@@ -214,7 +216,7 @@ def _print_medians(results: dict[str, Any], pool: str, concurrency: str,
         print(f"=== {key} {pool} c{concurrency} median: {median}{ratios}", flush=True)
         if base and key != "plaindef":
             print(f"=== {key} {pool} c{concurrency} paired with plaindef, per round: "
-                  + _paired(rounds[key], rounds["plaindef"]), flush=True)
+                  + _paired(rounds(key), rounds("plaindef")), flush=True)
 
 
 def _paired(rounds: list[dict[str, float]], base: list[dict[str, float]]) -> str:

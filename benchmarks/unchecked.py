@@ -31,7 +31,7 @@ def install() -> None:
     first: list[Any] = []
 
     def parse_once(body: bytes | str) -> Any:
-        raw = body.encode() if isinstance(body, str) else bytes(body)
+        raw = body.encode() if isinstance(body, str) else body  # bytes: no copy
         if not first or not raw.startswith(_HEAD) or raw[_ID_END:_ID_END + 2] != b'",':
             envelope = parse(body)
             first[:] = [envelope]

@@ -10,9 +10,6 @@ process (``shared=True``), so run inside the test process it would hand its
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from .conftest import HOST, PORT, private_vhost, rabbitmqctl
+from .test_cli import run
 from .workers import launch_worker
 
 APP = textwrap.dedent("""
@@ -64,12 +62,8 @@ def dead_letters(url: str) -> int:
 def conformance(url: str, home: Path, *args: str) -> dict[str, dict[str, str]]:
     """``ojs-kombu --broker URL ARGS conformance -q email --json`` run from ``home``
     (where the app's module is), with ``OJS_BROKER_URL`` set as the app reads it."""
-    env = {k: v for k, v in os.environ.items() if k not in ("CELERY_APP", "OJS_PREFIX")}
-    result = subprocess.run(
-        [str(Path(sys.executable).parent / "ojs-kombu"), "--broker", url, *args,
-         "conformance", "-q", "email", "--job-timeout", "20", "--json"],
-        cwd=home, env={**env, "OJS_BROKER_URL": url}, capture_output=True, text=True,
-        timeout=300, check=False)
+    result = run(url, "--broker", url, *args, "conformance", "-q", "email",
+                 "--job-timeout", "20", "--json", cwd=home, timeout=300)
     try:
         data = json.loads(result.stdout)
     except ValueError:

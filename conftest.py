@@ -24,11 +24,12 @@ WORKERS_PER_CORE = 2
 
 
 #: Erlang flags for every ``rabbitmqctl`` the suites run (RabbitMQ's CLI tools read
-#: ``RABBITMQ_CTL_ERL_ARGS``; a value already in the environment is kept).  A CLI run
-#: boots an Erlang VM for under a second, whose idle schedulers spin by default before
-#: they sleep: without the spinning a run costs about a fifth less CPU (0.70 s against
-#: 0.89 s for ``list_queues`` on a 2-core VM), the same flags RabbitMQ gives its server
-#: (``+sbwt none``).  The suites run some hundred of them.
+#: ``RABBITMQ_CTL_ERL_ARGS``; a value already in the environment is kept), the ones
+#: RabbitMQ gives its server.  A CLI run boots an Erlang VM for under a second, whose
+#: idle schedulers spin by default before they sleep: run alone on an idle machine, a
+#: ``list_queues`` costs a sixth to a fifth less CPU without the spinning; inside a
+#: loaded suite, where schedulers find little idle time, the saving is within what the
+#: load moves (docs/development.rst has both figures).
 CTL_ERL_ARGS = "+sbwt none +sbwtdcpu none +sbwtdio none"
 os.environ.setdefault("RABBITMQ_CTL_ERL_ARGS", CTL_ERL_ARGS)
 

@@ -81,7 +81,7 @@ def administer(args: tuple[str, ...]) -> bool:
     return True
 
 
-def queue_counts(vhost: str) -> dict[str, tuple[int, int]] | None:
+def sampled_counts(vhost: str) -> dict[str, tuple[int, int]] | None:
     """``{queue: (ready, unacked)}`` of ``vhost`` as the management API last sampled
     them, or None where it does not answer or has not sampled every queue yet.
 

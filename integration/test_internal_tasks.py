@@ -101,7 +101,7 @@ def all_ended(vhost: str, queue: str, dlq: str) -> bool:
     """Whether nothing of ``queue``'s jobs is left but dead letters, as ``rabbitmqctl``
     counts it; asked only once the management API's sample shows it (where it answers:
     one ``rabbitmqctl`` run costs the machine ~0.7 s of CPU, and this waits minutes)."""
-    sampled = management.queue_counts(vhost)
+    sampled = management.sampled_counts(vhost)
     if sampled is not None and set(settled_queues(vhost, queue, sampled)) - {dlq}:
         return False
     return set(settled_queues(vhost, queue)) <= {dlq}

@@ -274,13 +274,16 @@ def queue_depth(channel: amqp.Channel, queue: str) -> int:
     return channel.queue_declare(queue, passive=True).message_count
 
 
-def queue_counts(vhost: str, queue: str) -> tuple[int, int] | None:
+def queue_counts(vhost: str, queue: str, *, address: str = f"{HOST}:{PORT}",
+                 ssl: dict[str, Any] | None = None) -> tuple[int, int] | None:
     """``(ready messages, consumers)`` of ``queue`` as a passive ``Queue.Declare`` tells
-    any AMQP client, or ``None`` when ``vhost`` has no such queue.  On a connection of
-    its own (a 404 closes the channel), and cheap enough to poll: a ``rabbitmqctl`` call
-    starts an Erlang VM (~0.7 s of CPU), so waits ask it only what AMQP cannot tell
-    (unacked counts, prefetch, connections), and at an ``interval``."""
-    connection = amqp.Connection(f"{HOST}:{PORT}", virtual_host=vhost, connect_timeout=10)
+    any AMQP client, or ``None`` when ``vhost`` has no such queue (on the broker under
+    test, else at ``address``, over TLS with ``ssl``).  On a connection of its own (a
+    404 closes the channel), and cheap enough to poll: a ``rabbitmqctl`` call starts an
+    Erlang VM (~0.7 s of CPU), so waits ask it only what AMQP cannot tell (unacked
+    counts, prefetch, connections), and at an ``interval``."""
+    connection = amqp.Connection(address, virtual_host=vhost, connect_timeout=10,
+                                 ssl=ssl or False)
     connection.connect()
     try:
         declared = connection.channel().queue_declare(queue, passive=True)

@@ -59,9 +59,9 @@ def _quoted(name: str) -> str:
 
 def administer(args: tuple[str, ...]) -> bool:
     """Run one administration command given as ``rabbitmqctl`` arguments over the API:
-    ``add_vhost V``, ``delete_vhost V``, ``add_user U P``, ``delete_user U`` and
-    ``set_permissions -p V U CONF WRITE READ``.  False when it is not one of these or
-    the API does not answer (the caller runs ``rabbitmqctl``)."""
+    ``add_vhost V``, ``delete_vhost V``, ``add_user U P``, ``delete_user U``,
+    ``delete_queue -p V Q`` and ``set_permissions -p V U CONF WRITE READ``.  False when
+    it is not one of these or the API does not answer (the caller runs ``rabbitmqctl``)."""
     if not answers():
         return False
     match args:
@@ -73,6 +73,8 @@ def administer(args: tuple[str, ...]) -> bool:
             request("PUT", f"users/{_quoted(user)}", {"password": password, "tags": ""})
         case ("delete_user", user):
             request("DELETE", f"users/{_quoted(user)}")
+        case ("delete_queue", "-p", vhost, queue):
+            request("DELETE", f"queues/{_quoted(vhost)}/{_quoted(queue)}")
         case ("set_permissions", "-p", vhost, user, configure, write, read):
             request("PUT", f"permissions/{_quoted(vhost)}/{_quoted(user)}",
                     {"configure": configure, "write": write, "read": read})

@@ -24,7 +24,7 @@ import pytest
 from celery import Celery
 
 from .apps import make_app
-from .conftest import wait_until
+from .conftest import queue_counts, wait_until
 from .rabbitmq_node import TLSNode, cannot_start_reason, tls_node
 from .test_cli import cli_path
 from .workers import WorkerProcess, launch_worker
@@ -68,11 +68,11 @@ def producer(node: TLSNode, **ssl_changes: Any) -> Celery:
 
 
 def consumers(node: TLSNode, queue: str) -> int:
-    for line in node.ctl("list_queues", "name", "consumers").splitlines():
-        name, _, count = line.partition("\t")
-        if name == f"ojs.queue.{queue}":
-            return int(count)
-    return 0
+    """Consumers of ``ojs.queue.{queue}`` on the node, asked over TLS with a passive
+    ``Queue.Declare`` (polled: no Erlang VM a poll, as ``rabbitmqctl`` would start)."""
+    counts = queue_counts("/", f"ojs.queue.{queue}", address=f"localhost:{node.port}",
+                          ssl=node.ssl_options())
+    return counts[1] if counts else 0
 
 
 def done(done_file: Path) -> list[str]:

@@ -71,6 +71,23 @@ def test_broker_precedence_is_option_then_ojs_then_celery_variable_then_app(
     assert (error["vhost"], error["broker_source"]) == ("after-the-command", "--broker")
 
 
+COMMANDS = [[], ["topology"], ["topology", "declare"], ["topology", "show"], ["enqueue"],
+            ["cancel"], ["info"], ["dlq"], ["dlq", "list"], ["dlq", "show"], ["dlq", "replay"],
+            ["dlq", "purge"], ["events"], ["events", "tail"],
+            ["conformance"], ["migrate"], ["migrate", "check"], ["dedup"], ["dedup", "show"],
+            ["dedup", "clear"]]
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=[" ".join(c) or "root" for c in COMMANDS])
+def test_every_command_has_help(command: list[str]) -> None:
+    """As the installed script prints it (``prog_name``: the console script's name)."""
+    result = CliRunner().invoke(cli, [*command, "--help"], prog_name="ojs-kombu")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith(" ".join(["Usage: ojs-kombu", *command]))
+    if command and command[-1] in ("declare", "show", "enqueue", "list", "tail", "conformance"):
+        assert "OJS_BROKER_URL" in result.stdout and "--json" in result.stdout
+
+
 @pytest.mark.parametrize("command", [
     ["topology", "show", "-q", "email"],
     ["topology", "declare", "-q", "email"],

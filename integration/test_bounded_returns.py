@@ -115,7 +115,7 @@ def test_retries_and_schedules_of_a_full_queue_wait_and_arrive(
             in_queue = queue_depth(amqp_channel, f"ojs.queue.{q}")
             held = messages_in(vhost, f"ojs.queue.ready.{q}")
             return (in_queue, held) if in_queue + held >= total else None
-        in_queue, held = wait_until(counts, 30, f"held jobs of {queue}")
+        in_queue, held = wait_until(counts, 30, f"held jobs of {queue}", interval=1.0)
         dead = queue_depth(amqp_channel, f"ojs.queue.dlx.{queue}")
         print(f"{queue}: published {published}, in the job queue {in_queue}, held in "
               f"ojs.queue.ready.{queue} {held}, dead-lettered {dead}, "
@@ -142,7 +142,7 @@ def test_retries_and_schedules_of_a_full_queue_wait_and_arrive(
             take()  # the count of held jobs trails by a few seconds
             return len(set(seen[q])) + messages_in(vhost, f"ojs.queue.ready.{q}") == n
 
-        wait_until(accounted, 30, f"every job of {queue} arrived or held")
+        wait_until(accounted, 30, f"every job of {queue} arrived or held", interval=1.0)
         arrived = set(seen[queue])
         print(f"{queue}: after {time.monotonic() - started:.0f}s {len(arrived)} arrived, "
               f"{len(published) - len(arrived)} still held, "

@@ -225,12 +225,15 @@ def test_node_producer_jobs_run_on_a_celery_worker(
 
     def settled() -> bool:
         """Due, and neither waiting nor delivered in two listings in a row (a listing is
-        per queue, so a job moving between them can be missed by one)."""
+        per queue, so a job moving between them can be missed by one); nothing is
+        listed before it is due (each listing is a ``rabbitmqctl`` run)."""
+        if datetime.now(UTC) < due:
+            return False
         counts = messages(vhost)
-        seen.append(datetime.now(UTC) >= due and not counts[f"ojs.queue.{TO_CELERY}"]
+        seen.append(not counts[f"ojs.queue.{TO_CELERY}"]
                     and not counts[f"ojs.queue.retry.{TO_CELERY}.8000"])
         return seen[-2:] == [True, True]
-    wait_until(settled, 45, "the cancelled job to arrive and be settled")
+    wait_until(settled, 45, "the cancelled job to arrive and be settled", interval=1.0)
     never_state = producer(node, node_env, "info", TO_CELERY, never["id"])["state"]
     never_runs = [r for r in runs(runs_file) if r["id"] == never["id"]]
     assert never_state == "cancelled" and not never_runs

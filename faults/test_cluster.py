@@ -69,6 +69,13 @@ def queue_counts(cluster: Cluster, prefix: str) -> dict[str, int]:
     return {}
 
 
+def print_what_is_left(cluster: Cluster, counts: Counts, name: str, workers: Workers) -> None:
+    """When a wait for the jobs runs out: the cluster's queues and their counts, the jobs'
+    counts and the end of the workers' log (what was left, and where it waits)."""
+    print(queue_counts(cluster, "ojs."), counts.report(name, workers.done_file),
+          workers.log.read_text(errors="replace")[-6000:])
+
+
 def refusal_is_typed(exc: BaseException, job_id: str) -> bool:
     if isinstance(exc, OperationalError):
         return "(broker ojs://guest:**@127.0.0.1:" in str(exc)
@@ -102,8 +109,7 @@ def stream(cluster: Cluster, app: Celery, workers: Workers, queue: str, total: i
                 wait_until(lambda: not any(queue_counts(cluster, f"ojs.queue.{queue}").values()),
                            60, "the queue to drain")
             except AssertionError:
-                print(queue_counts(cluster, "ojs."), counts.report(name, workers.done_file),
-                      workers.log.read_text(errors="replace")[-6000:])
+                print_what_is_left(cluster, counts, name, workers)
                 raise
         finally:
             subscription.cancel()
@@ -228,10 +234,8 @@ def test_node_restart_while_retries_and_scheduled_jobs_wait(healed_cluster: Clus
             node.await_up()
             try:
                 counts.wait_completed(workers.done_file, timeout=DEAD_LETTER_RESEND_S + 120)
-            except AssertionError:  # what was left, and where it waits
-                print(queue_counts(cluster, "ojs."),
-                      counts.report("node restart while jobs wait", workers.done_file),
-                      workers.log.read_text(errors="replace")[-6000:])
+            except AssertionError:
+                print_what_is_left(cluster, counts, "node restart while jobs wait", workers)
                 raise
         numbers = counts.report("node restart while jobs wait", workers.done_file)
         print(f"[node restart while jobs wait] all done {clock.times[-1] - restarted:.1f}s "

@@ -13,6 +13,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import click
 import pytest
 from click.testing import CliRunner, Result
 
@@ -71,11 +72,20 @@ def test_broker_precedence_is_option_then_ojs_then_celery_variable_then_app(
     assert (error["vhost"], error["broker_source"]) == ("after-the-command", "--broker")
 
 
-COMMANDS = [[], ["topology"], ["topology", "declare"], ["topology", "show"], ["enqueue"],
-            ["cancel"], ["info"], ["dlq"], ["dlq", "list"], ["dlq", "show"], ["dlq", "replay"],
-            ["dlq", "purge"], ["events"], ["events", "tail"],
-            ["conformance"], ["migrate"], ["migrate", "check"], ["dedup"], ["dedup", "show"],
-            ["dedup", "clear"]]
+def command_paths(command: click.Command, path: tuple[str, ...] = ()) -> list[list[str]]:
+    """Every command of the CLI as its words (the root first), read from the CLI itself,
+    so a command added later is covered too."""
+    paths = [list(path)]
+    if isinstance(command, click.Group):
+        context = click.Context(command)
+        for name in command.list_commands(context):
+            sub = command.get_command(context, name)
+            assert sub is not None, name
+            paths += command_paths(sub, (*path, name))
+    return paths
+
+
+COMMANDS = command_paths(cli)
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=[" ".join(c) or "root" for c in COMMANDS])
